@@ -1,0 +1,31 @@
+"""The ``flowdecision`` command line.
+
+Exit codes: 0 success, 1 a ledger/store error, 2 bad usage, 3 the decision is
+missing or conflicts with what was asked.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .demo import demo
+from .ledger_cmds import inspect_cmd, migrate_cmd, prune_cmd
+
+__all__ = ["cli", "main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="flowdecision")
+def cli() -> None:
+    """Submit workflow decisions exactly once, and operate the ledger behind it."""
+
+
+cli.add_command(inspect_cmd)
+cli.add_command(prune_cmd)
+cli.add_command(migrate_cmd)
+cli.add_command(demo)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(auto_envvar_prefix="FLOWDECISION")

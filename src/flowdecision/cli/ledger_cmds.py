@@ -1,0 +1,132 @@
+"""``inspect``, ``prune`` and ``migrate``: operating a ledger."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..ledger import Completed, Ledger, Missing, Pending, open_ledger
+from ..ledger.base import LedgerEntry
+from .common import (
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    emit_json,
+    json_option,
+    ledger_option,
+    parse_duration_ms,
+    run,
+    table,
+)
+
+
+def _entry_dict(entry: LedgerEntry) -> dict[str, object]:
+    return {
+        "decision_id": entry.decision_id,
+        "request_hash": entry.request_hash,
+        **entry.state.to_dict(),
+        "attempts": entry.attempts,
+        "execution_identity": (
+            entry.execution_identity.to_dict() if entry.execution_identity else None
+        ),
+        "result_receipt": entry.result_receipt.to_dict() if entry.result_receipt else None,
+    }
+
+
+@click.command("inspect")
+@ledger_option
+@click.argument("decision_id")
+@click.option(
+    "--request-hash",
+    help="Also check the claim belongs to this request hash (a mismatch exits 3).",
+)
+@json_option
+def inspect_cmd(ledger_url: str, decision_id: str, request_hash: str | None, as_json: bool) -> None:
+    """Show one decision's claim state (never its owner)."""
+
+    async def go() -> LedgerEntry | None:
+        ledger = await open_ledger(ledger_url)
+        try:
+            entry = await ledger.lookup(decision_id)
+            if entry is not None and request_hash is not None:
+                await ledger.inspect(decision_id, request_hash)  # raises on mismatch
+            return entry
+        finally:
+            await ledger.close()
+
+    entry = run(go)
+    if entry is None:
+        if as_json:
+            emit_json({"decision_id": decision_id, **Missing().to_dict()})
+        else:
+            click.echo(f"decision `{decision_id}`: missing")
+        sys.exit(EXIT_NOT_FOUND)
+    if as_json:
+        emit_json(_entry_dict(entry))
+        return
+    state = entry.state
+    rows: list[tuple[str, object]] = [
+        ("decision_id", entry.decision_id),
+        ("state", state.kind),
+        ("attempts", entry.attempts),
+        ("request_hash", entry.request_hash),
+    ]
+    if isinstance(state, Pending):
+        rows.append(("lease_expires_at_ms", state.lease_expires_at_ms))
+    if isinstance(state, Completed):
+        rows.append(("completed_at_ms", state.completed_at_ms))
+    if entry.execution_identity is not None:
+        rows.append(("identity", entry.execution_identity.digest))
+    if entry.result_receipt is not None:
+        rows.append(("result_digest", entry.result_receipt.result_digest))
+    click.echo(table(["field", "value"], rows))
+
+
+@click.command("prune")
+@ledger_option
+@click.option("--before", "before_ms", type=int, help="Prune completions before this epoch ms.")
+@click.option("--older-than", help="Prune completions older than this age, e.g. 7d, 12h.")
+@json_option
+def prune_cmd(ledger_url: str, before_ms: int | None, older_than: str | None, as_json: bool) -> None:
+    """Remove completed records older than a cutoff (pending claims are kept)."""
+    if (before_ms is None) == (older_than is None):
+        click.echo("error: give exactly one of --before MS or --older-than AGE", err=True)
+        sys.exit(EXIT_USAGE)
+
+    async def go() -> tuple[int, int]:
+        ledger: Ledger = await open_ledger(ledger_url)
+        try:
+            cutoff = before_ms
+            if cutoff is None:
+                assert older_than is not None
+                cutoff = max(ledger.now_ms() - parse_duration_ms(older_than), 0)
+            return cutoff, await ledger.prune_completed(cutoff)
+        finally:
+            await ledger.close()
+
+    if older_than is not None:
+        parse_duration_ms(older_than)  # usage errors before touching the store
+    cutoff, removed = run(go)
+    if as_json:
+        emit_json({"before_ms": cutoff, "pruned": removed})
+    else:
+        click.echo(f"pruned {removed} completed decision(s) completed before {cutoff}")
+
+
+@click.command("migrate")
+@ledger_option
+def migrate_cmd(ledger_url: str) -> None:
+    """Create or upgrade the ledger schema (SQLite and PostgreSQL)."""
+
+    async def go() -> str:
+        ledger = await open_ledger(ledger_url)
+        try:
+            migrate = getattr(ledger, "migrate", None)
+            if migrate is None:
+                return "this ledger has no schema to migrate"
+            version = await migrate()
+            return f"ledger schema is at version {version}"
+        finally:
+            await ledger.close()
+
+    click.echo(run(go))

@@ -1,0 +1,113 @@
+"""Exception hierarchy shared by the ledger, the dispatcher and the sinks.
+
+Messages follow the Rust seeds wherever the seeds define them, so operators see
+the same text from a Python host and a Rust host sharing one ledger.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DecisionBusyError",
+    "DecisionConflictError",
+    "DispatchError",
+    "DispatchLedgerError",
+    "FlowDecisionError",
+    "InvalidIdentityError",
+    "LeaseLostError",
+    "LedgerCorruptError",
+    "LedgerError",
+    "LedgerSchemaError",
+    "LedgerUnavailableError",
+    "SinkError",
+    "UnauthorizedBranchError",
+]
+
+
+class FlowDecisionError(Exception):
+    """Base class of every error raised by flowdecision."""
+
+
+class LedgerError(FlowDecisionError):
+    """A ledger operation failed: a rule was violated or the store misbehaved."""
+
+
+class LedgerCorruptError(LedgerError):
+    """The stored ledger data cannot be decoded or violates its invariants.
+
+    The store is left untouched; an operator must inspect it.
+    """
+
+
+class LedgerSchemaError(LedgerError):
+    """The store was written by a newer (or older, unmigrated) schema."""
+
+
+class LedgerUnavailableError(LedgerError):
+    """The store cannot be reached, opened or written (I/O, network, permissions)."""
+
+
+class DispatchError(FlowDecisionError):
+    """Base class of the errors :meth:`Dispatcher.dispatch` raises."""
+
+
+class UnauthorizedBranchError(DispatchError):
+    """The request came from a branch other than the production branch (a fork)."""
+
+    def __init__(self, expected: str, actual: str) -> None:
+        super().__init__(
+            "graph branch is not authorized for production Flow decisions: "
+            f"expected `{expected}`, got `{actual}`"
+        )
+        self.expected = expected
+        self.actual = actual
+
+
+class InvalidIdentityError(DispatchError):
+    """`decision_id` or `causation_event_id` is empty after trimming."""
+
+    def __init__(self) -> None:
+        super().__init__("decision_id and causation_event_id must be non-empty")
+
+
+class DecisionConflictError(DispatchError):
+    """The decision id is already bound to different content."""
+
+    def __init__(self, decision_id: str) -> None:
+        super().__init__(
+            f"Flow decision `{decision_id}` reuses an existing decision id with different content"
+        )
+        self.decision_id = decision_id
+
+
+class DecisionBusyError(DispatchError):
+    """Another dispatcher holds a live lease on the decision."""
+
+    def __init__(self, lease_expires_at_ms: int) -> None:
+        super().__init__(
+            f"Flow decision is owned by another dispatcher until {lease_expires_at_ms}"
+        )
+        self.lease_expires_at_ms = lease_expires_at_ms
+
+
+class LeaseLostError(DispatchError):
+    """The lease could not be renewed while the sink ran; the submission was cancelled."""
+
+    def __init__(self, decision_id: str) -> None:
+        super().__init__(f"Flow decision `{decision_id}` lost its lease while the sink was running")
+        self.decision_id = decision_id
+
+
+class DispatchLedgerError(DispatchError):
+    """The ledger failed; the original :class:`LedgerError` is chained as ``__cause__``."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"Flow decision ledger failed: {detail}")
+        self.detail = detail
+
+
+class SinkError(DispatchError):
+    """The sink raised; its exception is chained as ``__cause__``."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"Flow decision sink failed: {detail}")
+        self.detail = detail

@@ -1,0 +1,451 @@
+"""Execution identities, result receipts and domain-separated digests.
+
+Ports A3S Code's ``ExecutionIdentityV1`` and ``ExecutionResultReceiptV1``.  The
+newest dispatcher binds every ledger call to the identity derived from the whole
+request and completes with a receipt over ``json(decision)``; see
+:func:`decision_receipt`.
+
+Errors: :class:`ExecutionIdentityError` and :class:`ResultReceiptError` share the
+base :class:`ExecutionContractError` (a ``ValueError``), because validating a
+receipt also validates its identity and reports identity problems with the
+identity's own messages, as the Rust original does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+from flowdecision.jsonwire import JsonWireError, duplicate_keys, encode_json, parse_json
+from flowdecision.model import U64_MAX, DecisionRequest
+
+__all__ = [
+    "DECISION_IDENTITY_DOMAIN",
+    "EVIDENCE_DOMAIN",
+    "IDENTITY_SCHEMA",
+    "RECEIPT_SCHEMA",
+    "RESULT_DOMAIN",
+    "RESULT_RECEIPT_MAX_BYTES",
+    "DecisionTooLargeError",
+    "ExecutionContractError",
+    "ExecutionIdentity",
+    "ExecutionIdentityError",
+    "ResultOutcome",
+    "ResultReceipt",
+    "ResultReceiptError",
+    "decision_receipt",
+    "digest_bytes",
+    "is_valid_digest",
+    "is_valid_domain",
+]
+
+IDENTITY_SCHEMA: Final = "a3s.code.execution-identity.v1"
+RECEIPT_SCHEMA: Final = "a3s.code.execution-result-receipt.v1"
+DECISION_IDENTITY_DOMAIN: Final = "a3s.code.flow-decision.identity.v1"
+EVIDENCE_DOMAIN: Final = "a3s.code.flow-decision.evidence.v1"
+RESULT_DOMAIN: Final = "a3s.code.flow-decision.result.v1"
+#: Largest ``result_bytes`` a receipt may carry (1 MiB).
+RESULT_RECEIPT_MAX_BYTES: Final = 1_048_576
+
+_DOMAIN_INVALID: Final = "execution identity domain is empty or invalid"
+_DIGEST_INVALID: Final = "execution identity digest is invalid"
+_RECEIPT_TOO_LARGE: Final = "execution result receipt exceeds its byte limit"
+
+# fullmatch + explicit classes: non-empty, <= 128 bytes (ASCII only), one line.
+_DOMAIN_RE: Final = re.compile(r"[a-z0-9._-]{1,128}")
+_DIGEST_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
+
+_IDENTITY_FIELDS: Final = ("schema", "domain", "digest")
+_RECEIPT_FIELDS: Final = (
+    "schema",
+    "identity",
+    "evidence_digest",
+    "outcome",
+    "result_digest",
+    "result_bytes",
+)
+
+
+class ExecutionContractError(ValueError):
+    """Base class of identity and receipt errors."""
+
+
+class ExecutionIdentityError(ExecutionContractError):
+    """An execution identity that is malformed or cannot be derived."""
+
+
+class ResultReceiptError(ExecutionContractError):
+    """A result receipt that is malformed or breaks the receipt rules."""
+
+
+class DecisionTooLargeError(ValueError):
+    """A decision whose JSON exceeds :data:`RESULT_RECEIPT_MAX_BYTES` (raised before claiming)."""
+
+    def __init__(self, decision_id: str, size: int, limit: int = RESULT_RECEIPT_MAX_BYTES) -> None:
+        self.decision_id = decision_id
+        self.size = size
+        self.limit = limit
+        super().__init__(f"decision `{decision_id}` result exceeds {limit} bytes")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.decision_id, self.size, self.limit))
+
+
+def _receipt_field_invalid(name: str) -> ResultReceiptError:
+    return ResultReceiptError(f"execution result receipt field `{name}` is invalid")
+
+
+def is_valid_domain(domain: object) -> bool:
+    """True for a non-empty, single-line domain of at most 128 bytes of ``[a-z0-9._-]``."""
+    return isinstance(domain, str) and _DOMAIN_RE.fullmatch(domain) is not None
+
+
+def is_valid_digest(digest: object) -> bool:
+    """True for ``sha256:`` followed by exactly 64 lowercase hex digits."""
+    return isinstance(digest, str) and _DIGEST_RE.fullmatch(digest) is not None
+
+
+def digest_bytes(domain: str, data: bytes | bytearray | memoryview) -> str:
+    """``"sha256:" + hex(SHA256(domain_utf8 || 0x00 || data))``.
+
+    The NUL separator keeps distinct (domain, data) pairs from colliding.  The
+    domain is not checked here (the Rust function does not check it either).
+    """
+    hasher = hashlib.sha256(domain.encode("utf-8"))
+    hasher.update(b"\x00")
+    hasher.update(data)
+    return "sha256:" + hasher.hexdigest()
+
+
+# -------------------------------------------------------------------- parse helpers
+
+
+def _object(obj: object, what: str, error: type[ExecutionContractError]) -> Mapping[str, Any]:
+    if not isinstance(obj, Mapping):
+        raise error(f"invalid {what}: expected a JSON object, got {type(obj).__qualname__}")
+    return obj
+
+
+def _check_fields(
+    obj: Mapping[str, Any],
+    what: str,
+    fields: tuple[str, ...],
+    error: type[ExecutionContractError],
+) -> None:
+    # Both Rust types use deny_unknown_fields.
+    for key in obj:
+        if key not in fields:
+            expected = ", ".join(f"`{name}`" for name in fields)
+            raise error(f"invalid {what}: unknown field `{key}`, expected one of {expected}")
+    for key in sorted(duplicate_keys(obj)):
+        raise error(f"invalid {what}: duplicate field `{key}`")
+
+
+def _field(obj: Mapping[str, Any], key: str, what: str, error: type[ExecutionContractError]) -> Any:
+    if key not in obj:
+        raise error(f"invalid {what}: missing field `{key}`")
+    return obj[key]
+
+
+def _string(value: object, key: str, what: str, error: type[ExecutionContractError]) -> str:
+    if not isinstance(value, str):
+        raise error(
+            f"invalid {what}: field `{key}`: invalid type {type(value).__qualname__}, "
+            "expected a string"
+        )
+    return str.__str__(value)
+
+
+# ---------------------------------------------------------------- ExecutionIdentity
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionIdentity:
+    """``ExecutionIdentityV1``: what an execution is, as a domain-separated digest.
+
+    Fields are in Rust order (``schema``, ``domain``, ``digest``); ``schema`` is
+    keyword-only with the v1 default.  Construction only checks types; call
+    :meth:`validate` to apply the rules (a deserialized identity may be invalid).
+    """
+
+    schema: str = field(default=IDENTITY_SCHEMA, kw_only=True)
+    domain: str
+    digest: str
+
+    def __post_init__(self) -> None:
+        for name in _IDENTITY_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ExecutionIdentityError(
+                    f"invalid execution identity: field `{name}` must be a string, "
+                    f"got {type(value).__qualname__}"
+                )
+            object.__setattr__(self, name, str.__str__(value))
+
+    @classmethod
+    def derive(cls, domain: str, value: Any) -> ExecutionIdentity:
+        """Digest ``value`` under ``domain``.
+
+        ``value`` may be a :class:`~flowdecision.model.DecisionRequest`, any
+        object with ``to_dict()``, or plain JSON data.  It is encoded compactly
+        with object keys sorted at every level (struct fields included; arrays
+        keep their order), then ``digest = digest_bytes(domain, json)``.
+        """
+        if not is_valid_domain(domain):
+            raise ExecutionIdentityError(_DOMAIN_INVALID)
+        if isinstance(value, DecisionRequest):
+            payload = value.canonical_json()  # reuses the request's cached encodings
+        else:
+            data = value.to_dict() if callable(getattr(value, "to_dict", None)) else value
+            try:
+                payload = encode_json(data, sort_keys=True)
+            except JsonWireError as exc:
+                raise ExecutionIdentityError(
+                    f"execution identity value is not JSON: {exc}"
+                ) from None
+        return cls(domain=domain, digest=digest_bytes(domain, payload))
+
+    def validate(self) -> None:
+        """Raise :class:`ExecutionIdentityError` unless schema, domain and digest are valid.
+
+        A wrong schema reports the domain message, as the Rust original does.
+        """
+        if self.schema != IDENTITY_SCHEMA or not is_valid_domain(self.domain):
+            raise ExecutionIdentityError(_DOMAIN_INVALID)
+        if not is_valid_digest(self.digest):
+            raise ExecutionIdentityError(_DIGEST_INVALID)
+
+    @property
+    def key(self) -> str:
+        """Stable string for indexing and comparison: ``"<domain>:<digest>"``.
+
+        ``schema`` is left out because every valid identity has the v1 schema.
+        """
+        return f"{self.domain}:{self.digest}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Wire form in Rust field order."""
+        return {"schema": self.schema, "domain": self.domain, "digest": self.digest}
+
+    def to_json(self) -> bytes:
+        """``serde_json::to_vec`` of the identity."""
+        return encode_json(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> ExecutionIdentity:
+        """Deserialize (unknown or missing fields rejected); does not :meth:`validate`."""
+        what = "execution identity"
+        m = _object(obj, what, ExecutionIdentityError)
+        _check_fields(m, what, _IDENTITY_FIELDS, ExecutionIdentityError)
+        schema, domain, digest = (
+            _string(_field(m, key, what, ExecutionIdentityError), key, what, ExecutionIdentityError)
+            for key in _IDENTITY_FIELDS
+        )
+        return cls(schema=schema, domain=domain, digest=digest)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> ExecutionIdentity:
+        """Parse JSON text, then :meth:`from_dict`."""
+        try:
+            value = parse_json(data)
+        except JsonWireError as exc:
+            raise ExecutionIdentityError(f"invalid execution identity: {exc}") from exc
+        return cls.from_dict(value)
+
+
+# -------------------------------------------------------------------- ResultReceipt
+
+
+class ResultOutcome(StrEnum):
+    """How an execution ended (a ``str`` enum: members compare equal to their wire values)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+
+_OUTCOMES: Final = {outcome.value: outcome for outcome in ResultOutcome}
+
+
+def _outcome(value: object, what: str) -> ResultOutcome:
+    if isinstance(value, ResultOutcome):
+        return value
+    if isinstance(value, str) and value in _OUTCOMES:
+        return _OUTCOMES[value]
+    expected = ", ".join(f"`{name}`" for name in _OUTCOMES)
+    shown = f"`{value}`" if isinstance(value, str) else type(value).__qualname__
+    raise ResultReceiptError(f"invalid {what}: unknown variant {shown}, expected one of {expected}")
+
+
+@dataclass(frozen=True, slots=True)
+class ResultReceipt:
+    """``ExecutionResultReceiptV1``: proof of how an identified execution ended.
+
+    Fields are in Rust order.  Every instance is valid: construction checks
+    types and then runs :meth:`validate`.  Use :meth:`new` to get the schema
+    filled in.
+    """
+
+    schema: str
+    identity: ExecutionIdentity
+    evidence_digest: str
+    outcome: ResultOutcome
+    result_digest: str | None
+    result_bytes: int
+
+    def __post_init__(self) -> None:
+        what = "execution result receipt"
+        if not isinstance(self.identity, ExecutionIdentity):
+            raise ResultReceiptError(
+                f"invalid {what}: field `identity` must be an ExecutionIdentity, "
+                f"got {type(self.identity).__qualname__}"
+            )
+        for name in ("schema", "evidence_digest"):
+            object.__setattr__(
+                self, name, _string(getattr(self, name), name, what, ResultReceiptError)
+            )
+        if self.result_digest is not None:
+            object.__setattr__(
+                self,
+                "result_digest",
+                _string(self.result_digest, "result_digest", what, ResultReceiptError),
+            )
+        object.__setattr__(self, "outcome", _outcome(self.outcome, what))
+        size = self.result_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= U64_MAX:
+            raise ResultReceiptError(
+                f"invalid {what}: field `result_bytes` must be an integer in 0..=2^64-1, "
+                f"got {size!r}"
+            )
+        object.__setattr__(self, "result_bytes", int(size))
+        self.validate()
+
+    @classmethod
+    def new(
+        cls,
+        identity: ExecutionIdentity,
+        evidence_digest: str,
+        outcome: ResultOutcome | str,
+        result_digest: str | None,
+        result_bytes: int,
+    ) -> ResultReceipt:
+        """Build and validate a v1 receipt (the Rust ``new``)."""
+        return cls(
+            RECEIPT_SCHEMA,
+            identity,
+            evidence_digest,
+            outcome,  # type: ignore[arg-type]  # coerced in __post_init__
+            result_digest,
+            result_bytes,
+        )
+
+    def validate(self) -> None:
+        """Check the receipt rules in the Rust order, raising the first failure.
+
+        Schema; the identity (identity messages); ``evidence_digest``; the 1 MiB
+        byte limit; then a succeeded receipt needs a valid ``result_digest`` and
+        non-zero ``result_bytes``, while any other outcome needs neither (a
+        mismatch between outcome and digest/bytes reports field ``outcome``).
+        """
+        if self.schema != RECEIPT_SCHEMA:
+            raise _receipt_field_invalid("schema")
+        self.identity.validate()
+        if not is_valid_digest(self.evidence_digest):
+            raise _receipt_field_invalid("evidence_digest")
+        if self.result_bytes > RESULT_RECEIPT_MAX_BYTES:
+            raise ResultReceiptError(_RECEIPT_TOO_LARGE)
+        if self.outcome is ResultOutcome.SUCCEEDED:
+            if self.result_digest is None:
+                raise _receipt_field_invalid("outcome")
+            if not is_valid_digest(self.result_digest):
+                raise _receipt_field_invalid("result_digest")
+            if self.result_bytes == 0:
+                raise _receipt_field_invalid("result_bytes")
+        elif self.result_digest is not None or self.result_bytes != 0:
+            raise _receipt_field_invalid("outcome")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Wire form in Rust field order; ``result_digest`` omitted when ``None``."""
+        out: dict[str, Any] = {
+            "schema": self.schema,
+            "identity": self.identity.to_dict(),
+            "evidence_digest": self.evidence_digest,
+            "outcome": self.outcome.value,
+        }
+        if self.result_digest is not None:
+            out["result_digest"] = self.result_digest
+        out["result_bytes"] = self.result_bytes
+        return out
+
+    def to_json(self) -> bytes:
+        """``serde_json::to_vec`` of the receipt."""
+        return encode_json(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> ResultReceipt:
+        """Deserialize and validate; unknown fields are rejected, ``result_digest`` may be null."""
+        what = "execution result receipt"
+        m = _object(obj, what, ResultReceiptError)
+        _check_fields(m, what, _RECEIPT_FIELDS, ResultReceiptError)
+        schema = _string(
+            _field(m, "schema", what, ResultReceiptError), "schema", what, ResultReceiptError
+        )
+        identity = ExecutionIdentity.from_dict(_field(m, "identity", what, ResultReceiptError))
+        evidence = _string(
+            _field(m, "evidence_digest", what, ResultReceiptError),
+            "evidence_digest",
+            what,
+            ResultReceiptError,
+        )
+        outcome = _outcome(_field(m, "outcome", what, ResultReceiptError), what)
+        result_digest = m.get("result_digest")
+        if result_digest is not None:
+            result_digest = _string(result_digest, "result_digest", what, ResultReceiptError)
+        size = _field(m, "result_bytes", what, ResultReceiptError)
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= U64_MAX:
+            raise ResultReceiptError(
+                f"invalid {what}: field `result_bytes`: expected u64, got {size!r}"
+            )
+        return cls(schema, identity, evidence, outcome, result_digest, size)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> ResultReceipt:
+        """Parse JSON text, then :meth:`from_dict`."""
+        try:
+            value = parse_json(data)
+        except JsonWireError as exc:
+            raise ResultReceiptError(f"invalid execution result receipt: {exc}") from exc
+        return cls.from_dict(value)
+
+
+# ---------------------------------------------------------------- dispatcher helper
+
+
+def decision_receipt(request: DecisionRequest) -> tuple[ExecutionIdentity, ResultReceipt]:
+    """Identity and success receipt the newest dispatcher prepares before claiming.
+
+    * identity: derived from the whole request under
+      :data:`DECISION_IDENTITY_DOMAIN`;
+    * ``evidence_digest``: ``digest_bytes(EVIDENCE_DOMAIN, causation_event_id)``;
+    * ``result_digest``/``result_bytes``: over ``json(decision)``
+      (:meth:`DecisionRequest.decision_json`), outcome ``succeeded``.
+
+    Raises :class:`DecisionTooLargeError` if that JSON exceeds 1 MiB.
+    """
+    result = request.decision_json()
+    if len(result) > RESULT_RECEIPT_MAX_BYTES:
+        raise DecisionTooLargeError(request.decision_id, len(result))
+    identity = ExecutionIdentity.derive(DECISION_IDENTITY_DOMAIN, request)
+    receipt = ResultReceipt.new(
+        identity,
+        digest_bytes(EVIDENCE_DOMAIN, request.causation_event_id.encode("utf-8")),
+        ResultOutcome.SUCCEEDED,
+        digest_bytes(RESULT_DOMAIN, result),
+        len(result),
+    )
+    return identity, receipt

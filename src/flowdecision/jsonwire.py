@@ -1,0 +1,348 @@
+"""serde_json-compatible JSON parsing and encoding.
+
+The Rust original hashes ``serde_json::to_vec`` output and parses requests with
+``serde_json::from_slice``, so the port must accept exactly the same texts and
+produce exactly the same bytes.  Python's :mod:`json` is close, and its C
+accelerators do the heavy lifting here; this module only patches the gaps:
+
+* parsing: integers beyond the i64/u64 range become floats, the integer ``-0``
+  becomes ``-0.0``, ``NaN``/``Infinity``/overflowing numbers, lone surrogate
+  escapes and nesting of 128 containers or more are rejected, and bytes must be
+  UTF-8 (``json.loads`` would sniff UTF-16/32);
+* encoding: floats use Ryu's layout (``1e16``, ``0.00001``) instead of
+  ``repr``'s (``1e+16``, ``1e-05``), and non-finite floats are rejected.
+
+Objects repeated keys keep the last value (like ``serde_json::Map``).  Because a
+repeated *struct* field is an error in serde, parsed objects that repeated a key
+are returned as :class:`DuplicateKeyDict`, which records the repeated keys so
+the model layer can reject them; see :func:`duplicate_keys`.
+"""
+
+from __future__ import annotations
+
+import json
+import json.encoder
+import re
+from collections.abc import Callable
+from typing import Any, Final
+
+__all__ = [
+    "MAX_DEPTH",
+    "DuplicateKeyDict",
+    "JsonWireError",
+    "canonicalize",
+    "duplicate_keys",
+    "encode_json",
+    "encode_json_text",
+    "encode_str",
+    "format_float",
+    "parse_json",
+]
+
+#: Deepest container nesting serde_json accepts by default (its recursion
+#: budget is 128 and the 128th nested container exhausts it).
+MAX_DEPTH: Final = 127
+
+_I64_MIN: Final = -(1 << 63)
+_U64_MAX: Final = (1 << 64) - 1
+_INF: Final = float("inf")
+
+
+class JsonWireError(ValueError):
+    """JSON text or value that serde_json would reject (or could not produce).
+
+    ``message`` is the bare problem; ``line``/``column`` (1-based) locate it in
+    the input text when known.
+    """
+
+    def __init__(self, message: str, *, line: int | None = None, column: int | None = None):
+        self.message = message
+        self.line = line
+        self.column = column
+        where = f" at line {line} column {column}" if line is not None else ""
+        super().__init__(f"{message}{where}")
+
+
+class DuplicateKeyDict(dict[str, Any]):
+    """A parsed JSON object whose text repeated a key; the last value was kept.
+
+    It behaves as a plain ``dict``; ``duplicate_keys`` names the repeated keys.
+    """
+
+    __slots__ = ("duplicate_keys",)
+    duplicate_keys: frozenset[str]
+
+
+def duplicate_keys(obj: object) -> frozenset[str]:
+    """Return the keys repeated in the JSON text that produced ``obj`` (if any)."""
+    if isinstance(obj, DuplicateKeyDict):
+        return obj.duplicate_keys
+    return frozenset()
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    # Rare path: remember which keys repeated so struct parsing can refuse them.
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            repeated.add(key)
+        seen.add(key)
+    marked = DuplicateKeyDict(obj)
+    marked.duplicate_keys = frozenset(repeated)
+    return marked
+
+
+def _reject_constant(name: str) -> Any:
+    # json.loads accepts NaN/Infinity/-Infinity; JSON (and serde_json) do not.
+    raise JsonWireError(f"`{name}` is not a valid JSON value")
+
+
+def _parse_int(text: str) -> int | float:
+    if len(text) < 19:  # at most 18 digits: always inside i64
+        if text == "-0":
+            # serde_json turns the integer -0 into the float -0.0.
+            return -0.0
+        return int(text)
+    if len(text) <= 21:
+        value = int(text)
+        if _I64_MIN <= value <= _U64_MAX:
+            return value
+    # Beyond i64/u64 serde_json falls back to f64 (and fails on overflow).
+    return _parse_float(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if value == _INF or value == -_INF:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise JsonWireError(f"number out of range: `{shown}`")
+    return value
+
+
+# Escapes that matter for surrogates, matched left to right so that an escaped
+# backslash is consumed as a pair (keeping the parity of what follows right):
+# an escaped backslash, a valid surrogate pair, or (group 1) a lone surrogate.
+_SURROGATE_SCAN: Final = re.compile(
+    r"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|(\\u[dD][0-9a-fA-F]{3})"
+)
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+
+# Depth scan helpers: keep only brackets and quotes, brackets as parentheses.
+_DEPTH_DELETE: Final = bytes(range(256)).translate(None, b'[]{}"')
+_DEPTH_PARENS: Final = bytes.maketrans(b"[]{}", b"()()")
+
+
+def _has_surrogate(text: str) -> bool:
+    # Encoding is far faster than a character-class regex scan.
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _position(text: str, pos: int) -> tuple[int, int]:
+    line = text.count("\n", 0, pos) + 1
+    return line, pos - text.rfind("\n", 0, pos)
+
+
+def _check_surrogate_escapes(text: str) -> None:
+    # json.loads decodes lone surrogate escapes into unpaired surrogates;
+    # serde_json rejects them.  Only texts holding a surrogate escape are scanned.
+    if "\\u" not in text or _SURROGATE_ESCAPE.search(text) is None:
+        return
+    for match in _SURROGATE_SCAN.finditer(text):
+        if match.group(1) is not None:
+            line, column = _position(text, match.start(1))
+            raise JsonWireError(
+                f"lone surrogate escape `{match.group(1)}`", line=line, column=column
+            )
+
+
+def _depth_exceeds(raw: bytes, limit: int) -> bool:
+    """True if the (valid JSON) text nests more than ``limit`` containers.
+
+    Runs at C speed on bytes: drop escaped backslashes and quotes, keep only
+    brackets and quotes, drop string contents, then peel innermost ``()``
+    pairs one level per round (``bytes.replace`` does not cascade).
+    """
+    shape = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    shape = shape.translate(_DEPTH_PARENS, _DEPTH_DELETE)
+    shape = b"".join(shape.split(b'"')[0::2])
+    for _ in range(limit):
+        if not shape:
+            return False
+        shape = shape.replace(b"()", b"")
+    return bool(shape)
+
+
+# The number hooks cost less than any regex pre-scan that could avoid them.
+_DECODER: Final = json.JSONDecoder(
+    object_pairs_hook=_object_pairs,
+    parse_constant=_reject_constant,
+    parse_int=_parse_int,
+    parse_float=_parse_float,
+)
+
+
+def parse_json(
+    data: bytes | bytearray | memoryview | str, *, max_depth: int | None = MAX_DEPTH
+) -> Any:
+    """Parse one JSON document the way ``serde_json::from_slice`` into ``Value`` would.
+
+    Integers within i64/u64 stay exact ``int``; larger ones become ``float``;
+    the integer ``-0`` becomes ``-0.0``.  Objects become ``dict`` (the last of
+    repeated keys wins; such objects are :class:`DuplicateKeyDict`).  Raises
+    :class:`JsonWireError` for anything serde_json rejects: invalid UTF-8,
+    syntax errors, trailing characters or commas, ``NaN``/``Infinity``, numbers
+    that overflow ``f64``, lone surrogate escapes, and more than ``max_depth``
+    nested containers (``None`` disables that limit).
+    """
+    if isinstance(data, str):
+        text = data
+        raw: bytes | None = None
+        if _has_surrogate(text):
+            raise JsonWireError("input contains a lone surrogate (not valid Unicode)")
+    else:
+        raw = bytes(data)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonWireError(f"invalid UTF-8 at byte offset {exc.start}") from None
+    try:
+        value = _DECODER.decode(text)
+    except json.JSONDecodeError as exc:
+        raise JsonWireError(
+            _describe_decode_error(exc), line=exc.lineno, column=exc.colno
+        ) from None
+    except RecursionError:
+        raise JsonWireError("recursion limit exceeded") from None
+    _check_surrogate_escapes(text)
+    if max_depth is not None and text.count("[") + text.count("{") > max_depth:
+        if _depth_exceeds(text.encode("utf-8") if raw is None else raw, max_depth):
+            raise JsonWireError(f"recursion limit exceeded (more than {max_depth} nested levels)")
+    return value
+
+
+def _describe_decode_error(exc: json.JSONDecodeError) -> str:
+    # Reword the common cases the way serde_json names them.
+    doc, pos = exc.doc, exc.pos
+    if exc.msg == "Extra data":
+        return "trailing characters"
+    if pos >= len(doc.rstrip(" \t\r\n")):
+        return "EOF while parsing a value"
+    if doc[pos] in "]}" and doc[:pos].rstrip(" \t\r\n").endswith(","):
+        return "trailing comma"
+    if exc.msg.startswith("Invalid control character"):
+        return "control character (\\u0000-\\u001F) found while parsing a string"
+    return exc.msg
+
+
+# -------------------------------------------------------------------------- encoding
+
+# json's C string encoder (non-ASCII variant) escapes exactly what serde_json
+# escapes: `"`, `\` and U+0000..U+001F (\b \f \n \r \t short, others \u00xx
+# lowercase); DEL, U+2028/U+2029 and all other characters stay raw.
+_encode_basestring: Final[Callable[[str], str]] = json.encoder.encode_basestring
+
+_ORDERED_ENCODER: Final = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=False
+)
+_SORTED_ENCODER: Final = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=True
+)
+
+# repr() floats differ from Ryu only when written in exponent form, which
+# always has a signed exponent ("1e+16", "1.5e-05").
+_REPR_EXPONENT: Final = re.compile(r"[0-9]e[+-]")
+# Tokenizes encoder output: whole strings are matched (and kept) so that only
+# real number tokens are rewritten.
+_STRING_OR_EXP_FLOAT: Final = re.compile(
+    r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?)([0-9])(?:\.([0-9]+))?e([+-])([0-9]+)'
+)
+
+
+def _ryu_from_repr(match: re.Match[str]) -> str:
+    sign, lead, frac, exp_sign, exp_digits = match.groups()
+    if lead is None:  # a string token: leave untouched
+        return match.group(0)
+    exponent = int(exp_digits)
+    if exp_sign == "-" and exponent == 5:
+        # Ryu writes 1e-5 <= |x| < 1e-4 in plain notation; repr() does not.
+        return f"{sign}0.0000{lead}{frac or ''}"
+    mantissa = f"{lead}.{frac}" if frac else lead
+    return f"{sign}{mantissa}e{'-' if exp_sign == '-' else ''}{exponent}"
+
+
+def _fix_floats(text: str) -> str:
+    if _REPR_EXPONENT.search(text) is None:
+        return text
+    return _STRING_OR_EXP_FLOAT.sub(_ryu_from_repr, text)
+
+
+def format_float(value: float) -> str:
+    """Format a finite float as serde_json (Ryu) does: ``1.0``, ``1e16``, ``0.00001``."""
+    if value != value or value in (_INF, -_INF):
+        raise JsonWireError(f"non-finite float {value!r} cannot be encoded as JSON")
+    return _fix_floats(repr(float(value)))
+
+
+def encode_str(value: str) -> str:
+    """Encode one string as a JSON string literal, exactly as serde_json does."""
+    return _encode_basestring(value)
+
+
+def _encode_text(value: Any, sort_keys: bool) -> str:
+    encoder = _SORTED_ENCODER if sort_keys else _ORDERED_ENCODER
+    try:
+        text = encoder.encode(value)
+    except ValueError as exc:  # NaN/inf (allow_nan=False) or a reference cycle
+        raise JsonWireError(f"value cannot be encoded as JSON: {exc}") from None
+    except TypeError as exc:  # unsupported type or mixed-type keys
+        raise JsonWireError(f"value cannot be encoded as JSON: {exc}") from None
+    return _fix_floats(text)
+
+
+def encode_json(value: Any, *, sort_keys: bool = False) -> bytes:
+    """Return exactly what ``serde_json::to_vec`` writes for ``value``.
+
+    Output is compact; objects keep their insertion order unless
+    ``sort_keys`` (then keys sort by code point at every level, like
+    serde_json's default ``Map``).  ``None``/``bool``/``int``/``float``/``str``/
+    ``list``/``tuple``/``dict`` are supported.  Raises :class:`JsonWireError`
+    for non-finite floats, unsupported types and lone surrogates.  Callers are
+    responsible for keys being ``str`` and integers lying within i64/u64 (the
+    model layer validates that); this function does not re-walk the value.
+    """
+    text = _encode_text(value, sort_keys)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise JsonWireError("value holds a lone surrogate, which is not valid UTF-8") from None
+
+
+def encode_json_text(value: Any, *, sort_keys: bool = False) -> str:
+    """Like :func:`encode_json` but returns ``str`` (not checked for lone surrogates)."""
+    return _encode_text(value, sort_keys)
+
+
+def canonicalize(value: Any) -> Any:
+    """Return ``value`` with object keys sorted by code point at every level.
+
+    Arrays keep their order (tuples become lists); scalars are returned as is.
+    The result is a fresh structure, so it is also a deep copy of containers.
+    """
+    if isinstance(value, dict):
+        return {key: canonicalize(value[key]) for key in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        return [canonicalize(item) for item in value]
+    return value

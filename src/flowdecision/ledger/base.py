@@ -1,0 +1,259 @@
+"""The ledger API, implemented once over a few storage primitives.
+
+A backend subclasses :class:`Ledger` and supplies only:
+
+* ``_apply(decision_id, op)``: load the record, call ``op(record, clock_ms)``
+  and, if the transition changed it, store the new record -- all atomically
+  with respect to every other writer of the same store;
+* ``_read(decision_id)``: load one record (a consistent snapshot);
+* ``_prune(before_ms)``: delete the records :func:`machine.is_prunable` selects;
+* ``now_ms()``: the backend's clock (the database clock for PostgreSQL).
+
+Argument validation, identity fencing and receipt binding live here, so every
+backend enforces exactly the same rules.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TypeVar
+
+from ..errors import LedgerError
+from ..identity import ExecutionIdentity, ResultReceipt
+from . import machine
+from .machine import ClaimRecord, Transition, check_u64
+from .states import ClaimOutcome, ClaimState
+
+__all__ = ["Ledger", "LedgerEntry", "Operation", "wall_clock_ms"]
+
+T = TypeVar("T")
+
+#: A transition bound to its arguments: ``op(record, clock_ms) -> Transition``.
+Operation = Callable[[ClaimRecord | None, int], Transition[T]]
+
+
+def wall_clock_ms() -> int:
+    """Unix-epoch milliseconds from this host's clock."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """A redacted view of one record, looked up by decision id alone (no owner)."""
+
+    decision_id: str
+    request_hash: str
+    state: ClaimState
+    attempts: int
+    execution_identity: ExecutionIdentity | None
+    result_receipt: ResultReceipt | None
+
+
+def _check_identity(identity: ExecutionIdentity | None) -> None:
+    if identity is None:
+        return
+    try:
+        identity.validate()
+    except ValueError as error:
+        raise LedgerError(str(error)) from error
+
+
+def _check_receipt(identity: ExecutionIdentity | None, receipt: ResultReceipt | None) -> None:
+    if receipt is None:
+        return
+    if identity is None:
+        raise LedgerError("decision result receipt requires an execution identity")
+    try:
+        receipt.validate()
+    except ValueError as error:
+        raise LedgerError(str(error)) from error
+    if receipt.identity != identity:
+        raise LedgerError("decision result receipt identity conflicts with its claim")
+
+
+class Ledger(abc.ABC):
+    """Durable claim ledger: at most one live owner per decision, fenced completion.
+
+    All times are Unix-epoch milliseconds; a time left as ``None`` means the
+    ledger's own clock (:meth:`now_ms`). Failures raise :class:`LedgerError`.
+    Use as an async context manager, or call :meth:`close`.
+    """
+
+    # -- storage primitives -------------------------------------------------
+
+    @abc.abstractmethod
+    async def _apply(self, decision_id: str, op: Operation[T]) -> T:
+        """Atomically load, transform (``op``) and store one record."""
+
+    @abc.abstractmethod
+    async def _read(self, decision_id: str) -> ClaimRecord | None:
+        """Load one record, or None."""
+
+    @abc.abstractmethod
+    async def _prune(self, before_ms: int) -> int:
+        """Delete every record :func:`machine.is_prunable` selects; return the count."""
+
+    def now_ms(self) -> int:
+        """The ledger's clock, in Unix-epoch milliseconds."""
+        return wall_clock_ms()
+
+    async def close(self) -> None:
+        """Release connections and handles. The ledger is unusable afterwards."""
+
+    async def __aenter__(self) -> Ledger:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- the public API -----------------------------------------------------
+
+    async def claim(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        now_ms: int | None = None,
+        identity: ExecutionIdentity | None = None,
+    ) -> ClaimOutcome:
+        """Claim the decision for ``owner_id`` for ``lease_ms``.
+
+        Returns ``Claimed(attempt)`` (a new claim, a takeover of an expired or
+        released one, or the same owner re-claiming), ``AlreadyCompleted()``,
+        ``Busy(lease_expires_at_ms)`` or ``Conflict()`` (different request hash
+        or identity). A legacy record without identity takes ``identity``.
+        """
+        check_u64("lease_ms", lease_ms)
+        fixed = None if now_ms is None else check_u64("now_ms", now_ms)
+        _check_identity(identity)
+        return await self._apply(
+            decision_id,
+            lambda record, clock: machine.claim(
+                record,
+                request_hash,
+                identity,
+                owner_id,
+                clock if fixed is None else fixed,
+                lease_ms,
+            ),
+        )
+
+    async def renew(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        now_ms: int | None = None,
+        identity: ExecutionIdentity | None = None,
+    ) -> bool:
+        """Extend a live lease held by ``owner_id``.
+
+        False after completion, takeover, release, expiry or identity conflict.
+        """
+        check_u64("lease_ms", lease_ms)
+        fixed = None if now_ms is None else check_u64("now_ms", now_ms)
+        _check_identity(identity)
+        return await self._apply(
+            decision_id,
+            lambda record, clock: machine.renew(
+                record,
+                request_hash,
+                identity,
+                owner_id,
+                clock if fixed is None else fixed,
+                lease_ms,
+            ),
+        )
+
+    async def complete(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        completed_at_ms: int | None = None,
+        identity: ExecutionIdentity | None = None,
+        receipt: ResultReceipt | None = None,
+    ) -> None:
+        """Record completion; only the current owner with a live lease may complete.
+
+        A ``receipt`` needs an ``identity`` and must be bound to it.
+        """
+        fixed = None if completed_at_ms is None else check_u64("completed_at_ms", completed_at_ms)
+        _check_identity(identity)
+        _check_receipt(identity, receipt)
+        await self._apply(
+            decision_id,
+            lambda record, clock: machine.complete(
+                record,
+                decision_id,
+                request_hash,
+                identity,
+                owner_id,
+                receipt,
+                clock if fixed is None else fixed,
+            ),
+        )
+
+    async def release(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        identity: ExecutionIdentity | None = None,
+    ) -> None:
+        """Give up ``owner_id``'s lease so the next claim can proceed (a new attempt)."""
+        _check_identity(identity)
+        await self._apply(
+            decision_id,
+            lambda record, _clock: machine.release(record, request_hash, identity, owner_id),
+        )
+
+    async def inspect(
+        self,
+        decision_id: str,
+        request_hash: str,
+        *,
+        identity: ExecutionIdentity | None = None,
+    ) -> ClaimState:
+        """The claim's redacted state; a hash or identity mismatch raises."""
+        _check_identity(identity)
+        record = await self._read(decision_id)
+        return machine.inspect(record, decision_id, request_hash, identity)
+
+    async def lookup(self, decision_id: str) -> LedgerEntry | None:
+        """Read a record by decision id alone (for operators and the service)."""
+        record = await self._read(decision_id)
+        if record is None:
+            return None
+        return LedgerEntry(
+            decision_id=decision_id,
+            request_hash=record.request_hash,
+            state=machine.state_of(record),
+            attempts=record.attempts,
+            execution_identity=record.execution_identity,
+            result_receipt=record.result_receipt,
+        )
+
+    async def completed_receipt(self, decision_id: str) -> ResultReceipt | None:
+        """The result receipt stored with a completed decision, if any."""
+        record = await self._read(decision_id)
+        return None if record is None else record.result_receipt
+
+    async def prune_completed(self, before_ms: int) -> int:
+        """Remove completed records whose completion time is before ``before_ms``."""
+        return await self._prune(check_u64("before_ms", before_ms))

@@ -1,0 +1,390 @@
+"""The claim state machine, written once, as pure functions over one record.
+
+Every backend (memory, JSON file, SQLite, PostgreSQL) loads a record, calls one
+of these functions, and stores the record it returns, atomically. Nothing here
+does I/O or reads a clock: time arrives as an argument, which is what lets the
+PostgreSQL backend feed in the database's clock and the conformance tests feed
+in time that stands still or runs backwards.
+
+This is a literal port of the record functions of ``decision_ledger.rs``
+(``claim_record``, ``renew_record``, ``complete_record``, ``release_record``,
+``inspect_record``, ``prune_records``), with the same error messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any, Generic, TypeVar
+
+from ..errors import LedgerCorruptError, LedgerError
+from ..identity import ExecutionIdentity, ResultReceipt
+from .states import (
+    AlreadyCompleted,
+    Busy,
+    Claimed,
+    ClaimOutcome,
+    ClaimState,
+    Completed,
+    Conflict,
+    Missing,
+    Pending,
+)
+
+__all__ = [
+    "U32_MAX",
+    "U64_MAX",
+    "ClaimRecord",
+    "ClaimStatus",
+    "Transition",
+    "check_u32",
+    "check_u64",
+    "claim",
+    "complete",
+    "inspect",
+    "is_prunable",
+    "release",
+    "renew",
+]
+
+U64_MAX = (1 << 64) - 1
+U32_MAX = (1 << 32) - 1
+
+T = TypeVar("T")
+
+
+class ClaimStatus(str, Enum):
+    """Stored status of a claim record (serialized in snake_case like the seed)."""
+
+    PENDING = "pending"
+    COMPLETED = "completed"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    """One decision's claim, exactly the seed's ``ClaimRecord``.
+
+    ``execution_identity`` is None only for legacy records written by the older
+    ledger; ``completed_at_ms`` is None for pending and legacy completed records.
+    """
+
+    request_hash: str
+    status: ClaimStatus
+    owner_id: str
+    lease_expires_at_ms: int
+    attempts: int
+    execution_identity: ExecutionIdentity | None = None
+    completed_at_ms: int | None = None
+    result_receipt: ResultReceipt | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The seed's serde form: declaration order, absent options omitted."""
+        out: dict[str, Any] = {"request_hash": self.request_hash}
+        if self.execution_identity is not None:
+            out["execution_identity"] = self.execution_identity.to_dict()
+        out["status"] = self.status.value
+        out["owner_id"] = self.owner_id
+        out["lease_expires_at_ms"] = self.lease_expires_at_ms
+        out["attempts"] = self.attempts
+        if self.completed_at_ms is not None:
+            out["completed_at_ms"] = self.completed_at_ms
+        if self.result_receipt is not None:
+            out["result_receipt"] = self.result_receipt.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, decision_id: str, obj: Any) -> ClaimRecord:
+        """Decode and validate a stored record as the seed's ``read_records`` does.
+
+        Unknown fields are ignored. Raises :class:`LedgerCorruptError` naming the
+        decision and the problem.
+        """
+        if not isinstance(obj, dict):
+            raise LedgerCorruptError(f"decision `{decision_id}` record is not an object")
+
+        def field(name: str, kind: type, optional: bool = False) -> Any:
+            if name not in obj or (optional and obj[name] is None):
+                if optional:
+                    return None
+                raise LedgerCorruptError(f"decision `{decision_id}` record: missing field `{name}`")
+            value = obj[name]
+            if kind is int:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise LedgerCorruptError(
+                        f"decision `{decision_id}` record: field `{name}` must be an integer"
+                    )
+            elif not isinstance(value, kind):
+                raise LedgerCorruptError(
+                    f"decision `{decision_id}` record: field `{name}` has the wrong type"
+                )
+            return value
+
+        status_text = field("status", str)
+        try:
+            status = ClaimStatus(status_text)
+        except ValueError:
+            raise LedgerCorruptError(
+                f"decision `{decision_id}` record: unknown status `{status_text}`, "
+                "expected `pending` or `completed`"
+            ) from None
+        lease = field("lease_expires_at_ms", int)
+        attempts = field("attempts", int)
+        completed_at = field("completed_at_ms", int, optional=True)
+        _range(decision_id, "lease_expires_at_ms", lease, U64_MAX)
+        _range(decision_id, "attempts", attempts, U32_MAX)
+        if completed_at is not None:
+            _range(decision_id, "completed_at_ms", completed_at, U64_MAX)
+        identity: ExecutionIdentity | None = None
+        raw_identity = obj.get("execution_identity")
+        if raw_identity is not None:
+            try:
+                identity = ExecutionIdentity.from_dict(raw_identity)
+                identity.validate()
+            except ValueError as error:
+                raise LedgerCorruptError(
+                    f"validate identity for decision `{decision_id}`: {error}"
+                ) from error
+        receipt: ResultReceipt | None = None
+        raw_receipt = obj.get("result_receipt")
+        if raw_receipt is not None:
+            try:
+                receipt = ResultReceipt.from_dict(raw_receipt)
+            except ValueError as error:
+                raise LedgerCorruptError(
+                    f"validate result receipt for decision `{decision_id}`: {error}"
+                ) from error
+            if status is not ClaimStatus.COMPLETED:
+                raise LedgerCorruptError(
+                    f"decision `{decision_id}` has a result receipt before completion"
+                )
+            if identity is None:
+                raise LedgerCorruptError(
+                    f"decision `{decision_id}` result receipt has no execution identity binding"
+                )
+            if receipt.identity != identity:
+                raise LedgerCorruptError(
+                    f"decision `{decision_id}` result receipt identity conflicts with its claim"
+                )
+        return cls(
+            request_hash=field("request_hash", str),
+            status=status,
+            owner_id=field("owner_id", str),
+            lease_expires_at_ms=lease,
+            attempts=attempts,
+            execution_identity=identity,
+            completed_at_ms=completed_at,
+            result_receipt=receipt,
+        )
+
+
+def _range(decision_id: str, name: str, value: int, maximum: int) -> None:
+    if not 0 <= value <= maximum:
+        raise LedgerCorruptError(
+            f"decision `{decision_id}` record: field `{name}` is out of range 0..={maximum}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Transition(Generic[T]):
+    """What a transition decided: the record to store and the caller's result.
+
+    ``changed`` is False when the stored record must stay as it is, so backends
+    skip the write (a busy claim or a refused renewal costs no commit).
+    """
+
+    record: ClaimRecord | None
+    result: T
+    changed: bool
+
+
+def check_u64(name: str, value: object) -> int:
+    """Validate an unsigned 64-bit argument (times, leases) with a clear error."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= U64_MAX:
+        raise LedgerError(f"`{name}` must be an integer in 0..={U64_MAX}, got {value!r}")
+    return value
+
+
+def check_u32(name: str, value: object) -> int:
+    """Validate an unsigned 32-bit argument with a clear error."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= U32_MAX:
+        raise LedgerError(f"`{name}` must be an integer in 0..={U32_MAX}, got {value!r}")
+    return value
+
+
+def _lease_expiry(now_ms: int, lease_ms: int) -> int:
+    # Rust: now_ms.saturating_add(lease_ms.max(1))
+    return min(now_ms + max(lease_ms, 1), U64_MAX)
+
+
+def _identity_conflicts(record: ClaimRecord, identity: ExecutionIdentity | None) -> bool:
+    return (
+        record.execution_identity is not None
+        and identity is not None
+        and record.execution_identity != identity
+    )
+
+
+def claim(
+    record: ClaimRecord | None,
+    request_hash: str,
+    identity: ExecutionIdentity | None,
+    owner_id: str,
+    now_ms: int,
+    lease_ms: int,
+) -> Transition[ClaimOutcome]:
+    """``claim_record``: take a missing, released or expired claim; report the rest."""
+    lease_expires_at_ms = _lease_expiry(now_ms, lease_ms)
+    if record is None:
+        created = ClaimRecord(
+            request_hash=request_hash,
+            status=ClaimStatus.PENDING,
+            owner_id=owner_id,
+            lease_expires_at_ms=lease_expires_at_ms,
+            attempts=1,
+            execution_identity=identity,
+        )
+        return Transition(created, Claimed(1), True)
+    if record.request_hash != request_hash or _identity_conflicts(record, identity):
+        return Transition(record, Conflict(), False)
+    if record.status is ClaimStatus.COMPLETED:
+        if record.execution_identity is None and identity is not None:
+            return Transition(replace(record, execution_identity=identity), AlreadyCompleted(), True)
+        return Transition(record, AlreadyCompleted(), False)
+    if record.lease_expires_at_ms > now_ms and record.owner_id != owner_id:
+        return Transition(record, Busy(record.lease_expires_at_ms), False)
+    attempts = min(record.attempts + 1, U32_MAX)
+    taken = replace(
+        record,
+        execution_identity=record.execution_identity or identity,
+        owner_id=owner_id,
+        lease_expires_at_ms=lease_expires_at_ms,
+        attempts=attempts,
+    )
+    return Transition(taken, Claimed(attempts), True)
+
+
+def renew(
+    record: ClaimRecord | None,
+    request_hash: str,
+    identity: ExecutionIdentity | None,
+    owner_id: str,
+    now_ms: int,
+    lease_ms: int,
+) -> Transition[bool]:
+    """``renew_record``: extend a live lease held by ``owner_id``; never binds an identity."""
+    if (
+        record is None
+        or record.request_hash != request_hash
+        or record.status is not ClaimStatus.PENDING
+        or record.owner_id != owner_id
+        or record.lease_expires_at_ms <= now_ms
+        or _identity_conflicts(record, identity)
+    ):
+        return Transition(record, False, False)
+    renewed = replace(record, lease_expires_at_ms=_lease_expiry(now_ms, lease_ms))
+    return Transition(renewed, True, True)
+
+
+def complete(
+    record: ClaimRecord | None,
+    decision_id: str,
+    request_hash: str,
+    identity: ExecutionIdentity | None,
+    owner_id: str,
+    receipt: ResultReceipt | None,
+    completed_at_ms: int,
+) -> Transition[None]:
+    """``complete_record``: finish a live claim held by ``owner_id``.
+
+    Completing an already-completed record succeeds for any caller: it attaches
+    the supplied identity or receipt if none is stored, and a different receipt
+    conflicts. Raises :class:`LedgerError` with the seed's messages.
+    """
+    if record is None:
+        raise LedgerError(f"decision claim `{decision_id}` does not exist")
+    if record.request_hash != request_hash:
+        raise LedgerError(f"decision `{decision_id}` request hash conflicts with its claim")
+    if _identity_conflicts(record, identity):
+        raise LedgerError(f"decision `{decision_id}` execution identity conflicts with its claim")
+    if record.status is ClaimStatus.COMPLETED:
+        updated = record
+        if receipt is not None:
+            if record.result_receipt is not None:
+                if record.result_receipt != receipt:
+                    raise LedgerError(
+                        f"decision `{decision_id}` result receipt conflicts with its completion"
+                    )
+            else:
+                updated = replace(updated, result_receipt=receipt)
+        if updated.execution_identity is None and identity is not None:
+            updated = replace(updated, execution_identity=identity)
+        return Transition(updated, None, updated is not record)
+    if record.owner_id != owner_id:
+        raise LedgerError(f"decision `{decision_id}` is owned by another dispatcher")
+    if record.lease_expires_at_ms == 0 or record.lease_expires_at_ms <= completed_at_ms:
+        raise LedgerError(f"decision `{decision_id}` claim lease expired before completion")
+    done = replace(
+        record,
+        execution_identity=record.execution_identity or identity,
+        status=ClaimStatus.COMPLETED,
+        lease_expires_at_ms=0,
+        completed_at_ms=completed_at_ms,
+        result_receipt=receipt,
+    )
+    return Transition(done, None, True)
+
+
+def release(
+    record: ClaimRecord | None,
+    request_hash: str,
+    identity: ExecutionIdentity | None,
+    owner_id: str,
+) -> Transition[None]:
+    """``release_record``: the owner gives up its lease so a retry can claim at once.
+
+    Anything else (wrong hash, completed, other owner, identity conflict) is a
+    silent no-op, as in the seed; release never binds an identity.
+    """
+    if (
+        record is None
+        or record.request_hash != request_hash
+        or record.status is ClaimStatus.COMPLETED
+        or _identity_conflicts(record, identity)
+        or record.owner_id != owner_id
+    ):
+        return Transition(record, None, False)
+    return Transition(replace(record, owner_id="", lease_expires_at_ms=0), None, True)
+
+
+def inspect(
+    record: ClaimRecord | None,
+    decision_id: str,
+    request_hash: str,
+    identity: ExecutionIdentity | None,
+) -> ClaimState:
+    """``inspect_record``: the redacted state; a hash or identity mismatch is an error."""
+    if record is None:
+        return Missing()
+    if record.request_hash != request_hash:
+        raise LedgerError(f"decision `{decision_id}` request hash conflicts with its claim")
+    if _identity_conflicts(record, identity):
+        raise LedgerError(f"decision `{decision_id}` execution identity conflicts with its claim")
+    return state_of(record)
+
+
+def state_of(record: ClaimRecord | None) -> ClaimState:
+    """The redacted state of a record, without any hash or identity check."""
+    if record is None:
+        return Missing()
+    if record.status is ClaimStatus.PENDING:
+        return Pending(record.lease_expires_at_ms, record.attempts)
+    return Completed(record.completed_at_ms)
+
+
+def is_prunable(record: ClaimRecord, before_ms: int) -> bool:
+    """``prune_records``: completed before the cutoff; legacy records without a time stay."""
+    return (
+        record.status is ClaimStatus.COMPLETED
+        and record.completed_at_ms is not None
+        and record.completed_at_ms < before_ms
+    )

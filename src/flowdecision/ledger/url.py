@@ -1,0 +1,59 @@
+"""Open any ledger from a URL: ``memory:``, ``file:///dir``, ``sqlite:///path``,
+``postgresql://...``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from ..errors import LedgerError
+from .base import Ledger
+
+__all__ = ["SCHEMES", "open_ledger", "parse_ledger_url"]
+
+SCHEMES = ("memory:", "file:///dir", "sqlite:///path", "postgresql://...")
+
+
+def parse_ledger_url(url: str) -> tuple[str, str]:
+    """Split a ledger URL into ``(kind, target)``; a bare path means a file ledger dir."""
+    if url == "memory:" or url == "memory://":
+        return "memory", ""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "":
+        return "file", url
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise LedgerError(f"ledger URL `{url}`: file URLs must name a local path")
+        return "file", unquote(parts.path)
+    if scheme == "sqlite":
+        path = unquote(parts.netloc + parts.path) if parts.netloc else unquote(parts.path)
+        if not path:
+            raise LedgerError(f"ledger URL `{url}`: sqlite URLs need a path (sqlite:///path)")
+        return "sqlite", path
+    if scheme in ("postgres", "postgresql"):
+        return "postgresql", url
+    raise LedgerError(
+        f"unsupported ledger URL scheme `{parts.scheme}` in `{url}`: "
+        f"expected one of {', '.join(SCHEMES)}"
+    )
+
+
+async def open_ledger(url: str) -> Ledger:
+    """Open (and for SQL stores, connect to) the ledger a URL names."""
+    kind, target = parse_ledger_url(url)
+    if kind == "memory":
+        from .memory import MemoryLedger
+
+        return MemoryLedger()
+    if kind == "file":
+        from .jsonfile import JsonFileLedger
+
+        return JsonFileLedger(Path(target))
+    if kind == "sqlite":
+        from .sqlite import SqliteLedger
+
+        return await SqliteLedger.open(target)
+    from .postgres import PostgresLedger
+
+    return await PostgresLedger.connect(target)

@@ -1,0 +1,94 @@
+"""Shared test doubles: requests, sinks and ledgers that behave on demand."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from flowdecision.identity import ExecutionIdentity, ResultOutcome, ResultReceipt, digest_bytes
+from flowdecision.model import Complete, DecisionRequest
+
+
+def request(branch: str = "production", decision_id: str = "decision-1", **kw: Any) -> DecisionRequest:
+    """The seed tests' request: ``complete`` with a null output."""
+    return DecisionRequest(
+        decision_id=decision_id,
+        run_id=kw.get("run_id", "run-1"),
+        authority_branch_id=branch,
+        causation_event_id=kw.get("causation_event_id", "event-1"),
+        decision=kw.get("decision", Complete(output=None)),
+    )
+
+
+def identity(tag: str) -> ExecutionIdentity:
+    return ExecutionIdentity.derive("a3s.test.flow-decision", {"tag": tag})
+
+
+def receipt(ident: ExecutionIdentity) -> ResultReceipt:
+    return ResultReceipt.new(
+        ident,
+        digest_bytes("a3s.test.flow-evidence", b"event"),
+        ResultOutcome.SUCCEEDED,
+        digest_bytes("a3s.test.flow-result", b"result"),
+        6,
+    )
+
+
+class RecordingSink:
+    """Accepts everything and records (decision_id, attempt) in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        self.calls.append((request.decision_id, attempt))
+
+    @property
+    def ids(self) -> list[str]:
+        return [decision_id for decision_id, _ in self.calls]
+
+
+class FailingOnceSink:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            raise OSError("transient")
+
+
+class SlowCountingSink:
+    def __init__(self, seconds: float = 0.05) -> None:
+        self.calls = 0
+        self.seconds = seconds
+
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        self.calls += 1
+        await asyncio.sleep(self.seconds)
+
+
+class ControlledSink:
+    """Blocks until ``finish`` is set; counts calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.started = asyncio.Event()
+        self.finish = asyncio.Event()
+
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        self.calls += 1
+        self.started.set()
+        await self.finish.wait()
+
+
+class CancellableSink:
+    def __init__(self, seconds: float = 0.05) -> None:
+        self.started = 0
+        self.completed = 0
+        self.seconds = seconds
+
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        self.started += 1
+        await asyncio.sleep(self.seconds)
+        self.completed += 1
