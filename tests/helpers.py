@@ -9,7 +9,9 @@ from flowdecision.identity import ExecutionIdentity, ResultOutcome, ResultReceip
 from flowdecision.model import Complete, DecisionRequest
 
 
-def request(branch: str = "production", decision_id: str = "decision-1", **kw: Any) -> DecisionRequest:
+def request(
+    branch: str = "production", decision_id: str = "decision-1", **kw: Any
+) -> DecisionRequest:
     """The seed tests' request: ``complete`` with a null output."""
     return DecisionRequest(
         decision_id=decision_id,

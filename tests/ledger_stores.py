@@ -142,7 +142,8 @@ class LedgerStore:
             conn = await asyncpg.connect(self.pg_url)
             try:
                 await conn.execute(
-                    "INSERT INTO flowdecision_claims (decision_id, status, completed_at_ms, record) "
+                    "INSERT INTO flowdecision_claims "
+                    "(decision_id, status, completed_at_ms, record) "
                     "VALUES ($1, $2, $3, $4) ON CONFLICT (decision_id) DO UPDATE SET "
                     "status = excluded.status, completed_at_ms = excluded.completed_at_ms, "
                     "record = excluded.record",

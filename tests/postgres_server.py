@@ -96,7 +96,9 @@ class PostgresServer:
 
     def url(self, database: str = "postgres") -> str:
         """A libpq URL over the unix socket."""
-        return f"postgresql://{self.db_user}@/{database}?host={quote(str(self.socket_dir), safe='')}"
+        return (
+            f"postgresql://{self.db_user}@/{database}?host={quote(str(self.socket_dir), safe='')}"
+        )
 
     # -- lifecycle -------------------------------------------------------------
 

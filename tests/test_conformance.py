@@ -98,9 +98,7 @@ async def test_seed_file_ledger_persists_identity_and_result_receipt(backend: Le
         )
         == AlreadyCompleted()
     )
-    assert await reopened.inspect("decision", "hash", identity=execution_identity) == Completed(
-        120
-    )
+    assert await reopened.inspect("decision", "hash", identity=execution_identity) == Completed(120)
     entry = await reopened.lookup("decision")
     assert entry is not None
     assert entry.execution_identity == execution_identity
@@ -137,9 +135,7 @@ async def test_seed_expired_worker_cannot_complete_after_takeover(backend: Ledge
             receipt=first_receipt,
         )
     second_receipt = receipt(second)
-    await ledger.complete(
-        "decision", "hash", "second-owner", completed_at_ms=123, identity=second
-    )
+    await ledger.complete("decision", "hash", "second-owner", completed_at_ms=123, identity=second)
     await ledger.complete(
         "decision",
         "hash",
@@ -346,14 +342,14 @@ async def test_sqlite_foreign_or_corrupt_database_is_refused(tmp_path: Path) -> 
         await SqliteLedger.open(foreign)
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(LedgerError, match="garbage.db"):
+    with pytest.raises(LedgerError, match=r"garbage\.db"):
         await SqliteLedger.open(garbage)
 
 
 async def test_sqlite_unwritable_location_is_unavailable(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(LedgerUnavailableError, match="blocker|file"):
+    with pytest.raises(LedgerUnavailableError, match=r"file/sub"):
         await SqliteLedger.open(blocker / "sub" / "ledger.db")
 
 
@@ -439,9 +435,11 @@ async def test_postgres_newer_schema_is_refused(pg_empty_url: str) -> None:
 
 async def test_postgres_unreachable_server_is_unavailable(tmp_path: Path) -> None:
     url = f"postgresql://nobody@/db?host={tmp_path}"  # no socket there
-    with pytest.raises(LedgerUnavailableError, match=rf"cannot connect to PostgreSQL ledger {tmp_path}"):
+    with pytest.raises(
+        LedgerUnavailableError, match=rf"cannot connect to PostgreSQL ledger {tmp_path}"
+    ):
         await PostgresLedger.connect(url, connect_timeout_s=2)
-    with pytest.raises(LedgerUnavailableError, match="127.0.0.1:1/db"):
+    with pytest.raises(LedgerUnavailableError, match=r"127\.0\.0\.1:1/db"):
         await open_ledger("postgresql://user:secret@127.0.0.1:1/db")
     try:
         await open_ledger("postgresql://user:secret@127.0.0.1:1/db")

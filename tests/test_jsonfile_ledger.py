@@ -37,9 +37,7 @@ async def test_writes_exactly_the_seed_format(tmp_path: Path) -> None:
         '"a":{"request_hash":"hash-a","execution_identity":'
         + ident.to_json().decode()
         + ',"status":"completed","owner_id":"owner","lease_expires_at_ms":0,"attempts":1,'
-        '"completed_at_ms":120,"result_receipt":'
-        + receipt(ident).to_json().decode()
-        + "},"
+        '"completed_at_ms":120,"result_receipt":' + receipt(ident).to_json().decode() + "},"
         '"b":{"request_hash":"hash-b","status":"pending","owner_id":"owner",'
         '"lease_expires_at_ms":150,"attempts":1}}}'
     )
@@ -102,8 +100,16 @@ async def test_reads_a_rust_v0_file_and_drops_unknown_fields_on_rewrite(tmp_path
             "validate identity for decision `a`",
         ),
     ],
-    ids=["truncated", "garbage", "no-records", "no-version", "newer-schema", "unknown-status",
-         "negative", "bad-identity"],
+    ids=[
+        "truncated",
+        "garbage",
+        "no-records",
+        "no-version",
+        "newer-schema",
+        "unknown-status",
+        "negative",
+        "bad-identity",
+    ],
 )
 async def test_invalid_file_is_reported_and_left_byte_identical(
     tmp_path: Path, content: bytes, error_type: type[Exception], fragment: str

@@ -21,8 +21,8 @@ from flowdecision.ledger import (
     Missing,
     Pending,
     Unavailable,
+    machine,
 )
-from flowdecision.ledger import machine
 from flowdecision.ledger.machine import U32_MAX, U64_MAX, ClaimRecord, ClaimStatus
 
 from .helpers import identity, receipt
@@ -93,7 +93,11 @@ async def test_release_clears_owner_and_next_claim_is_a_new_attempt() -> None:
     ("setup", "call", "message"),
     [
         ([], ("a", "h", "o", 10), "decision claim `a` does not exist"),
-        ([("a", "h", "o")], ("a", "h2", "o", 10), "decision `a` request hash conflicts with its claim"),
+        (
+            [("a", "h", "o")],
+            ("a", "h2", "o", 10),
+            "decision `a` request hash conflicts with its claim",
+        ),
         ([("a", "h", "o")], ("a", "h", "x", 10), "decision `a` is owned by another dispatcher"),
         (
             [("a", "h", "o")],
@@ -146,7 +150,9 @@ async def test_receipt_needs_an_identity_and_must_be_bound_to_it() -> None:
     with pytest.raises(LedgerError, match="requires an execution identity"):
         await ledger.complete("a", "h", "o", completed_at_ms=110, receipt=receipt(ident))
     with pytest.raises(LedgerError) as failure:
-        await ledger.complete("a", "h", "o", completed_at_ms=110, identity=ident, receipt=receipt(other))
+        await ledger.complete(
+            "a", "h", "o", completed_at_ms=110, identity=ident, receipt=receipt(other)
+        )
     assert str(failure.value) == "decision result receipt identity conflicts with its claim"
     with pytest.raises(LedgerError) as failure:
         await ledger.complete("a", "h", "o", completed_at_ms=110, identity=other)

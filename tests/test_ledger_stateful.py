@@ -211,7 +211,9 @@ def build_machine(
                     if ident is None:
                         raise LedgerError("decision result receipt requires an execution identity")
                     if receipt.identity != ident:
-                        raise LedgerError("decision result receipt identity conflicts with its claim")
+                        raise LedgerError(
+                            "decision result receipt identity conflicts with its claim"
+                        )
                 self.model.apply(
                     decision_id,
                     lambda r: machine.complete(

@@ -186,7 +186,5 @@ async def test_claim_is_kept_after_cancellation_until_lease_expires() -> None:
     pending.cancel()
     with pytest.raises(asyncio.CancelledError):
         await pending
-    outcome = await ledger.claim(
-        "decision-1", request_hash(request()), "other", lease_ms=10
-    )
+    outcome = await ledger.claim("decision-1", request_hash(request()), "other", lease_ms=10)
     assert not isinstance(outcome, Claimed)

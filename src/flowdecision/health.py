@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 __all__ = ["HealthMetrics", "HealthSnapshot", "HealthStatus"]
 
 
-class HealthStatus(str, Enum):
+class HealthStatus(StrEnum):
     HEALTHY = "healthy"
     DEGRADED = "degraded"
 

@@ -133,6 +133,13 @@ _SURROGATE_SCAN: Final = re.compile(
     r"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|(\\u[dD][0-9a-fA-F]{3})"
 )
 _SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+# A high surrogate escape not followed by a low one, or a low one not preceded
+# by a high one (valid only when the text has no escaped backslashes).  It
+# starts with the literal `\u` so the regex engine can scan for it quickly.
+_LONE_SURROGATE: Final = re.compile(
+    r"\\u[dD](?:[89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
+    r"|[c-fC-F][0-9a-fA-F]{2}(?<!\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}))"
+)
 
 # Depth scan helpers: keep only brackets and quotes, brackets as parentheses.
 _DEPTH_DELETE: Final = bytes(range(256)).translate(None, b'[]{}"')
@@ -160,12 +167,21 @@ def _check_surrogate_escapes(text: str) -> None:
     # serde_json rejects them.  Only texts holding a surrogate escape are scanned.
     if "\\u" not in text or _SURROGATE_ESCAPE.search(text) is None:
         return
-    for match in _SURROGATE_SCAN.finditer(text):
-        if match.group(1) is not None:
-            line, column = _position(text, match.start(1))
-            raise JsonWireError(
-                f"lone surrogate escape `{match.group(1)}`", line=line, column=column
-            )
+    found: str | None = None
+    start = 0
+    if "\\\\" not in text:
+        # No escaped backslashes, so every `\u` starts an escape: one search.
+        lone = _LONE_SURROGATE.search(text)
+        if lone is not None:
+            found, start = lone.group(0), lone.start()
+    else:
+        for match in _SURROGATE_SCAN.finditer(text):
+            if match.group(1) is not None:
+                found, start = match.group(1), match.start(1)
+                break
+    if found is not None:
+        line, column = _position(text, start)
+        raise JsonWireError(f"lone surrogate escape `{found}`", line=line, column=column)
 
 
 def _depth_exceeds(raw: bytes, limit: int) -> bool:
@@ -263,18 +279,12 @@ _SORTED_ENCODER: Final = json.JSONEncoder(
 
 # repr() floats differ from Ryu only when written in exponent form, which
 # always has a signed exponent ("1e+16", "1.5e-05").
-_REPR_EXPONENT: Final = re.compile(r"[0-9]e[+-]")
-# Tokenizes encoder output: whole strings are matched (and kept) so that only
-# real number tokens are rewritten.
-_STRING_OR_EXP_FLOAT: Final = re.compile(
-    r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?)([0-9])(?:\.([0-9]+))?e([+-])([0-9]+)'
-)
+_REPR_EXPONENT: Final = re.compile(r"e[+-](?<=[0-9]e[+-])")  # literal first: fast scan
+_SCI_FLOAT: Final = re.compile(r"(-?)([0-9])(?:\.([0-9]+))?e([+-])([0-9]+)")
 
 
 def _ryu_from_repr(match: re.Match[str]) -> str:
     sign, lead, frac, exp_sign, exp_digits = match.groups()
-    if lead is None:  # a string token: leave untouched
-        return match.group(0)
     exponent = int(exp_digits)
     if exp_sign == "-" and exponent == 5:
         # Ryu writes 1e-5 <= |x| < 1e-4 in plain notation; repr() does not.
@@ -284,9 +294,23 @@ def _ryu_from_repr(match: re.Match[str]) -> str:
 
 
 def _fix_floats(text: str) -> str:
-    if _REPR_EXPONENT.search(text) is None:
+    """Rewrite repr()-style exponent floats in encoder output into Ryu's form."""
+    if ("e+" not in text and "e-" not in text) or _REPR_EXPONENT.search(text) is None:
         return text
-    return _STRING_OR_EXP_FLOAT.sub(_ryu_from_repr, text)
+    if '"' not in text:
+        return _SCI_FLOAT.sub(_ryu_from_repr, text)
+    # Only rewrite outside strings.  The encoder escapes every control
+    # character, so \x00-\x02 never occur in its output and can stand in for
+    # escaped backslashes/quotes; then splitting on '"' alternates outside
+    # (even parts) and inside (odd parts) of strings.
+    masked = text.replace("\\\\", "\x00").replace('\\"', "\x01")
+    parts = masked.split('"')
+    outside = "\x02".join(parts[0::2])
+    fixed = _SCI_FLOAT.sub(_ryu_from_repr, outside)
+    if fixed == outside:
+        return text  # the exponent-like text was inside strings
+    parts[0::2] = fixed.split("\x02")
+    return '"'.join(parts).replace("\x01", '\\"').replace("\x00", "\\\\")
 
 
 def format_float(value: float) -> str:

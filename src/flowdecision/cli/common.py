@@ -28,8 +28,7 @@ ledger_option = click.option(
     default=DEFAULT_LEDGER_URL,
     show_default=True,
     envvar="FLOWDECISION_LEDGER",
-    help="Ledger URL: memory:, file:///dir (or a bare directory), sqlite:///path, "
-    "postgresql://...",
+    help="Ledger URL: memory:, file:///dir (or a bare directory), sqlite:///path, postgresql://...",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 

@@ -63,9 +63,7 @@ async def run_demo(root: Path, echo: Callable[[str], None]) -> list[tuple[str, s
     main = Dispatcher("production", sink, ledger, owner_id="demo-main")
     fates: list[tuple[str, str, str]] = []
 
-    async def attempt(
-        decision_id: str, scenario: str, call: Callable[[], Awaitable[bool]]
-    ) -> None:
+    async def attempt(decision_id: str, scenario: str, call: Callable[[], Awaitable[bool]]) -> None:
         try:
             fate = "submitted" if await call() else "duplicate (not resubmitted)"
         except DispatchError as error:

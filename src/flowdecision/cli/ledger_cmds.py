@@ -87,7 +87,9 @@ def inspect_cmd(ledger_url: str, decision_id: str, request_hash: str | None, as_
 @click.option("--before", "before_ms", type=int, help="Prune completions before this epoch ms.")
 @click.option("--older-than", help="Prune completions older than this age, e.g. 7d, 12h.")
 @json_option
-def prune_cmd(ledger_url: str, before_ms: int | None, older_than: str | None, as_json: bool) -> None:
+def prune_cmd(
+    ledger_url: str, before_ms: int | None, older_than: str | None, as_json: bool
+) -> None:
     """Remove completed records older than a cutoff (pending claims are kept)."""
     if (before_ms is None) == (older_than is None):
         click.echo("error: give exactly one of --before MS or --older-than AGE", err=True)

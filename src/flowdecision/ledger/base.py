@@ -101,7 +101,7 @@ class Ledger(abc.ABC):
         """The ledger's clock, in Unix-epoch milliseconds."""
         return wall_clock_ms()
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release connections and handles. The ledger is unusable afterwards."""
 
     async def __aenter__(self) -> Ledger:

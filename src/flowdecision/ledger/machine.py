@@ -14,7 +14,7 @@ This is a literal port of the record functions of ``decision_ledger.rs``
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from ..errors import LedgerCorruptError, LedgerError
@@ -53,7 +53,7 @@ U32_MAX = (1 << 32) - 1
 T = TypeVar("T")
 
 
-class ClaimStatus(str, Enum):
+class ClaimStatus(StrEnum):
     """Stored status of a claim record (serialized in snake_case like the seed)."""
 
     PENDING = "pending"
@@ -248,7 +248,9 @@ def claim(
         return Transition(record, Conflict(), False)
     if record.status is ClaimStatus.COMPLETED:
         if record.execution_identity is None and identity is not None:
-            return Transition(replace(record, execution_identity=identity), AlreadyCompleted(), True)
+            return Transition(
+                replace(record, execution_identity=identity), AlreadyCompleted(), True
+            )
         return Transition(record, AlreadyCompleted(), False)
     if record.lease_expires_at_ms > now_ms and record.owner_id != owner_id:
         return Transition(record, Busy(record.lease_expires_at_ms), False)

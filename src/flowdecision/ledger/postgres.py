@@ -36,7 +36,7 @@ from .sqlite import load_migrations, split_statements
 try:  # asyncpg is the optional `postgres` extra
     import asyncpg
 except ImportError:  # pragma: no cover - exercised only without the extra
-    asyncpg = None
+    asyncpg = None  # type: ignore[assignment]
 
 __all__ = ["SCHEMA_VERSION", "PostgresLedger", "describe_dsn"]
 
@@ -325,9 +325,13 @@ class PostgresLedger(Ledger):
                 if found > newest:
                     raise self._newer(found, newest)
                 if found < newest:
-                    state = "has no flowdecision schema" if found == 0 else (
-                        f"has schema version {found}, older than version {newest} this "
-                        "flowdecision needs"
+                    state = (
+                        "has no flowdecision schema"
+                        if found == 0
+                        else (
+                            f"has schema version {found}, older than version {newest} this "
+                            "flowdecision needs"
+                        )
                     )
                     raise LedgerSchemaError(
                         f"PostgreSQL ledger {self.where} {state}: run `flowdecision migrate` "
@@ -377,9 +381,10 @@ class PostgresLedger(Ledger):
                     f"PostgreSQL ledger {self.where}: permission denied ({error}); "
                     "grant the ledger role access to the flowdecision tables"
                 )
-            if isinstance(error, asyncpg.InvalidAuthorizationSpecificationError | (
-                asyncpg.InvalidPasswordError
-            )):
+            if isinstance(
+                error,
+                asyncpg.InvalidAuthorizationSpecificationError | (asyncpg.InvalidPasswordError),
+            ):
                 return LedgerUnavailableError(
                     f"cannot {what} PostgreSQL ledger {self.where}: authentication failed ({error})"
                 )

@@ -371,7 +371,8 @@ class SqliteLedger(Ledger):
                 raise self._newer(current, newest)
             if current == 0:
                 tables = conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+                    "SELECT name FROM sqlite_master "
+                    "WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
                 ).fetchall()
                 if tables and not any(name == _TABLE for (name,) in tables):
                     raise LedgerSchemaError(

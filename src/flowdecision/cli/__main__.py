@@ -1,0 +1,5 @@
+"""``python -m flowdecision.cli``."""
+
+from . import main
+
+main()
