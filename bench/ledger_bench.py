@@ -74,8 +74,11 @@ def _completed_row(index: int) -> tuple[str, str, int, str]:
         completed_at_ms=1_700_000_000_000 + index,
         result_receipt=_receipt(ident),
     )
-    return f"preload-{index:08d}", "completed", 1_700_000_000_000 + index, encode_json_text(
-        record.to_dict()
+    return (
+        f"preload-{index:08d}",
+        "completed",
+        1_700_000_000_000 + index,
+        encode_json_text(record.to_dict()),
     )
 
 
@@ -102,7 +105,11 @@ def preload_sqlite(path: Path, count: int) -> None:
         "INSERT INTO flowdecision_claims (decision_id, status, completed_at_ms, record) "
         "VALUES (?, 'completed', ?, ?)",
         (
-            (f"preload-{i:08d}", 1_700_000_000_000 + i, text.replace(stamp, str(1_700_000_000_000 + i)))
+            (
+                f"preload-{i:08d}",
+                1_700_000_000_000 + i,
+                text.replace(stamp, str(1_700_000_000_000 + i)),
+            )
             for i in range(count)
         ),
     )
@@ -256,7 +263,9 @@ async def _raw_postgres_loop(target: str, worker: int, seconds: float) -> int:
     return cycles
 
 
-def _worker(kind: str, target: str, worker: int, seconds: float, sync: str, barrier: Any, queue: Any) -> None:
+def _worker(
+    kind: str, target: str, worker: int, seconds: float, sync: str, barrier: Any, queue: Any
+) -> None:
     try:
         barrier.wait(120)
         if kind == "raw-sqlite":
@@ -314,7 +323,9 @@ def machine_description() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=3.0, help="measurement time per cell")
     parser.add_argument("--quick", action="store_true", help="1k/10k/100k only, 2 s cells")
     parser.add_argument("--backends", default="sqlite,postgres,file")
@@ -343,7 +354,11 @@ def main() -> None:
                 for procs in procs_list:
                     raw = run_cell("raw-sqlite", str(path), procs, args.seconds)
                     led = run_cell("sqlite", str(path), procs, args.seconds)
-                    print(f"| sqlite (FULL) | {size:,} | {procs} | {led:,.0f} | {raw:,.0f} | {led / raw:.0%} |", flush=True)
+                    print(
+                        f"| sqlite (FULL) | {size:,} | {procs} | {led:,.0f} | {raw:,.0f} "
+                        f"| {led / raw:.0%} |",
+                        flush=True,
+                    )
                 path.unlink()
                 for suffix in ("-wal", "-shm"):
                     Path(str(path) + suffix).unlink(missing_ok=True)
@@ -359,7 +374,11 @@ def main() -> None:
                 for procs in procs_list:
                     raw = run_cell("raw-postgres", url, procs, args.seconds)
                     led = run_cell("postgres", url, procs, args.seconds)
-                    print(f"| postgres | {size:,} | {procs} | {led:,.0f} | {raw:,.0f} | {led / raw:.0%} |", flush=True)
+                    print(
+                        f"| postgres | {size:,} | {procs} | {led:,.0f} | {raw:,.0f} "
+                        f"| {led / raw:.0%} |",
+                        flush=True,
+                    )
         if "file" in backends:
             for size in (s for s in (1000, 10000) if s <= max(sizes)):
                 root = work / f"file-{size}"

@@ -27,7 +27,14 @@ VECTORS: list[dict[str, Any]] = [
 IDS = [f"{index:02d}-{v['cmd']}-{v['label']}" for index, v in enumerate(VECTORS)]
 
 IDENTITY_ORDER = ["schema", "domain", "digest"]
-RECEIPT_ORDER = ["schema", "identity", "evidence_digest", "outcome", "result_digest", "result_bytes"]
+RECEIPT_ORDER = [
+    "schema",
+    "identity",
+    "evidence_digest",
+    "outcome",
+    "result_digest",
+    "result_bytes",
+]
 
 
 def _identity(vector_input: dict[str, Any], output: dict[str, Any]) -> None:
@@ -64,9 +71,9 @@ def _receipt(vector_input: dict[str, Any], output: dict[str, Any]) -> None:
                 ResultReceipt.from_dict(vector_input["validate"])
             assert output["parse_error"] in str(caught.value)
         elif "err" in output:
-            with pytest.raises(ExecutionContractError) as caught:
+            with pytest.raises(ExecutionContractError) as failed:
                 ResultReceipt.from_dict(vector_input["validate"])
-            assert str(caught.value) == output["err"]
+            assert str(failed.value) == output["err"]
         else:
             assert output == {"ok": None}
             receipt = ResultReceipt.from_dict(vector_input["validate"])
@@ -84,9 +91,9 @@ def _receipt(vector_input: dict[str, Any], output: dict[str, Any]) -> None:
         )
 
     if "err" in output:
-        with pytest.raises(ExecutionContractError) as caught:
+        with pytest.raises(ExecutionContractError) as failed:
             construct()
-        assert str(caught.value) == output["err"]
+        assert str(failed.value) == output["err"]
         return
     receipt = construct()
     assert receipt.to_dict() == output["ok"]

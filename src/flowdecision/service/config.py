@@ -1,0 +1,253 @@
+"""Service settings: CLI flags > ``FLOWDECISION_*`` environment > TOML file > defaults.
+
+Every setting has one name used in all three places: the TOML key is the
+field name (``lease_ms``), the environment variable is ``FLOWDECISION_`` plus
+the upper-cased name (``FLOWDECISION_LEASE_MS``) and the flag is ``--`` plus
+the name with dashes (``--lease-ms``). The bearer token itself is never a flag
+(it would show in ``ps``): give it in ``FLOWDECISION_TOKEN`` or a token file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ..dispatcher import DEFAULT_LEASE_MS
+from ..errors import FlowDecisionError
+
+__all__ = [
+    "DEFAULT_LEDGER_URL",
+    "DEFAULT_SINK_URL",
+    "ENV_PREFIX",
+    "ConfigError",
+    "Settings",
+    "load_settings",
+    "redact_url",
+]
+
+ENV_PREFIX = "FLOWDECISION_"
+DEFAULT_LEDGER_URL = "sqlite:///.flowdecision/ledger.db"
+DEFAULT_SINK_URL = "sqlite:///.flowdecision/outbox.db"
+
+
+class ConfigError(FlowDecisionError):
+    """A setting is missing, malformed or inconsistent; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything ``flowdecision serve`` can be told. See docs/SERVICE.md for the table."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    ledger: str = DEFAULT_LEDGER_URL
+    sink: str = DEFAULT_SINK_URL
+    production_branch: str = "production"
+    lease_ms: int = DEFAULT_LEASE_MS
+    max_body_bytes: int = 2 * 1024 * 1024
+    token: str | None = field(default=None, repr=False)
+    token_file: str | None = None
+    auth_healthz: bool = False
+    allow_no_auth: bool = False
+    shutdown_grace_s: float = 10.0
+    recent_limit: int = 50
+    status_refresh_s: int = 5
+    webhook_timeout_s: float = 10.0
+    webhook_max_attempts: int = 4
+    webhook_token: str | None = field(default=None, repr=False)
+    log_level: str = "info"
+    access_log: bool = True
+
+    # -- derived -----------------------------------------------------------------
+
+    def tokens(self) -> tuple[bytes, ...]:
+        """The accepted bearer tokens: ``token`` plus every non-empty line of ``token_file``.
+
+        Several lines let an operator rotate tokens without downtime.
+        """
+        found: list[bytes] = []
+        if self.token:
+            found.append(self.token.strip().encode("utf-8"))
+        if self.token_file:
+            try:
+                text = Path(self.token_file).read_text(encoding="utf-8")
+            except OSError as error:
+                raise ConfigError(f"cannot read token_file `{self.token_file}`: {error}") from None
+            found += [line.strip().encode("utf-8") for line in text.splitlines() if line.strip()]
+            if not found:
+                raise ConfigError(f"token_file `{self.token_file}` holds no token")
+        return tuple(token for token in found if token)
+
+    def validate(self) -> Settings:
+        """Check ranges and the auth rule; return self."""
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        for name in ("lease_ms", "max_body_bytes", "recent_limit", "webhook_max_attempts"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("shutdown_grace_s", "webhook_timeout_s", "status_refresh_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if not self.production_branch.strip():
+            raise ConfigError("production_branch must not be empty")
+        if self.log_level.lower() not in ("critical", "error", "warning", "info", "debug"):
+            raise ConfigError("log_level must be debug, info, warning, error or critical")
+        if not self.tokens() and not self.allow_no_auth and not _is_loopback(self.host):
+            raise ConfigError(
+                f"refusing to listen on `{self.host}` without a token: set FLOWDECISION_TOKEN "
+                "or token_file, or set allow_no_auth = true to serve unauthenticated"
+            )
+        return self
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for logs and the status page)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+# -- loading ------------------------------------------------------------------------
+
+_FIELDS = {f.name: f for f in fields(Settings)}
+_TYPES: dict[str, type] = {
+    "host": str,
+    "port": int,
+    "ledger": str,
+    "sink": str,
+    "production_branch": str,
+    "lease_ms": int,
+    "max_body_bytes": int,
+    "token": str,
+    "token_file": str,
+    "auth_healthz": bool,
+    "allow_no_auth": bool,
+    "shutdown_grace_s": float,
+    "recent_limit": int,
+    "status_refresh_s": int,
+    "webhook_timeout_s": float,
+    "webhook_max_attempts": int,
+    "webhook_token": str,
+    "log_level": str,
+    "access_log": bool,
+}
+assert set(_TYPES) == set(_FIELDS)
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    kind = _TYPES[name]
+    where = f"{source}: `{name}`"
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ConfigError(f"{where} must be a boolean (true/false), got {value!r}")
+    if kind is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip().replace("_", ""))
+            except ValueError:
+                pass
+        raise ConfigError(f"{where} must be an integer, got {value!r}")
+    if kind is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(f"{where} must be a number, got {value!r}")
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    return value
+
+
+def _from_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as error:
+        raise ConfigError(f"cannot read config file `{path}`: {error}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file `{path}` is not valid TOML: {error}") from None
+    # Either top-level keys or a [serve] table.
+    table = data.get("serve", data)
+    if not isinstance(table, dict):
+        raise ConfigError(f"config file `{path}`: `serve` must be a table")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in _FIELDS:
+            raise ConfigError(
+                f"config file `{path}`: unknown setting `{key}` "
+                f"(known: {', '.join(sorted(_FIELDS))})"
+            )
+        out[key] = _coerce(key, value, f"config file `{path}`")
+    return out
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in _FIELDS:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None and raw != "":
+            out[name] = _coerce(name, raw, f"environment {ENV_PREFIX}{name.upper()}")
+    return out
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    config_file: str | None = None,
+) -> Settings:
+    """Merge the layers (flags > env > TOML file > defaults) and validate.
+
+    ``flags`` maps setting names to values; ``None`` values mean "not given".
+    The TOML file is ``config_file`` or ``FLOWDECISION_CONFIG``; none by default.
+    """
+    env = os.environ if env is None else env
+    path = config_file or env.get(ENV_PREFIX + "CONFIG") or None
+    merged: dict[str, Any] = {}
+    if path:
+        merged.update(_from_toml(path))
+    merged.update(_from_env(env))
+    for name, value in (flags or {}).items():
+        if name not in _FIELDS:
+            raise ConfigError(f"unknown setting `{name}`")
+        if value is not None:
+            merged[name] = _coerce(name, value, "command line")
+    return replace(Settings(), **merged).validate()
