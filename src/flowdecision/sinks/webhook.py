@@ -1,0 +1,202 @@
+"""The webhook sink: POST each decision to an HTTP endpoint of the workflow engine.
+
+Every delivery is ``POST <url>`` with the request's exact wire bytes
+(:meth:`DecisionRequest.to_json`) and the headers
+
+* ``Content-Type: application/json``
+* ``Idempotency-Key: <decision_id>`` -- the receiver must deduplicate on it;
+* ``X-Flow-Attempt: <attempt>`` -- the claim's fencing token (grows on takeover);
+* ``Authorization: Bearer <token>`` when a token is configured.
+
+Any 2xx means accepted. Only transient failures are retried, at most
+``max_attempts`` tries in all, with jittered exponential backoff: connection
+failures and timeouts, 5xx, and 429. A ``Retry-After`` on a 429 or 503 is
+honoured (seconds or an HTTP date); one longer than ``max_retry_after_s`` ends
+the retries at once instead of holding the claim. Any other status (3xx, 4xx)
+fails immediately with :class:`WebhookRejectedError`. Retrying after a timeout
+is safe only because the receiver deduplicates on ``Idempotency-Key``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import random
+import time
+from types import TracebackType
+
+import httpx
+
+from ..model import DecisionRequest
+
+__all__ = [
+    "TRANSIENT_ERRORS",
+    "WebhookError",
+    "WebhookRejectedError",
+    "WebhookSink",
+    "parse_retry_after",
+]
+
+log = logging.getLogger("flowdecision.sinks.webhook")
+
+#: Transport failures worth another try (the connection failed or timed out).
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    httpx.ConnectError,
+    httpx.TimeoutException,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
+
+
+class WebhookError(Exception):
+    """The webhook did not accept the decision; ``tries`` says how many POSTs were made."""
+
+    def __init__(self, message: str, *, status: int | None = None, tries: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+        self.tries = tries
+
+
+class WebhookRejectedError(WebhookError):
+    """The receiver answered with a non-retryable status (3xx or 4xx other than 429)."""
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(int(value))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    current = time.time() if now is None else now
+    return max(when.timestamp() - current, 0.0)
+
+
+class WebhookSink:
+    """Deliver decisions by HTTP POST; see the module docstring for the contract."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 10.0,
+        max_attempts: int = 4,
+        backoff_base_s: float = 0.2,
+        backoff_max_s: float = 5.0,
+        max_retry_after_s: float = 30.0,
+        token: str | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        self.url = url
+        self.timeout_s = timeout_s
+        self.max_attempts = max_attempts
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.max_retry_after_s = max_retry_after_s
+        self._token = token
+        self._rng = rng or random.Random()
+        self._client: httpx.AsyncClient | None = None
+
+    async def open(self) -> WebhookSink:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout_s),
+                follow_redirects=False,
+                headers={"User-Agent": "flowdecision-webhook"},
+            )
+        return self
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def __aenter__(self) -> WebhookSink:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def backoff_s(self, retry: int) -> float:
+        """Delay before retry number ``retry`` (1-based): half fixed, half random."""
+        ceiling = min(self.backoff_max_s, self.backoff_base_s * (2 ** (retry - 1)))
+        return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
+
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        client = self._client
+        if client is None:
+            await self.open()
+            client = self._client
+            assert client is not None
+        headers = {
+            "Content-Type": "application/json",
+            "Idempotency-Key": request.decision_id,
+            "X-Flow-Attempt": str(attempt),
+        }
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        body = request.to_json()
+        tries = 0
+        while True:
+            tries += 1
+            wait: float | None = None
+            try:
+                response = await client.post(self.url, content=body, headers=headers)
+            except TRANSIENT_ERRORS as error:
+                problem = f"{type(error).__name__}: {error}".rstrip(": ")
+                status = None
+            else:
+                status = response.status_code
+                if 200 <= status < 300:
+                    return
+                problem = f"HTTP {status}"
+                if status != 429 and status < 500:
+                    raise WebhookRejectedError(
+                        f"webhook rejected the decision with HTTP {status}{_snippet(response)}",
+                        status=status,
+                        tries=tries,
+                    )
+                if status in (429, 503):
+                    wait = parse_retry_after(response.headers.get("Retry-After"))
+            if tries >= self.max_attempts:
+                raise WebhookError(
+                    f"webhook failed after {tries} tries: {problem}", status=status, tries=tries
+                )
+            if wait is not None and wait > self.max_retry_after_s:
+                raise WebhookError(
+                    f"webhook asked to retry after {wait:.0f}s (more than "
+                    f"{self.max_retry_after_s:.0f}s): {problem}",
+                    status=status,
+                    tries=tries,
+                )
+            delay = max(wait, self.backoff_s(tries)) if wait is not None else self.backoff_s(tries)
+            log.warning(
+                "webhook delivery failed, retrying",
+                extra={
+                    "decision_id": request.decision_id,
+                    "try": tries,
+                    "problem": problem,
+                    "retry_in_s": round(delay, 3),
+                },
+            )
+            await asyncio.sleep(delay)
+
+
+def _snippet(response: httpx.Response) -> str:
+    text = response.text.strip().replace("\n", " ")
+    return f": {text[:200]}" if text else ""
