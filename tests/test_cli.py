@@ -92,3 +92,21 @@ def test_usage_and_store_errors_have_distinct_exit_codes(tmp_path: Path) -> None
     (tmp_path / "flow-decisions.json").write_text("{not json")
     corrupt = flowdecision("inspect", "--ledger", str(tmp_path), "d")
     assert corrupt.returncode == 1 and "flow-decisions.json" in corrupt.stderr
+
+
+def test_migrate_then_inspect_postgres_and_sqlite(pg_empty_url: str, tmp_path: Path) -> None:
+    before = flowdecision("inspect", "--ledger", pg_empty_url, "d")
+    assert before.returncode == 1 and "flowdecision migrate" in before.stderr
+    migrated = flowdecision("migrate", "--ledger", pg_empty_url, "--json")
+    assert migrated.returncode == 0, migrated.stderr
+    assert json.loads(migrated.stdout) == {
+        "migrated": True,
+        "version_before": 0,
+        "version_after": json.loads(migrated.stdout)["version_after"],
+    }
+    assert json.loads(migrated.stdout)["version_after"] >= 1
+    after = flowdecision("inspect", "--ledger", pg_empty_url, "d")
+    assert after.returncode == 3 and "missing" in after.stdout
+    lite = flowdecision("migrate", "--ledger", f"sqlite:///{tmp_path}/l.db")
+    assert lite.returncode == 0 and "ledger schema at version" in lite.stdout
+    assert (tmp_path / "l.db").exists()

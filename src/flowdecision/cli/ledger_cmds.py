@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
 
 from ..ledger import Completed, Ledger, Missing, Pending, open_ledger
 from ..ledger.base import LedgerEntry
+from ..ledger.url import parse_ledger_url
 from .common import (
     EXIT_NOT_FOUND,
     EXIT_USAGE,
@@ -117,18 +119,39 @@ def prune_cmd(
 
 @click.command("migrate")
 @ledger_option
-def migrate_cmd(ledger_url: str) -> None:
+@json_option
+def migrate_cmd(ledger_url: str, as_json: bool) -> None:
     """Create or upgrade the ledger schema (SQLite and PostgreSQL)."""
 
-    async def go() -> str:
-        ledger = await open_ledger(ledger_url)
-        try:
-            migrate = getattr(ledger, "migrate", None)
-            if migrate is None:
-                return "this ledger has no schema to migrate"
-            version = await migrate()
-            return f"ledger schema is at version {version}"
-        finally:
-            await ledger.close()
+    async def go() -> tuple[int | None, int] | None:
+        kind, target = parse_ledger_url(ledger_url)
+        if kind == "postgresql":
+            from ..ledger.postgres import PostgresLedger
 
-    click.echo(run(go))
+            pg = PostgresLedger(target)  # no schema check: migrating is the point
+            try:
+                return await pg.migrate()
+            finally:
+                await pg.close()
+        if kind == "sqlite":
+            from ..ledger.sqlite import SqliteLedger
+
+            lite = SqliteLedger(target)
+            try:
+                await lite.start()  # SQLite migrates itself on open
+                return None, await lite.schema_version()
+            finally:
+                await lite.close()
+        return None
+
+    result = run(go)
+    if result is None:
+        message = "this ledger has no schema to migrate"
+        click.echo(json.dumps({"migrated": False, "reason": message}) if as_json else message)
+        return
+    before, after = result
+    if as_json:
+        emit_json({"migrated": True, "version_before": before, "version_after": after})
+    else:
+        was = "" if before is None else f" (was {before})"
+        click.echo(f"ledger schema at version {after}{was}")

@@ -9,7 +9,7 @@ from urllib.parse import unquote, urlsplit
 from ..errors import LedgerError
 from .base import Ledger
 
-__all__ = ["SCHEMES", "open_ledger", "parse_ledger_url"]
+__all__ = ["SCHEMES", "open_ledger", "parse_ledger_url", "sqlite_path"]
 
 SCHEMES = ("memory:", "file:///dir", "sqlite:///path", "postgresql://...")
 
@@ -27,16 +27,31 @@ def parse_ledger_url(url: str) -> tuple[str, str]:
             raise LedgerError(f"ledger URL `{url}`: file URLs must name a local path")
         return "file", unquote(parts.path)
     if scheme == "sqlite":
-        path = unquote(parts.netloc + parts.path) if parts.netloc else unquote(parts.path)
-        if not path:
-            raise LedgerError(f"ledger URL `{url}`: sqlite URLs need a path (sqlite:///path)")
-        return "sqlite", path
+        return "sqlite", sqlite_path(url)
     if scheme in ("postgres", "postgresql"):
         return "postgresql", url
     raise LedgerError(
         f"unsupported ledger URL scheme `{parts.scheme}` in `{url}`: "
         f"expected one of {', '.join(SCHEMES)}"
     )
+
+
+def sqlite_path(url: str) -> str:
+    """The file a ``sqlite:`` URL names, SQLAlchemy-style.
+
+    ``sqlite:///relative/path.db`` is relative to the working directory and
+    ``sqlite:////absolute/path.db`` is absolute (three slashes, then the path).
+    """
+    parts = urlsplit(url)
+    if parts.netloc:
+        raise LedgerError(
+            f"ledger URL `{url}`: sqlite URLs have no host; use sqlite:///relative.db "
+            "or sqlite:////absolute.db"
+        )
+    path = unquote(parts.path)[1:]  # drop the slash that ends the empty authority
+    if not path:
+        raise LedgerError(f"ledger URL `{url}`: sqlite URLs need a path (sqlite:///path)")
+    return path
 
 
 async def open_ledger(url: str) -> Ledger:

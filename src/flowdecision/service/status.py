@@ -1,0 +1,121 @@
+"""The status page: plain HTML and CSS, no JavaScript, refreshed by ``<meta refresh>``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from html import escape
+
+from ..health import HealthSnapshot, HealthStatus
+from .metrics import HEALTH_COUNTERS
+
+__all__ = ["RecentDecision", "render_status_page"]
+
+
+@dataclass(frozen=True, slots=True)
+class RecentDecision:
+    """One ``POST /v1/decisions`` outcome, kept for the status page (never the owner)."""
+
+    at_ms: int
+    decision_id: str
+    run_id: str
+    fate: str
+    status: int
+    attempt: int | None
+    duration_ms: float
+
+
+_CSS = """
+:root { color-scheme: light dark; --ok: #1a7f37; --bad: #cf222e; --muted: #6e7781; }
+body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 62rem; padding: 0 1rem; }
+h1 { font-size: 1.4rem; margin: 0 0 .25rem; }
+h2 { font-size: 1.1rem; margin-top: 2rem; }
+.meta { color: var(--muted); margin: 0; }
+.badge { display: inline-block; padding: .15rem .6rem; border-radius: 1rem; color: #fff;
+         font-weight: 600; }
+.healthy { background: var(--ok); } .degraded { background: var(--bad); }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; padding: .3rem .6rem; border-bottom: 1px solid #8884; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.counters { display: grid; grid-template-columns: repeat(auto-fill, minmax(11rem, 1fr)); gap: .5rem; }
+.counter { border: 1px solid #8884; border-radius: .4rem; padding: .4rem .6rem; }
+.counter b { display: block; font-size: 1.3rem; }
+.fate-submitted, .fate-duplicate { color: var(--ok); }
+.fate-sink_failed, .fate-ledger_unavailable, .fate-lease_lost { color: var(--bad); }
+code { font-size: .9em; }
+"""
+
+
+def _ms(at_ms: int | None) -> str:
+    if not at_ms:
+        return "never"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at_ms / 1000)) + f".{at_ms % 1000:03d}Z"
+
+
+def render_status_page(
+    *,
+    health: HealthSnapshot,
+    recent: Iterable[RecentDecision],
+    ledger: str,
+    sink: str,
+    production_branch: str,
+    started_at_ms: int,
+    refresh_s: int,
+) -> str:
+    healthy = health.status is HealthStatus.HEALTHY
+    status_class = "healthy" if healthy else "degraded"
+    counters = "".join(
+        f'<div class="counter" id="counter-{name}">{escape(name.replace("_", " "))}'
+        f"<b>{getattr(health, name)}</b></div>"
+        for name in (*HEALTH_COUNTERS, "in_flight")
+    )
+    rows = []
+    for item in recent:
+        attempt = "" if item.attempt is None else str(item.attempt)
+        rows.append(
+            "<tr>"
+            f"<td>{escape(_ms(item.at_ms))}</td>"
+            f"<td><code>{escape(item.decision_id)}</code></td>"
+            f"<td><code>{escape(item.run_id)}</code></td>"
+            f'<td class="fate-{escape(item.fate)}">{escape(item.fate)}</td>'
+            f'<td class="num">{item.status}</td>'
+            f'<td class="num">{attempt}</td>'
+            f'<td class="num">{item.duration_ms:.1f}</td>'
+            "</tr>"
+        )
+    recent_html = (
+        "<table><thead><tr><th>time (UTC)</th><th>decision</th><th>run</th><th>fate</th>"
+        '<th class="num">HTTP</th><th class="num">attempt</th><th class="num">ms</th></tr>'
+        f"</thead><tbody>{''.join(rows)}</tbody></table>"
+        if rows
+        else "<p>No decisions submitted since start.</p>"
+    )
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="refresh" content="{refresh_s}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>flowdecision: {escape(health.status.value)}</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<header>
+<h1>flowdecision <span id="health" class="badge {status_class}">{escape(health.status.value)}</span></h1>
+<p class="meta">production branch <code>{escape(production_branch)}</code> ·
+ledger <code>{escape(ledger)}</code> · sink <code>{escape(sink)}</code></p>
+<p class="meta">up since {escape(_ms(started_at_ms))} · last success {escape(_ms(health.last_success_at_ms))}
+· last failure {escape(_ms(health.last_failure_at_ms))} · average dispatch
+{health.average_dispatch_micros / 1000:.1f} ms · max {health.max_dispatch_micros / 1000:.1f} ms
+· refreshes every {refresh_s}s</p>
+</header>
+<main>
+<h2>Counters</h2>
+<section class="counters">{counters}</section>
+<h2>Recent decisions</h2>
+<section id="recent">{recent_html}</section>
+</main>
+</body>
+</html>
+"""
