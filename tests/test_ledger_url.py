@@ -50,5 +50,5 @@ async def test_open_memory_and_file(tmp_path: Path) -> None:
 
 
 async def test_open_unreachable_postgres_is_a_clear_error() -> None:
-    with pytest.raises(LedgerError, match="127.0.0.1:1"):
+    with pytest.raises(LedgerError, match=r"127\.0\.0\.1:1"):
         await open_ledger("postgresql://nobody@127.0.0.1:1/db?connect_timeout=2")
