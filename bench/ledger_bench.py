@@ -116,6 +116,10 @@ def preload_sqlite(path: Path, count: int) -> None:
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
+    # The bulk load ran with synchronous=OFF: flush it now, or the first
+    # checkpoint of the measured run pays for writing back the whole file.
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
 
 
 async def preload_postgres(url: str, count: int) -> None:
@@ -172,7 +176,9 @@ def preload_file(root: Path, count: int) -> None:
 # -- workers (one OS process each) ---------------------------------------------------
 
 
-async def _ledger_loop(kind: str, target: str, worker: int, seconds: float) -> int:
+async def _ledger_loop(
+    kind: str, target: str, worker: int, seconds: float, tag: str = ""
+) -> int:
     from flowdecision.ledger import Claimed
     from flowdecision.ledger.base import Ledger
 
@@ -196,7 +202,7 @@ async def _ledger_loop(kind: str, target: str, worker: int, seconds: float) -> i
     deadline = time.perf_counter() + seconds
     try:
         while time.perf_counter() < deadline:
-            decision_id = f"w{worker}-{os.getpid()}-{cycles}"
+            decision_id = f"w{tag}{worker}-{os.getpid()}-{cycles}"
             outcome = await ledger.claim(
                 decision_id, "h" * 64, owner, lease_ms=LEASE_MS, identity=ident
             )
@@ -208,7 +214,9 @@ async def _ledger_loop(kind: str, target: str, worker: int, seconds: float) -> i
     return cycles
 
 
-def _raw_sqlite_loop(target: str, worker: int, seconds: float, synchronous: str) -> int:
+def _raw_sqlite_loop(
+    target: str, worker: int, seconds: float, synchronous: str, tag: str = ""
+) -> int:
     conn = sqlite3.connect(target, isolation_level=None, timeout=30)
     conn.execute("PRAGMA busy_timeout = 30000")
     conn.execute(f"PRAGMA synchronous = {synchronous}")
@@ -217,7 +225,7 @@ def _raw_sqlite_loop(target: str, worker: int, seconds: float, synchronous: str)
     cycles = 0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
-        decision_id = f"raw{worker}-{os.getpid()}-{cycles}"
+        decision_id = f"raw{tag}{worker}-{os.getpid()}-{cycles}"
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(
             "INSERT INTO flowdecision_claims (decision_id, status, completed_at_ms, record) "
@@ -237,7 +245,7 @@ def _raw_sqlite_loop(target: str, worker: int, seconds: float, synchronous: str)
     return cycles
 
 
-async def _raw_postgres_loop(target: str, worker: int, seconds: float) -> int:
+async def _raw_postgres_loop(target: str, worker: int, seconds: float, tag: str = "") -> int:
     import asyncpg
 
     conn = await asyncpg.connect(target)
@@ -254,7 +262,7 @@ async def _raw_postgres_loop(target: str, worker: int, seconds: float) -> int:
     )
     try:
         while time.perf_counter() < deadline:
-            decision_id = f"raw{worker}-{os.getpid()}-{cycles}"
+            decision_id = f"raw{tag}{worker}-{os.getpid()}-{cycles}"
             await insert.fetch(decision_id, pending)
             await update.fetch(decision_id, 1_800_000_000_000, pending)
             cycles += 1
@@ -277,6 +285,63 @@ def _worker(
         queue.put(cycles)
     except BaseException as error:
         queue.put(f"{type(error).__name__}: {error}")
+
+
+def _rounds_worker(
+    kinds: list[str],
+    target: str,
+    worker: int,
+    seconds: float,
+    rounds: int,
+    barrier: Any,
+    queue: Any,
+) -> None:
+    """Run ``rounds`` rounds of one slice per kind, the order alternating each round."""
+    try:
+        counts: dict[str, list[int]] = {kind: [] for kind in kinds}
+        for round_ in range(rounds):
+            order = kinds if round_ % 2 == 0 else list(reversed(kinds))
+            for kind in order:
+                barrier.wait(300)
+                tag = f"r{round_}"
+                if kind == "raw-sqlite":
+                    n = _raw_sqlite_loop(target, worker, seconds, "FULL", tag)
+                elif kind == "raw-postgres":
+                    n = asyncio.run(_raw_postgres_loop(target, worker, seconds, tag))
+                else:
+                    n = asyncio.run(_ledger_loop(kind, target, worker, seconds, tag))
+                counts[kind].append(n)
+        queue.put(counts)
+    except BaseException as error:
+        queue.put(f"{type(error).__name__}: {error}")
+        barrier.abort()
+
+
+def run_rounds(
+    kinds: list[str], target: str, processes: int, seconds: float, rounds: int
+) -> dict[str, list[float]]:
+    """Cycles/s per kind per round, all kinds interleaved in the same processes."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_rounds_worker, args=(kinds, target, i, seconds, rounds, barrier, queue)
+        )
+        for i in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    results = [queue.get(timeout=rounds * len(kinds) * (seconds + 120)) for _ in procs]
+    for proc in procs:
+        proc.join()
+    errors = [r for r in results if isinstance(r, str)]
+    if errors:
+        raise RuntimeError(f"{kinds}: {errors}")
+    return {
+        kind: [sum(r[kind][i] for r in results) / seconds for i in range(rounds)]  # type: ignore[index]
+        for kind in kinds
+    }
 
 
 def run_cell(kind: str, target: str, processes: int, seconds: float, sync: str = "FULL") -> float:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import click
 
+from .chaos import chaos
 from .demo import demo
 from .ledger_cmds import inspect_cmd, migrate_cmd, prune_cmd
+from .serve import outbox, serve_cmd
 
 __all__ = ["cli", "main"]
 
@@ -24,6 +26,9 @@ cli.add_command(inspect_cmd)
 cli.add_command(prune_cmd)
 cli.add_command(migrate_cmd)
 cli.add_command(demo)
+cli.add_command(chaos)
+cli.add_command(serve_cmd)
+cli.add_command(outbox)
 
 
 def main() -> None:

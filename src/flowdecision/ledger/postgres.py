@@ -2,16 +2,32 @@
 
 Design:
 
-* A mutation is one transaction: lock the row with ``SELECT ... FOR UPDATE``,
-  apply the pure transition in Python, write the row back when it changed. A
-  brand-new decision id is inserted with ``INSERT ... ON CONFLICT DO NOTHING``;
-  if another host inserted it first, the transaction re-reads the now-committed
-  row under lock and applies the transition to it, so two hosts racing on a new
-  id serialize exactly like two hosts racing on an old one.
+* A mutation is an optimistic read-modify-write in two round trips and one
+  (autocommit) write transaction: one statement reads the row together with
+  the database clock, the pure transition runs in Python, and, only if the
+  record changed, one statement writes it back **conditionally**: ``UPDATE ...
+  WHERE decision_id = $1 AND record = <the text that was read>``, or
+  ``INSERT ... ON CONFLICT DO NOTHING`` for a new id. If another writer got
+  there first (the condition matched no row) nothing was written and the
+  operation starts over on the new record; after a few such losses it falls
+  back to a locking transaction (``SELECT ... FOR UPDATE``, apply, write,
+  ``COMMIT``), so it always makes progress. Either way a transition is applied
+  to exactly the record it replaces -- the same serial history as locking --
+  and a transition that changes nothing (a busy claim, a refused renewal)
+  costs one read and no commit.
 * With ``now_ms=None`` the transition's clock is the **database's**
-  ``clock_timestamp()``, read after the row lock is held, so a host whose clock
-  runs ahead cannot steal a live lease and a host whose clock runs behind
-  cannot complete after expiry.
+  ``clock_timestamp()``, read in the same statement as the record (or after
+  the row lock in the locking path), so a host whose clock runs ahead cannot
+  steal a live lease and a host whose clock runs behind cannot complete after
+  expiry.
+* **Group commit** (on by default): the mutations that are in flight together
+  in one process are applied in one read and one write statement (``unnest``
+  arrays), at most ``max_batch`` per batch and ``batch_concurrency`` batches
+  at a time, optionally waiting ``max_wait_ms`` for a batch to fill. Each
+  caller gets its own outcome only after the write committed (or, if its
+  transition changed nothing, after the read). Operations on one id apply in
+  arrival order on the evolving record; a transition that raises fails only
+  its own caller. A lost condition retries only that id's operations.
 * The schema version lives in ``flowdecision_schema_version``. Migrations in
   ``sql/postgres/NNNN_*.sql`` run only through :meth:`PostgresLedger.migrate`
   (``flowdecision migrate``), under an advisory lock; opening a database whose
@@ -22,6 +38,7 @@ Design:
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 from typing import Any, TypeVar
@@ -40,6 +57,20 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 __all__ = ["SCHEMA_VERSION", "PostgresLedger", "describe_dsn"]
 
+if asyncpg is not None:
+
+    class _LedgerConnection(asyncpg.Connection):
+        """A pooled connection released without asyncpg's reset round trip.
+
+        The ledger leaves no session state behind (no LISTEN, session advisory
+        locks, cursors or SET), so the default ``RESET ALL; UNLISTEN *; ...``
+        on every release -- one more round trip per operation -- buys nothing.
+        A connection released inside a transaction (it never is) still rolls back.
+        """
+
+        def get_reset_query(self) -> str:
+            return "ROLLBACK" if self.is_in_transaction() else ""
+
 T = TypeVar("T")
 
 SCHEMA_VERSION = len(load_migrations("postgres"))
@@ -50,6 +81,10 @@ _VERSION_TABLE = "flowdecision_schema_version"
 _MIGRATION_LOCK = 0x666C6F7764656369
 _PRUNE_BATCH = 1000
 _MAX_RETRIES = 20
+#: Optimistic attempts per operation before it falls back to a locking transaction.
+_CAS_ATTEMPTS = 4
+#: Decoded records remembered per ledger (id -> stored text and record).
+_DECODED_CACHE = 4096
 
 _CLOCK = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
@@ -70,6 +105,40 @@ _INSERT_SQL = (
 _UPDATE_SQL = (
     f"UPDATE {_TABLE} SET status = $2, completed_at_ms = $3, record = $4 WHERE decision_id = $1"
 )
+# The optimistic path: read record and clock in one statement; write conditionally.
+_READ_ONE_SQL = (
+    f"SELECT (SELECT record FROM {_TABLE} WHERE decision_id = $1) AS record, {_CLOCK} AS now_ms"
+)
+_READ_MANY_SQL = f"""
+SELECT d.decision_id, c.record, {_CLOCK} AS now_ms
+FROM unnest($1::text[]) AS d(decision_id)
+LEFT JOIN {_TABLE} AS c ON c.decision_id = d.decision_id
+"""
+_CAS_UPDATE_SQL = (
+    f"UPDATE {_TABLE} SET status = $2, completed_at_ms = $3, record = $4 "
+    "WHERE decision_id = $1 AND record = $5"
+)
+# One statement (so one transaction) for a whole batch: new ids are inserted
+# unless someone else did first, old ones are replaced only if still exactly as
+# read. Returns the ids that were written.
+_WRITE_MANY_SQL = f"""
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::numeric[], $4::text[], $5::text[])
+        AS t(decision_id, status, completed_at_ms, record, old_record)
+), inserted AS (
+    INSERT INTO {_TABLE} (decision_id, status, completed_at_ms, record)
+    SELECT decision_id, status, completed_at_ms, record FROM input WHERE old_record IS NULL
+    ON CONFLICT (decision_id) DO NOTHING
+    RETURNING decision_id
+), updated AS (
+    UPDATE {_TABLE} AS c
+    SET status = i.status, completed_at_ms = i.completed_at_ms, record = i.record
+    FROM input AS i
+    WHERE i.old_record IS NOT NULL AND c.decision_id = i.decision_id AND c.record = i.old_record
+    RETURNING c.decision_id
+)
+SELECT decision_id FROM inserted UNION ALL SELECT decision_id FROM updated
+"""
 _PRUNE_SQL = f"""
 WITH doomed AS (
     SELECT decision_id FROM {_TABLE}
@@ -122,7 +191,19 @@ class PostgresLedger(Ledger):
         max_size: int = 10,
         connect_timeout_s: float = 10.0,
         command_timeout_s: float | None = 60.0,
+        group_commit: bool = True,
+        max_batch: int = 64,
+        max_wait_ms: float = 0.0,
+        batch_concurrency: int = 2,
     ) -> None:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise LedgerError(f"PostgreSQL ledger max_batch must be positive, got {max_batch!r}")
+        if not max_wait_ms >= 0:
+            raise LedgerError(f"PostgreSQL ledger max_wait_ms must be >= 0, got {max_wait_ms!r}")
+        if batch_concurrency < 1:
+            raise LedgerError(
+                f"PostgreSQL ledger batch_concurrency must be >= 1, got {batch_concurrency!r}"
+            )
         if asyncpg is None:
             raise LedgerError(
                 "the PostgreSQL ledger needs asyncpg: pip install 'flowdecision[postgres]'"
@@ -138,6 +219,16 @@ class PostgresLedger(Ledger):
         self._lock = asyncio.Lock()
         self._closed = False
         self._clock_offset_ms = 0
+        self.group_commit = bool(group_commit)
+        self.max_batch = max_batch if self.group_commit else 1
+        self.max_wait_ms = float(max_wait_ms) if self.group_commit else 0.0
+        self.batch_concurrency = batch_concurrency
+        self._pending: collections.deque[_Item] = collections.deque()
+        self._flushers: set[asyncio.Task[None]] = set()
+        self._decoded: dict[str, tuple[str, ClaimRecord]] = {}
+        #: Write statements committed by this ledger's mutations and the operations in them.
+        self.commits = 0
+        self.committed_ops = 0
 
     @classmethod
     async def connect(cls, dsn: str, **options: Any) -> PostgresLedger:
@@ -223,6 +314,9 @@ class PostgresLedger(Ledger):
 
     async def close(self) -> None:
         self._closed = True
+        flushers = list(self._flushers)
+        if flushers:  # let batches already taken finish (their callers are waiting)
+            await asyncio.gather(*flushers, return_exceptions=True)
         pool, self._pool = self._pool, None
         if pool is not None:
             try:
@@ -233,6 +327,153 @@ class PostgresLedger(Ledger):
     # -- primitives -----------------------------------------------------------
 
     async def _apply(self, decision_id: str, op: Operation[T]) -> T:
+        if not self.group_commit:
+            item = _Item(decision_id, op, None)
+            await self._run_batch([item])
+            if item.error is not None:
+                raise item.error
+            return item.result  # type: ignore[no-any-return]
+        if self._closed:
+            raise LedgerError(f"PostgreSQL ledger {self.where} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._pending.append(_Item(decision_id, op, future))
+        if len(self._flushers) < self.batch_concurrency:
+            task = loop.create_task(self._flush())
+            self._flushers.add(task)
+            task.add_done_callback(self._flushers.discard)
+        return await future
+
+    async def _flush(self) -> None:
+        """Take batches off the queue until it is empty (one of ``batch_concurrency``)."""
+        pending = self._pending
+        batch: list[_Item] = []
+        try:
+            while pending:
+                if self.max_wait_ms > 0 and len(pending) < self.max_batch:
+                    await asyncio.sleep(self.max_wait_ms / 1000)
+                size = min(self.max_batch, len(pending))
+                batch = [pending.popleft() for _ in range(size)]
+                if not batch:
+                    break
+                await self._run_batch(batch)
+                _settle(batch)
+                batch = []
+        except BaseException as error:  # cancelled (loop closing): answer everyone left
+            failure = LedgerUnavailableError(
+                f"PostgreSQL ledger {self.where}: operation abandoned ({type(error).__name__})"
+            )
+            for item in batch:
+                if item.error is None and not item.done:
+                    item.error = _copy_error(failure)
+            _settle(batch)
+            raise
+
+    async def _run_batch(self, items: list[_Item]) -> None:
+        """Apply ``items``; sets each item's result or error, never raises an Exception."""
+        todo = items
+        try:
+            pool = await self._ready()
+            attempts = 0
+            async with pool.acquire() as conn:
+                while todo and attempts < _CAS_ATTEMPTS:
+                    attempts += 1
+                    try:
+                        todo = await self._attempt(conn, todo)
+                    except Exception as error:
+                        if not _retryable(error):
+                            raise
+        except Exception as error:
+            failure = self._translate(error)
+            if failure is not error:
+                failure.__cause__ = error
+            for index, item in enumerate(todo):
+                item.error = failure if index == 0 else _copy_error(failure)
+                item.done = True
+            return
+        # Ids that kept losing the race: one locking transaction per operation.
+        for item in todo:
+            try:
+                item.result = await self._apply_locked(item.decision_id, item.op)
+            except Exception as error:
+                item.error = error
+            item.done = True
+
+    async def _attempt(self, conn: Any, todo: list[_Item]) -> list[_Item]:
+        """One optimistic round: read, transform, write conditionally; return the losers."""
+        groups: dict[str, list[_Item]] = {}
+        for item in todo:
+            group = groups.get(item.decision_id)
+            if group is None:
+                groups[item.decision_id] = [item]
+            else:
+                group.append(item)
+        if len(groups) == 1:
+            (only,) = groups
+            row = await conn.fetchrow(_READ_ONE_SQL, only)
+            rows: list[tuple[str, Any, Any]] = [(only, row[0], row[1])]
+        else:
+            rows = [(r[0], r[1], r[2]) for r in await conn.fetch(_READ_MANY_SQL, list(groups))]
+        writes: list[tuple[tuple[str, str, int | None, str], str | None, ClaimRecord]] = []
+        outcomes: dict[str, list[tuple[Any, BaseException | None]]] = {}
+        for decision_id, text, clock_value in rows:
+            group = groups[decision_id]
+            clock = int(clock_value)
+            self._clock_offset_ms = clock - wall_clock_ms()
+            try:
+                record = None if text is None else self._decode_cached(decision_id, text)
+            except LedgerCorruptError as error:
+                for item in group:
+                    item.error = _copy_error(error)
+                    item.done = True
+                continue
+            results: list[tuple[Any, BaseException | None]] = []
+            changed = False
+            for item in group:
+                try:
+                    transition = item.op(record, clock)
+                except Exception as error:  # a rule failure: this caller only, nothing stored
+                    results.append((None, error))
+                    continue
+                if transition.changed and transition.record is not None:
+                    record = transition.record
+                    changed = True
+                results.append((transition.result, None))
+            if changed and record is not None:
+                writes.append((encode_row(decision_id, record), text, record))
+                outcomes[decision_id] = results
+            else:
+                _finish(group, results)
+        if not writes:
+            return []
+        if len(writes) == 1:
+            values, old, _ = writes[0]
+            if old is None:
+                status = await conn.execute(_INSERT_SQL, *values)
+            else:
+                status = await conn.execute(_CAS_UPDATE_SQL, *values, old)
+            written = {values[0]} if status.endswith(" 1") else set()
+        else:
+            columns: list[list[Any]] = [[], [], [], [], []]
+            for values, old, _ in writes:
+                for column, value in zip(columns, (*values, old), strict=True):
+                    column.append(value)
+            written = {r[0] for r in await conn.fetch(_WRITE_MANY_SQL, *columns)}
+        if written:
+            self.commits += 1
+        losers: list[_Item] = []
+        for values, _, record in writes:
+            decision_id = values[0]
+            if decision_id in written:
+                self.committed_ops += len(groups[decision_id])
+                self._remember(decision_id, values[3], record)
+                _finish(groups[decision_id], outcomes[decision_id])
+            else:
+                losers.extend(groups[decision_id])
+        return losers
+
+    async def _apply_locked(self, decision_id: str, op: Operation[T]) -> T:
+        """The pessimistic path: one transaction holding the row lock."""
         pool = await self._ready()
         for _ in range(_MAX_RETRIES):
             try:
@@ -241,16 +482,18 @@ class PostgresLedger(Ledger):
                         row = await conn.fetchrow(_LOAD_SQL, decision_id)
                         text, clock = row["record"], int(row["now_ms"])
                         self._clock_offset_ms = clock - wall_clock_ms()
-                        record = None if text is None else self._decode(decision_id, text)
+                        record = None if text is None else self._decode_cached(decision_id, text)
                         transition = op(record, clock)
                         if not transition.changed or transition.record is None:
                             return transition.result
                         values = encode_row(decision_id, transition.record)
                         if record is not None:
                             await conn.execute(_UPDATE_SQL, *values)
+                            self._remember(decision_id, values[3], transition.record)
                             return transition.result
                         status = await conn.execute(_INSERT_SQL, *values)
                         if status.endswith(" 1"):
+                            self._remember(decision_id, values[3], transition.record)
                             return transition.result
                         # Another host inserted this id after our read and has
                         # committed (ON CONFLICT waited for it): re-read under
@@ -274,7 +517,7 @@ class PostgresLedger(Ledger):
             )
         except Exception as error:
             raise self._translate(error) from error
-        return None if text is None else self._decode(decision_id, text)
+        return None if text is None else self._decode_cached(decision_id, text)
 
     async def _prune(self, before_ms: int) -> int:
         pool = await self._ready()
@@ -305,6 +548,7 @@ class PostgresLedger(Ledger):
                         max_size=self.max_size,
                         timeout=self.connect_timeout_s,
                         command_timeout=self.command_timeout_s,
+                        connection_class=_LedgerConnection,
                     )
                 except Exception as error:
                     raise self._translate(error, connecting=True) from error
@@ -353,6 +597,21 @@ class PostgresLedger(Ledger):
             f"{newest} that this flowdecision supports; upgrade flowdecision to use it"
         )
 
+    def _remember(self, decision_id: str, text: str, record: ClaimRecord) -> None:
+        decoded = self._decoded
+        if decision_id not in decoded and len(decoded) >= _DECODED_CACHE:
+            del decoded[next(iter(decoded))]
+        decoded[decision_id] = (text, record)
+
+    def _decode_cached(self, decision_id: str, text: Any) -> ClaimRecord:
+        known = self._decoded.get(decision_id)
+        if known is not None and known[0] == text:
+            return known[1]
+        record = self._decode(decision_id, text)
+        if isinstance(text, str):
+            self._remember(decision_id, text, record)
+        return record
+
     def _decode(self, decision_id: str, text: Any) -> ClaimRecord:
         try:
             obj = json.loads(text)
@@ -398,6 +657,50 @@ class PostgresLedger(Ledger):
                 f"cannot {what} PostgreSQL ledger {self.where}: server unreachable ({detail})"
             )
         return LedgerUnavailableError(f"cannot {what} PostgreSQL ledger {self.where}: {detail}")
+
+
+class _Item:
+    """One queued mutation and, once applied, its outcome."""
+
+    __slots__ = ("decision_id", "done", "error", "future", "op", "result")
+
+    def __init__(
+        self, decision_id: str, op: Operation[Any], future: asyncio.Future[Any] | None
+    ) -> None:
+        self.decision_id = decision_id
+        self.op = op
+        self.future = future
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = False
+
+
+def _finish(group: list[_Item], results: list[tuple[Any, BaseException | None]]) -> None:
+    for item, (result, error) in zip(group, results, strict=True):
+        item.result = result
+        item.error = error
+        item.done = True
+
+
+def _settle(batch: list[_Item]) -> None:
+    for item in batch:
+        future = item.future
+        if future is None or future.done():
+            continue
+        if item.error is not None:
+            future.set_exception(item.error)
+        else:
+            future.set_result(item.result)
+
+
+def _copy_error(error: BaseException) -> BaseException:
+    """A fresh exception of the same type and message (one per failed caller)."""
+    try:
+        fresh = type(error)(*error.args)
+    except Exception:  # pragma: no cover - exotic constructor
+        return error
+    fresh.__cause__ = error.__cause__
+    return fresh
 
 
 def _retryable(error: BaseException) -> bool:

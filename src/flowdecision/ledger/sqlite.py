@@ -4,11 +4,22 @@ Design:
 
 * Every ledger owns one worker thread with its own :mod:`sqlite3` connection;
   all database work runs there, so the event loop never blocks and the
-  connection never crosses threads. One hop per operation, no pool.
+  connection never crosses threads. Requests reach the thread through a queue
+  and results come back with one ``call_soon_threadsafe`` per batch.
 * The database runs in WAL mode. A mutation is one ``BEGIN IMMEDIATE``
   transaction (load the row, apply the pure transition, write it back when it
   changed, ``COMMIT``); other processes wait up to ``busy_timeout_ms``.
   Commits are durable by default (``synchronous=FULL``).
+* **Group commit** (on by default): the mutations that are queued when the
+  thread becomes free -- up to ``max_batch``, optionally waiting up to
+  ``max_wait_ms`` for more -- share one ``BEGIN IMMEDIATE`` ... ``COMMIT``.
+  They are applied in arrival order, each on the record as the previous ones
+  left it; a transition that raises (a rule failure) stores nothing and fails
+  only its own caller. Every caller is answered only after the ``COMMIT``
+  returned, i.e. after the commit is as durable as ``synchronous`` makes it.
+  A lone mutation never waits: at low load a batch is one operation.
+* Decoded records are remembered per decision id together with their stored
+  text; a row whose text is byte-identical is not decoded and validated again.
 * The schema version is SQLite's ``user_version``; versioned migrations in
   ``sql/sqlite/NNNN_*.sql`` are applied when the ledger opens, inside one
   ``BEGIN IMMEDIATE`` transaction, so concurrent openers migrate once.
@@ -17,10 +28,11 @@ Design:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import os
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -52,6 +64,16 @@ Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 _I64_MAX = (1 << 63) - 1
 _PRUNE_BATCH = 1000
 _TABLE = "flowdecision_claims"
+#: Decoded records remembered per ledger (id -> stored text and record).
+_DECODED_CACHE = 4096
+
+_SELECT_SQL = f"SELECT record FROM {_TABLE} WHERE decision_id = ?"
+_INSERT_SQL = (
+    f"INSERT INTO {_TABLE} (decision_id, status, completed_at_ms, record) VALUES (?, ?, ?, ?)"
+)
+_UPDATE_SQL = (
+    f"UPDATE {_TABLE} SET status = ?, completed_at_ms = ?, record = ? WHERE decision_id = ?"
+)
 
 
 def load_migrations(dialect: str) -> list[tuple[int, str, str]]:
@@ -106,6 +128,65 @@ def encode_row(decision_id: str, record: ClaimRecord) -> tuple[str, str, int | N
     )
 
 
+class _Request:
+    """One unit of work queued for the worker thread, answered on its loop."""
+
+    __slots__ = ("decision_id", "error", "future", "loop", "op", "result", "work")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future[Any],
+        decision_id: str = "",
+        op: Operation[Any] | None = None,
+        work: Callable[[sqlite3.Connection], Any] | None = None,
+    ) -> None:
+        self.loop = loop
+        self.future = future
+        self.decision_id = decision_id
+        self.op = op
+        self.work = work
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _Slot:
+    """One decision's row while a batch is being applied."""
+
+    __slots__ = ("dirty", "error", "exists", "record", "text")
+
+    def __init__(self, exists: bool, record: ClaimRecord | None) -> None:
+        self.exists = exists
+        self.record = record
+        self.dirty = False
+        self.text = ""
+        self.error: BaseException | None = None
+
+
+_STOP = object()
+
+
+def _settle(requests: list[_Request]) -> None:
+    for request in requests:
+        future = request.future
+        if future.done():  # the caller was cancelled; the work may still have committed
+            continue
+        if request.error is not None:
+            future.set_exception(request.error)
+        else:
+            future.set_result(request.result)
+
+
+def _copy_error(error: BaseException) -> BaseException:
+    """A fresh exception of the same type and message (one per failed caller)."""
+    try:
+        fresh = type(error)(*error.args)
+    except Exception:  # pragma: no cover - exotic constructor
+        return error
+    fresh.__cause__ = error.__cause__
+    return fresh
+
+
 class SqliteLedger(Ledger):
     """Claim ledger in one SQLite file (default ``./.flowdecision/ledger.db``).
 
@@ -118,6 +199,11 @@ class SqliteLedger(Ledger):
     corrupts). ``busy_timeout_ms`` bounds how long a mutation waits for another
     process's write transaction before failing with
     :class:`LedgerUnavailableError`.
+
+    ``group_commit`` (default on) lets mutations that are in flight together
+    share one transaction: at most ``max_batch`` per commit, and the worker
+    waits up to ``max_wait_ms`` (default 0: never) for more to arrive once a
+    batch has started. ``group_commit=False`` commits every mutation alone.
     """
 
     def __init__(
@@ -126,31 +212,50 @@ class SqliteLedger(Ledger):
         *,
         synchronous: Synchronous = "FULL",
         busy_timeout_ms: int = 30_000,
+        group_commit: bool = True,
+        max_batch: int = 64,
+        max_wait_ms: float = 0.0,
+        cache_kib: int = 16_384,
     ) -> None:
         sync = str(synchronous).upper()
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise LedgerError(
                 f"sqlite ledger synchronous must be OFF, NORMAL, FULL or EXTRA, got {synchronous!r}"
             )
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise LedgerError(
+                f"sqlite ledger max_batch must be a positive integer, got {max_batch!r}"
+            )
+        if not max_wait_ms >= 0:
+            raise LedgerError(f"sqlite ledger max_wait_ms must be >= 0, got {max_wait_ms!r}")
         self.path = Path(path)
         self.synchronous = sync
         self.busy_timeout_ms = busy_timeout_ms
+        self.group_commit = bool(group_commit)
+        self.max_batch = max_batch if self.group_commit else 1
+        self.max_wait_ms = float(max_wait_ms) if self.group_commit else 0.0
+        self.cache_kib = cache_kib
         self._conn: sqlite3.Connection | None = None
         self._closed = False
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="flowdecision-sqlite"
-        )
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self._decoded: dict[str, tuple[str, ClaimRecord]] = {}
+        #: Transactions committed by this ledger's mutations and the operations in them.
+        self.commits = 0
+        self.committed_ops = 0
 
     @classmethod
     async def open(
         cls,
         path: str | os.PathLike[str] = DEFAULT_SQLITE_PATH,
-        *,
-        synchronous: Synchronous = "FULL",
-        busy_timeout_ms: int = 30_000,
+        **options: Any,
     ) -> SqliteLedger:
-        """Open (creating and migrating if needed) the database at ``path``."""
-        ledger = cls(path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+        """Open (creating and migrating if needed) the database at ``path``.
+
+        ``options`` are the constructor's keyword arguments.
+        """
+        ledger = cls(path, **options)
         try:
             await ledger.start()
         except BaseException:
@@ -170,43 +275,15 @@ class SqliteLedger(Ledger):
     # -- primitives ---------------------------------------------------------
 
     async def _apply(self, decision_id: str, op: Operation[T]) -> T:
-        def work(conn: sqlite3.Connection) -> T:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                row = conn.execute(
-                    f"SELECT record FROM {_TABLE} WHERE decision_id = ?", (decision_id,)
-                ).fetchone()
-                record = None if row is None else self._decode(decision_id, row[0])
-                transition = op(record, self.now_ms())
-                if transition.changed and transition.record is not None:
-                    values = encode_row(decision_id, transition.record)
-                    if row is None:
-                        conn.execute(
-                            f"INSERT INTO {_TABLE} (decision_id, status, completed_at_ms, record) "
-                            "VALUES (?, ?, ?, ?)",
-                            values,
-                        )
-                    else:
-                        conn.execute(
-                            f"UPDATE {_TABLE} SET status = ?, completed_at_ms = ?, record = ? "
-                            "WHERE decision_id = ?",
-                            (*values[1:], decision_id),
-                        )
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return transition.result
-
-        return await self._run(work)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._submit(_Request(loop, future, decision_id, op))
+        return await future
 
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         def work(conn: sqlite3.Connection) -> ClaimRecord | None:
-            row = conn.execute(
-                f"SELECT record FROM {_TABLE} WHERE decision_id = ?", (decision_id,)
-            ).fetchone()
-            return None if row is None else self._decode(decision_id, row[0])
+            row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
+            return None if row is None else self._decode_cached(decision_id, row[0])
 
         return await self._run(work)
 
@@ -216,8 +293,8 @@ class SqliteLedger(Ledger):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 cursor = conn.execute(
-                    f"DELETE FROM {_TABLE} WHERE decision_id IN ("
-                    f"SELECT decision_id FROM {_TABLE} WHERE completed_at_ms < ? LIMIT ?)",
+                    f"DELETE FROM {_TABLE} WHERE rowid IN ("
+                    f"SELECT rowid FROM {_TABLE} WHERE completed_at_ms < ? LIMIT ?)",
                     (min(before_ms, _I64_MAX), _PRUNE_BATCH),
                 )
                 conn.execute("COMMIT")
@@ -256,34 +333,210 @@ class SqliteLedger(Ledger):
         return total
 
     async def close(self) -> None:
-        """Close the connection and stop the worker thread."""
+        """Close the connection and stop the worker thread (after queued work)."""
         if self._closed:
             return
-        self._closed = True
+        thread = self._thread
+        if thread is None:
+            self._closed = True
+            return
 
-        def shut() -> None:
+        def shut(conn: sqlite3.Connection | None) -> None:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
 
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._queue.put(_Request(loop, future, work=shut))
+        self._closed = True
+        self._queue.put(_STOP)
         try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, shut)
-        finally:
-            self._executor.shutdown(wait=False)
+            await future
+        except LedgerError:
+            pass
 
-    # -- worker-thread helpers ----------------------------------------------
+    # -- worker thread --------------------------------------------------------
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work(connection)`` on the worker thread, in queue order."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._submit(_Request(loop, future, work=work))
+        return await future
+
+    def _submit(self, request: _Request) -> None:
         if self._closed:
             raise LedgerError(f"sqlite ledger `{self.path}` is closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._call, work)
+        if self._thread is None:
+            with self._thread_lock:
+                if self._thread is None:
+                    thread = threading.Thread(
+                        target=self._serve, name="flowdecision-sqlite", daemon=True
+                    )
+                    thread.start()
+                    self._thread = thread
+        self._queue.put(request)
+
+    def _serve(self) -> None:
+        """The worker thread: take requests in order, batching consecutive mutations."""
+        take = self._queue.get
+        take_now = self._queue.get_nowait
+        carry: Any = None
+        while True:
+            request = carry if carry is not None else take()
+            carry = None
+            if request is _STOP:
+                return
+            if request.op is None:
+                self._run_work(request)
+                self._answer([request])
+                continue
+            batch = [request]
+            limit = self.max_batch
+            wait_s = self.max_wait_ms / 1000
+            deadline = 0.0
+            while len(batch) < limit:
+                try:
+                    following = take_now()
+                except queue.Empty:
+                    if wait_s <= 0:
+                        break
+                    now = time.monotonic()
+                    if not deadline:
+                        deadline = now + wait_s
+                    if now >= deadline:
+                        break
+                    try:
+                        following = take(timeout=deadline - now)
+                    except queue.Empty:
+                        break
+                if following is _STOP or following.op is None:
+                    carry = following
+                    break
+                batch.append(following)
+            self._commit(batch)
+            self._answer(batch)
+
+    def _answer(self, requests: list[_Request]) -> None:
+        loop = requests[0].loop
+        if all(request.loop is loop for request in requests):
+            groups = [(loop, requests)]
+        else:
+            by_loop: dict[asyncio.AbstractEventLoop, list[_Request]] = {}
+            for request in requests:
+                by_loop.setdefault(request.loop, []).append(request)
+            groups = list(by_loop.items())
+        for target, group in groups:
+            try:
+                target.call_soon_threadsafe(_settle, group)
+            except RuntimeError:  # the caller's loop is closed: nobody is waiting
+                pass
+
+    def _run_work(self, request: _Request) -> None:
+        assert request.work is not None
+        try:
+            request.result = self._call(request.work)
+        except BaseException as error:
+            request.error = error
 
     def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
         try:
             return work(self._connection())
         except sqlite3.Error as error:
             raise self._translate(error) from error
+
+    def _commit(self, batch: list[_Request]) -> None:
+        """Apply ``batch`` in arrival order inside one ``BEGIN IMMEDIATE`` transaction."""
+        try:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                slots = self._transform(conn, batch)
+                written = 0
+                for decision_id, slot in slots.items():
+                    if not slot.dirty:
+                        continue
+                    record = slot.record
+                    assert record is not None
+                    values = encode_row(decision_id, record)
+                    slot.text = values[3]
+                    if slot.exists:
+                        conn.execute(_UPDATE_SQL, (*values[1:], decision_id))
+                    else:
+                        conn.execute(_INSERT_SQL, values)
+                    written += 1
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as error:
+            failure: BaseException = self._translate(error)
+            failure.__cause__ = error
+            self._fail(batch, failure)
+            return
+        except Exception as error:
+            self._fail(batch, error)
+            return
+        if written:
+            self.commits += 1
+            self.committed_ops += len(batch)
+            for decision_id, slot in slots.items():
+                if slot.dirty and slot.record is not None:
+                    self._remember(decision_id, slot.text, slot.record)
+
+    def _transform(self, conn: sqlite3.Connection, batch: list[_Request]) -> dict[str, _Slot]:
+        slots: dict[str, _Slot] = {}
+        for request in batch:
+            decision_id = request.decision_id
+            slot = slots.get(decision_id)
+            if slot is None:
+                row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
+                if row is None:
+                    slot = _Slot(False, None)
+                else:
+                    slot = _Slot(True, None)
+                    try:
+                        slot.record = self._decode_cached(decision_id, row[0])
+                    except LedgerCorruptError as error:
+                        slot.error = error
+                slots[decision_id] = slot
+            if slot.error is not None:
+                request.error = _copy_error(slot.error)
+                continue
+            op = request.op
+            assert op is not None
+            try:
+                transition = op(slot.record, self.now_ms())
+            except Exception as error:  # a rule failure: this caller only, nothing stored
+                request.error = error
+                continue
+            if transition.changed and transition.record is not None:
+                slot.record = transition.record
+                slot.dirty = True
+            request.result = transition.result
+        return slots
+
+    def _fail(self, batch: list[_Request], error: BaseException) -> None:
+        for index, request in enumerate(batch):
+            request.error = error if index == 0 else _copy_error(error)
+            request.result = None
+
+    def _remember(self, decision_id: str, text: str, record: ClaimRecord) -> None:
+        decoded = self._decoded
+        if decision_id not in decoded and len(decoded) >= _DECODED_CACHE:
+            del decoded[next(iter(decoded))]
+        decoded[decision_id] = (text, record)
+
+    def _decode_cached(self, decision_id: str, text: Any) -> ClaimRecord:
+        known = self._decoded.get(decision_id)
+        if known is not None and known[0] == text:
+            return known[1]
+        record = self._decode(decision_id, text)
+        if isinstance(text, str):
+            self._remember(decision_id, text, record)
+        return record
 
     def _translate(self, error: sqlite3.Error) -> LedgerError:
         text = str(error)
@@ -349,6 +602,7 @@ class SqliteLedger(Ledger):
                     f"sqlite ledger `{self.path}`: cannot enable WAL mode (got {mode!r})"
                 )
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute(f"PRAGMA cache_size = {-int(self.cache_kib)}")
             self._migrate(conn)
         except BaseException:
             conn.close()

@@ -44,7 +44,7 @@ from ..errors import (
     UnauthorizedBranchError,
 )
 from ..health import HealthSnapshot
-from ..identity import DecisionTooLargeError, decision_receipt
+from ..identity import RESULT_RECEIPT_MAX_BYTES, DecisionTooLargeError, decision_receipt
 from ..ledger.base import Ledger, LedgerEntry
 from ..ledger.states import Completed, Pending
 from ..ledger.url import open_ledger
@@ -169,13 +169,13 @@ def _presented_token(scope: Scope) -> bytes | None:
             scheme, _, credentials = value.partition(b" ")
             scheme = scheme.lower()
             if scheme == b"bearer":
-                return credentials.strip()
+                return bytes(credentials.strip())
             if scheme == b"basic":  # browsers: any user name, the token as password
                 try:
                     decoded = base64.b64decode(credentials.strip(), validate=True)
                 except (binascii.Error, ValueError):
                     return None
-                return decoded.partition(b":")[2]
+                return bytes(decoded.partition(b":")[2])
             return None
     return None
 
@@ -250,6 +250,16 @@ def _entry_body(entry: LedgerEntry) -> dict[str, Any]:
     return body
 
 
+def _too_large(error: DecisionTooLargeError) -> Response:
+    return error_response(
+        413,
+        "decision_too_large",
+        str(error),
+        size_bytes=error.size,
+        limit_bytes=error.limit,
+    )
+
+
 def _service(request: Request) -> Service:
     service: Service | None = request.app.state.service
     if service is None:  # pragma: no cover - only before startup
@@ -280,7 +290,11 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
         app.state.service = current
         log.info(
             "service started",
-            extra={"ledger": ledger_shown, "sink": sink_shown, "branch": settings.production_branch},
+            extra={
+                "ledger": ledger_shown,
+                "sink": sink_shown,
+                "branch": settings.production_branch,
+            },
         )
         try:
             yield
@@ -311,7 +325,13 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
                 problem=error.problem,
                 fields=[{"field": error.field, "problem": error.problem}],
             )
-        response, fate, attempt = await _dispatch(service, decision)
+        if len(decision.decision_json()) > RESULT_RECEIPT_MAX_BYTES:
+            # A client error: answered here so it does not count as a ledger failure.
+            too_large = DecisionTooLargeError(decision.decision_id, len(decision.decision_json()))
+            response: Response = _too_large(too_large)
+            fate, attempt = "decision_too_large", None
+        else:
+            response, fate, attempt = await _dispatch(service, decision)
         elapsed = time.perf_counter() - started
         metrics.observe_dispatch(fate, elapsed)
         service.recent.appendleft(
@@ -364,13 +384,14 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
                 "ledger_unavailable",
                 None,
             )
+        attempts = entry.attempts if entry else None
         body = {
             "outcome": "duplicate",
             "decision_id": decision_id,
-            "attempt": entry.attempts if entry else None,
+            "attempt": attempts,
             "receipt": entry.result_receipt.to_dict() if entry and entry.result_receipt else None,
         }
-        return _json(body, 200), "duplicate", body["attempt"]
+        return _json(body, 200), "duplicate", attempts
 
     def _fate(error: DispatchError) -> str:
         if isinstance(error, DecisionBusyError):
@@ -434,14 +455,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
         if isinstance(error, DispatchLedgerError) and isinstance(
             error.__cause__, DecisionTooLargeError
         ):
-            too_large = error.__cause__
-            return error_response(
-                413,
-                "decision_too_large",
-                str(too_large),
-                size_bytes=too_large.size,
-                limit_bytes=too_large.limit,
-            )
+            return _too_large(error.__cause__)
         return error_response(503, "ledger_unavailable", message, headers={"Retry-After": "1"})
 
     async def get_decision(request: Request) -> Response:
@@ -450,7 +464,9 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
         try:
             entry = await service.ledger.lookup(decision_id)
         except LedgerError as error:
-            return error_response(503, "ledger_unavailable", f"Flow decision ledger failed: {error}")
+            return error_response(
+                503, "ledger_unavailable", f"Flow decision ledger failed: {error}"
+            )
         if entry is None:
             return error_response(
                 404, "not_found", f"no claim for decision `{decision_id}`", decision_id=decision_id
@@ -544,11 +560,11 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
     public = frozenset() if settings.auth_healthz else frozenset({"/healthz"})
     middleware = [
         Middleware(
-            AccessLogMiddleware,  # type: ignore[arg-type]
+            AccessLogMiddleware,
             enabled=settings.access_log,
             on_response=metrics.count_request,
         ),
-        Middleware(AuthMiddleware, tokens=settings.tokens(), public=public),  # type: ignore[arg-type]
+        Middleware(AuthMiddleware, tokens=settings.tokens(), public=public),
     ]
     app = Starlette(
         routes=routes,

@@ -20,7 +20,12 @@ __all__ = ["AccessLogMiddleware", "JsonFormatter", "configure_logging"]
 
 access_log = logging.getLogger("flowdecision.access")
 
-_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
 _SECRET_HINTS = ("token", "owner", "authorization", "password", "secret", "cookie")
 
 
@@ -122,7 +127,7 @@ class AccessLogMiddleware:
 def _incoming_request_id(scope: Scope) -> str | None:
     for name, value in scope.get("headers", []):
         if name == b"x-request-id":
-            text = value.decode("latin-1")
+            text = bytes(value).decode("latin-1")
             # Only echo ids that are short and plain; anything else is replaced.
             if 0 < len(text) <= 64 and all(c.isalnum() or c in "-_." for c in text):
                 return text

@@ -28,7 +28,8 @@ class RecentDecision:
 
 _CSS = """
 :root { color-scheme: light dark; --ok: #1a7f37; --bad: #cf222e; --muted: #6e7781; }
-body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 62rem; padding: 0 1rem; }
+body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 62rem;
+       padding: 0 1rem; }
 h1 { font-size: 1.4rem; margin: 0 0 .25rem; }
 h2 { font-size: 1.1rem; margin-top: 2rem; }
 .meta { color: var(--muted); margin: 0; }
@@ -38,7 +39,8 @@ h2 { font-size: 1.1rem; margin-top: 2rem; }
 table { border-collapse: collapse; width: 100%; }
 th, td { text-align: left; padding: .3rem .6rem; border-bottom: 1px solid #8884; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.counters { display: grid; grid-template-columns: repeat(auto-fill, minmax(11rem, 1fr)); gap: .5rem; }
+.counters { display: grid; gap: .5rem;
+            grid-template-columns: repeat(auto-fill, minmax(11rem, 1fr)); }
 .counter { border: 1px solid #8884; border-radius: .4rem; padding: .4rem .6rem; }
 .counter b { display: block; font-size: 1.3rem; }
 .fate-submitted, .fate-duplicate { color: var(--ok); }
@@ -102,10 +104,12 @@ def render_status_page(
 </head>
 <body>
 <header>
-<h1>flowdecision <span id="health" class="badge {status_class}">{escape(health.status.value)}</span></h1>
+<h1>flowdecision
+<span id="health" class="badge {status_class}">{escape(health.status.value)}</span></h1>
 <p class="meta">production branch <code>{escape(production_branch)}</code> ·
 ledger <code>{escape(ledger)}</code> · sink <code>{escape(sink)}</code></p>
-<p class="meta">up since {escape(_ms(started_at_ms))} · last success {escape(_ms(health.last_success_at_ms))}
+<p class="meta">up since {escape(_ms(started_at_ms))}
+· last success {escape(_ms(health.last_success_at_ms))}
 · last failure {escape(_ms(health.last_failure_at_ms))} · average dispatch
 {health.average_dispatch_micros / 1000:.1f} ms · max {health.max_dispatch_micros / 1000:.1f} ms
 · refreshes every {refresh_s}s</p>

@@ -84,7 +84,9 @@ async def _load_python(url: str) -> Sink:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise SinkConfigError(f"custom sink `{url}`: cannot import `{module_name}`: {error}") from error
+        raise SinkConfigError(
+            f"custom sink `{url}`: cannot import `{module_name}`: {error}"
+        ) from error
     target: Any = module
     for part in attribute.split("."):
         try:

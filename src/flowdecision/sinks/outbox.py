@@ -302,9 +302,7 @@ class _SqliteOutbox:
             raise OutboxError(
                 f"create directory for sqlite outbox `{self.path}`: {error.strerror or error}"
             ) from error
-        conn = sqlite3.connect(
-            self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None
-        )
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None)
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             deadline = time.monotonic() + self.busy_timeout_ms / 1000

@@ -77,7 +77,7 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     if when is None:
         return None
     current = time.time() if now is None else now
-    return max(when.timestamp() - current, 0.0)
+    return max(float(when.timestamp()) - current, 0.0)
 
 
 class WebhookSink:
@@ -134,7 +134,7 @@ class WebhookSink:
 
     def backoff_s(self, retry: int) -> float:
         """Delay before retry number ``retry`` (1-based): half fixed, half random."""
-        ceiling = min(self.backoff_max_s, self.backoff_base_s * (2 ** (retry - 1)))
+        ceiling = min(self.backoff_max_s, self.backoff_base_s * 2.0 ** (retry - 1))
         return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
 
     async def submit(self, request: DecisionRequest, attempt: int) -> None:

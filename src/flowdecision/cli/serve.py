@@ -1,0 +1,189 @@
+"""``serve`` (the HTTP decision service) and ``outbox tail`` (read an outbox in order)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ..errors import FlowDecisionError
+from .common import EXIT_ERROR, EXIT_USAGE, run, table
+
+__all__ = ["outbox", "serve_cmd"]
+
+
+def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
+    """A flag whose absence means "not given" (so env and TOML settings apply)."""
+    kwargs.setdefault("default", None)
+    return click.option(*names, allow_from_autoenv=False, **kwargs)
+
+
+@click.command("serve")
+@_flag("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file.")
+@_flag("--host", help="Address to listen on.  [default: 127.0.0.1]")
+@_flag("--port", type=int, help="Port to listen on (0 picks a free one).  [default: 8080]")
+@_flag("--ledger", help="Ledger URL.  [default: sqlite:///.flowdecision/ledger.db]")
+@_flag(
+    "--sink",
+    help="Sink URL: sqlite:///path or postgresql://... (outbox), http(s)://... (webhook), "
+    "python:module:attribute.  [default: sqlite:///.flowdecision/outbox.db]",
+)
+@_flag("--production-branch", help="The branch allowed to submit.  [default: production]")
+@_flag("--lease-ms", type=int, help="Claim lease in milliseconds.  [default: 30000]")
+@_flag("--max-body-bytes", type=int, help="Request size limit.  [default: 2097152]")
+@_flag("--token-file", type=click.Path(dir_okay=False), help="File of accepted bearer tokens.")
+@_flag("--auth-healthz/--no-auth-healthz", help="Require the token on /healthz too.")
+@_flag("--allow-no-auth/--no-allow-no-auth", help="Allow no token on a non-loopback address.")
+@_flag("--shutdown-grace-s", type=float, help="Grace period for in-flight work.  [default: 10]")
+@_flag("--recent-limit", type=int, help="Decisions listed on the status page.  [default: 50]")
+@_flag("--status-refresh-s", type=int, help="Status page refresh interval.  [default: 5]")
+@_flag("--webhook-timeout-s", type=float, help="Webhook request timeout.  [default: 10]")
+@_flag("--webhook-max-attempts", type=int, help="Webhook tries per delivery.  [default: 4]")
+@_flag("--log-level", help="debug, info, warning, error.  [default: info]")
+@_flag("--access-log/--no-access-log", help="Write a structured access log.  [default: on]")
+def serve_cmd(config_file: str | None, **flags: Any) -> None:
+    """Run the HTTP decision service (POST /v1/decisions, status page at /).
+
+    Settings come from these flags, then FLOWDECISION_* environment variables,
+    then the TOML file (--config or FLOWDECISION_CONFIG), then the defaults.
+    The bearer token is read from FLOWDECISION_TOKEN or --token-file, never a flag.
+    """
+    from ..service.config import ConfigError, load_settings, redact_url
+    from ..service.logs import configure_logging
+    from ..service.server import bind_socket, curl_example, serve
+
+    try:
+        settings = load_settings(flags, config_file=config_file)
+    except ConfigError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(EXIT_USAGE)
+    configure_logging(settings.log_level)
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except OSError as error:
+        click.echo(f"error: cannot listen on {settings.host}:{settings.port}: {error}", err=True)
+        sys.exit(EXIT_ERROR)
+
+    def ready(url: str) -> None:
+        click.echo(f"flowdecision serving on {url}")
+        click.echo(f"  ledger {redact_url(settings.ledger)}, sink {redact_url(settings.sink)}")
+        click.echo(f"  status page {url}/  health {url}/healthz  metrics {url}/metrics")
+        click.echo("  try:")
+        click.echo(f"    {curl_example(url, settings)}")
+        sys.stdout.flush()
+
+    try:
+        run(lambda: serve(settings, sock, ready))
+    except KeyboardInterrupt:  # a second Ctrl-C during shutdown
+        sys.exit(EXIT_ERROR)
+    finally:
+        sock.close()
+
+
+# -- outbox tail ------------------------------------------------------------------
+
+
+@click.group("outbox")
+def outbox() -> None:
+    """Read the decisions an outbox sink accepted, in order."""
+
+
+def _when(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(
+        timespec="milliseconds"
+    )
+
+
+@outbox.command("tail")
+@click.option(
+    "--sink",
+    "sink_url",
+    default="sqlite:///.flowdecision/outbox.db",
+    show_default=True,
+    envvar="FLOWDECISION_SINK",
+    allow_from_autoenv=False,
+    help="Outbox URL: sqlite:///path or postgresql://...",
+)
+@click.option("--after", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Start after this seq cursor.")  # fmt: skip
+@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True,
+              help="Rows per page (without --follow: rows in all).")  # fmt: skip
+@click.option("--follow", "-f", is_flag=True, help="Keep polling for new rows until Ctrl-C.")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Seconds between polls with --follow.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per row (JSON lines).")
+def tail_cmd(
+    sink_url: str, after: int, limit: int, follow: bool, interval: float, as_json: bool
+) -> None:
+    """Print outbox rows after a cursor; --follow keeps printing new ones.
+
+    JSON lines carry seq, decision_id, request_hash, first_attempt,
+    highest_attempt, accepted_at_ms and the request itself. Resume with
+    --after <last seq>.
+    """
+    from ..sinks.loader import sink_kind
+
+    try:
+        kind = sink_kind(sink_url)
+    except FlowDecisionError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(EXIT_USAGE)
+    if kind != "outbox":
+        click.echo(f"error: `{sink_url}` is not an outbox (sqlite:/// or postgresql://)", err=True)
+        sys.exit(EXIT_USAGE)
+
+    def show(entries: list[Any]) -> None:
+        if as_json:
+            for entry in entries:
+                line = {
+                    "seq": entry.seq,
+                    "decision_id": entry.decision_id,
+                    "request_hash": entry.request_hash,
+                    "first_attempt": entry.first_attempt,
+                    "highest_attempt": entry.highest_attempt,
+                    "accepted_at_ms": entry.accepted_at_ms,
+                    "request": json.loads(entry.request_json),
+                }
+                click.echo(json.dumps(line, ensure_ascii=False, separators=(",", ":")))
+        elif entries:
+            rows = [
+                (
+                    e.seq,
+                    e.decision_id,
+                    e.first_attempt,
+                    e.highest_attempt,
+                    _when(e.accepted_at_ms),
+                    e.request_hash[:16],
+                )
+                for e in entries
+            ]
+            headers = ["seq", "decision_id", "first", "highest", "accepted_at", "request_hash"]
+            click.echo(table(headers, rows))
+        sys.stdout.flush()
+
+    async def go() -> None:
+        from ..sinks.outbox import OutboxSink
+
+        cursor = after
+        async with OutboxSink(sink_url) as sink:
+            while True:
+                entries = await sink.fetch(after=cursor, limit=limit)
+                if entries:
+                    show(entries)
+                    cursor = entries[-1].seq
+                if not follow:
+                    if not entries and not as_json:
+                        click.echo(f"no outbox rows after seq {after}", err=True)
+                    return
+                if len(entries) < limit:
+                    await asyncio.sleep(interval)
+
+    try:
+        run(go)
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,156 @@
+"""Service settings (flags > env > TOML > defaults) and sink URLs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flowdecision.service.config import ConfigError, Settings, load_settings, redact_url
+from flowdecision.sinks.loader import SinkConfigError, close_sink, open_sink, sink_kind
+from flowdecision.sinks.outbox import OutboxSink
+from flowdecision.sinks.webhook import WebhookSink
+from tests.service_process import decision
+from tests.service_sinks import GateSink
+
+
+def test_defaults_need_nothing_external() -> None:
+    settings = load_settings({}, env={})
+    assert (settings.host, settings.port) == ("127.0.0.1", 8080)
+    assert settings.ledger == "sqlite:///.flowdecision/ledger.db"
+    assert settings.sink == "sqlite:///.flowdecision/outbox.db"
+    assert settings.production_branch == "production"
+    assert settings.tokens() == ()
+    assert settings.auth_healthz is False
+
+
+def test_flags_beat_env_beat_toml(tmp_path: Path) -> None:
+    config = tmp_path / "flowdecision.toml"
+    config.write_text(
+        'port = 9000\nlease_ms = 5000\nproduction_branch = "main"\nsink = "https://e/h"\n'
+    )
+    env = {"FLOWDECISION_PORT": "9100", "FLOWDECISION_LEASE_MS": "7000"}
+    settings = load_settings({"port": 9200, "host": None}, env=env, config_file=str(config))
+    assert settings.port == 9200  # flag
+    assert settings.lease_ms == 7000  # env over TOML
+    assert settings.production_branch == "main"  # TOML over default
+    assert settings.sink == "https://e/h"
+    assert settings.host == "127.0.0.1"  # a flag left as None is "not given"
+    via_env = load_settings({}, env={"FLOWDECISION_CONFIG": str(config)})
+    assert via_env.port == 9000
+
+
+def test_a_serve_table_in_toml_and_booleans(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[serve]\nauth_healthz = true\naccess_log = false\n")
+    settings = load_settings({}, env={"FLOWDECISION_CONFIG": str(config)})
+    assert settings.auth_healthz is True and settings.access_log is False
+    assert load_settings({}, env={"FLOWDECISION_AUTH_HEALTHZ": "yes"}).auth_healthz is True
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        ({}, {"FLOWDECISION_PORT": "eighty"}, "FLOWDECISION_PORT"),
+        ({"port": 70000}, {}, "port must be in"),
+        ({"lease_ms": 0}, {}, "lease_ms must be at least 1"),
+        ({}, {"FLOWDECISION_ACCESS_LOG": "maybe"}, "must be a boolean"),
+        ({"host": "0.0.0.0"}, {}, "refusing to listen on `0.0.0.0` without a token"),
+        ({"log_level": "loud"}, {}, "log_level"),
+    ],
+)
+def test_bad_settings_are_named(
+    flags: dict[str, object], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(flags, env=env)
+
+
+def test_unknown_toml_keys_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("prot = 1\n")
+    with pytest.raises(ConfigError, match="unknown setting `prot`"):
+        load_settings({}, env={}, config_file=str(config))
+
+
+def test_public_bind_with_a_token_or_an_explicit_opt_out(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("old-token\n\nnew-token\n")
+    settings = load_settings({"host": "0.0.0.0", "token_file": str(tokens)}, env={})
+    assert settings.tokens() == (b"old-token", b"new-token")
+    assert load_settings({"host": "0.0.0.0", "allow_no_auth": True}, env={}).tokens() == ()
+    env_token = load_settings({}, env={"FLOWDECISION_TOKEN": "t0"})
+    assert env_token.tokens() == (b"t0",)
+    assert "t0" not in repr(env_token)
+
+
+def test_redact_url_hides_passwords() -> None:
+    assert (
+        redact_url("postgresql://app:hunter2@db:5432/flow") == "postgresql://app:***@db:5432/flow"
+    )
+    assert redact_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(AttributeError):
+        Settings().port = 1  # type: ignore[misc]
+
+
+# -- sinks by URL -------------------------------------------------------------------
+
+
+def test_sink_kinds() -> None:
+    assert sink_kind("sqlite:///o.db") == "outbox"
+    assert sink_kind("postgresql://h/db") == "outbox"
+    assert sink_kind("https://engine/hook") == "webhook"
+    assert sink_kind("python:pkg.mod:Sink") == "python"
+    with pytest.raises(SinkConfigError, match="unsupported sink URL scheme `ftp`"):
+        sink_kind("ftp://x/")
+    with pytest.raises(SinkConfigError, match=r"scheme \(none\)"):
+        sink_kind("just-a-path")
+
+
+async def test_open_sink_by_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    outbox = await open_sink(f"sqlite:///{tmp_path / 'o.db'}")
+    assert isinstance(outbox, OutboxSink)
+    await outbox.submit(decision("dec-loader"), 1)
+    assert await outbox.count() == 1
+    await close_sink(outbox)
+
+    webhook = await open_sink("http://127.0.0.1:9/hook")
+    assert isinstance(webhook, WebhookSink)
+    await close_sink(webhook)
+
+    monkeypatch.setenv("FLOWDECISION_TEST_GATE", str(tmp_path / "gate"))
+    assert isinstance(await open_sink("python:tests.service_sinks:GateSink"), GateSink)
+    assert isinstance(await open_sink("python:tests.service_sinks:make_gate_sink"), GateSink)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("python:tests.service_sinks", "must look like python:module:attribute"),
+        ("python:tests.no_such_module:X", "cannot import"),
+        ("python:tests.service_sinks:Missing", "has no attribute `Missing`"),
+        ("python:tests.service_sinks:NotASink", "must provide `async def submit"),
+    ],
+)
+async def test_bad_custom_sinks_are_explained(url: str, message: str) -> None:
+    with pytest.raises(SinkConfigError, match=message):
+        await open_sink(url)
+
+
+def test_serve_exits_2_on_a_bad_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from flowdecision.cli import cli
+
+    for name in ("FLOWDECISION_TOKEN", "FLOWDECISION_TOKEN_FILE", "FLOWDECISION_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    result = CliRunner().invoke(cli, ["serve", "--host", "0.0.0.0"])
+    assert result.exit_code == 2
+    assert "refusing to listen on `0.0.0.0` without a token" in result.output
+    monkeypatch.setenv("FLOWDECISION_LEASE_MS", "soon")
+    result = CliRunner().invoke(cli, ["serve"])
+    assert result.exit_code == 2
+    assert "FLOWDECISION_LEASE_MS" in result.output
