@@ -176,9 +176,7 @@ def preload_file(root: Path, count: int) -> None:
 # -- workers (one OS process each) ---------------------------------------------------
 
 
-async def _ledger_loop(
-    kind: str, target: str, worker: int, seconds: float, tag: str = ""
-) -> int:
+async def _ledger_loop(kind: str, target: str, worker: int, seconds: float, tag: str = "") -> int:
     from flowdecision.ledger import Claimed
     from flowdecision.ledger.base import Ledger
 
@@ -325,9 +323,7 @@ def run_rounds(
     barrier = ctx.Barrier(processes)
     queue = ctx.Queue()
     procs = [
-        ctx.Process(
-            target=_rounds_worker, args=(kinds, target, i, seconds, rounds, barrier, queue)
-        )
+        ctx.Process(target=_rounds_worker, args=(kinds, target, i, seconds, rounds, barrier, queue))
         for i in range(processes)
     ]
     for proc in procs:
