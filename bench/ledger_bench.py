@@ -153,9 +153,14 @@ async def preload_postgres(url: str, count: int) -> None:
 
 
 def preload_file(root: Path, count: int) -> None:
+    """Completed records in the seed's older shape (no identity, no receipt).
+
+    The JSON file ledger stops at 16 MiB; records with identity and receipt
+    (~900 bytes each) would stop it near 17k records, so the file ledger is
+    preloaded with ~190-byte records instead (which favours it).
+    """
     from flowdecision.ledger.jsonfile import DATA_FILE, encode_ledger
 
-    ident = _identity("preload")
     records = {
         f"preload-{i:08d}": ClaimRecord(
             "f" * 64,
@@ -163,9 +168,9 @@ def preload_file(root: Path, count: int) -> None:
             "preload-owner",
             0,
             1,
-            ident,
+            None,
             1_700_000_000_000 + i,
-            _receipt(ident),
+            None,
         )
         for i in range(count)
     }

@@ -436,11 +436,11 @@ def main() -> None:
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    emit(f"total: {time.monotonic() - started:.0f} s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "latest.json").write_text(json.dumps(results, indent=1))
-    (out / "latest.md").write_text("\n".join(OUT) + "\n")
+        emit(f"total: {time.monotonic() - started:.0f} s")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "latest.json").write_text(json.dumps(results, indent=1))
+        (out / "latest.md").write_text("\n".join(OUT) + "\n")
 
 
 if __name__ == "__main__":

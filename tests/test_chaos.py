@@ -25,7 +25,7 @@ SHORT = {
 }
 
 
-def _assert_passed(report: ChaosReport) -> None:
+def _assert_passed(report: ChaosReport, decisions: int = 400) -> None:
     failed = {name: detail for name, (ok, detail) in report.checks.items() if not ok}
     assert not failed, json.dumps(report.to_dict(), indent=2)
     assert set(report.checks) == {
@@ -42,14 +42,18 @@ def _assert_passed(report: ChaosReport) -> None:
     assert figures["incarnations"] == 3 + figures["kills"] + figures["crashes"]
     assert figures["crashes"] == 0
     assert figures["conflicts_refused"] >= 1  # conflicting reuses were really proposed
-    assert figures["duplicates_suppressed_dispatcher"] >= 400  # every decision has 2 proposers
+    assert (
+        figures["duplicates_suppressed_dispatcher"] >= decisions
+    )  # every decision has 2 proposers
 
 
 @pytest.mark.parametrize("kind", ["file", "sqlite"])
 def test_short_chaos_run_on_a_local_ledger(kind: str, tmp_path: Path) -> None:
     url = f"file://{tmp_path / 'ledger'}" if kind == "file" else f"sqlite:///{tmp_path / 'l.db'}"
-    report = run_chaos(ChaosConfig(ledger_url=url, workdir=str(tmp_path / "work"), **SHORT))
-    _assert_passed(report)
+    # The file ledger rewrites its whole file per mutation: fewer decisions, same faults.
+    short = {**SHORT, "decisions": 150} if kind == "file" else SHORT
+    report = run_chaos(ChaosConfig(ledger_url=url, workdir=str(tmp_path / "work"), **short))
+    _assert_passed(report, short["decisions"])
 
 
 def test_short_chaos_run_on_postgres(pg_url: str, tmp_path: Path) -> None:

@@ -63,6 +63,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -589,6 +590,12 @@ def run_chaos(
             log.close()
         return _Proc(worker, incarnations[worker], popen)
 
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(f"chaos controller stopped by signal {signum}")
+
+    # SIGTERM must reach the `finally` below, which kills the workers it started.
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, terminate) if in_main else None
     running: dict[int, _Proc] = {w: spawn(w) for w in range(cfg.workers)}
     finished: set[int] = set()
     started = time.monotonic()
@@ -664,6 +671,8 @@ def run_chaos(
                 proc.popen.send_signal(signal.SIGCONT)
                 proc.popen.kill()
             proc.popen.wait()
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
     elapsed = time.monotonic() - started
     if progress is not None:
         progress(_progress(workdir, cfg.workers, incarnations), total_entries, dict(stats))

@@ -71,6 +71,7 @@ if asyncpg is not None:
         def get_reset_query(self) -> str:
             return "ROLLBACK" if self.is_in_transaction() else ""
 
+
 T = TypeVar("T")
 
 SCHEMA_VERSION = len(load_migrations("postgres"))
