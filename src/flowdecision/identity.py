@@ -175,6 +175,8 @@ class ExecutionIdentity:
     schema: str = field(default=IDENTITY_SCHEMA, kw_only=True)
     domain: str
     digest: str
+    # Set once validate() has passed; the instance is immutable, so it stays valid.
+    _valid: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in _IDENTITY_FIELDS:
@@ -214,10 +216,13 @@ class ExecutionIdentity:
 
         A wrong schema reports the domain message, as the Rust original does.
         """
+        if self._valid:
+            return
         if self.schema != IDENTITY_SCHEMA or not is_valid_domain(self.domain):
             raise ExecutionIdentityError(_DOMAIN_INVALID)
         if not is_valid_digest(self.digest):
             raise ExecutionIdentityError(_DIGEST_INVALID)
+        object.__setattr__(self, "_valid", True)
 
     @property
     def key(self) -> str:

@@ -67,10 +67,7 @@ def _check_receipt(identity: ExecutionIdentity | None, receipt: ResultReceipt | 
         return
     if identity is None:
         raise LedgerError("decision result receipt requires an execution identity")
-    try:
-        receipt.validate()
-    except ValueError as error:
-        raise LedgerError(str(error)) from error
+    # A ResultReceipt is validated when constructed and is immutable: no re-check here.
     if receipt.identity != identity:
         raise LedgerError("decision result receipt identity conflicts with its claim")
 
