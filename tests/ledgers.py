@@ -49,8 +49,8 @@ class LeaseLosingLedger(_ScriptedLedger):
     async def renew(self, *args, **kwargs) -> bool:  # type: ignore[no-untyped-def]
         return False
 
-    async def complete(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        return None
+    async def complete(self, *args, **kwargs) -> bool:  # type: ignore[no-untyped-def]
+        return True
 
     async def release(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         return None

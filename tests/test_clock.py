@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from flowdecision import DecisionBusyError, Dispatcher
+from flowdecision.errors import LeaseLostError
 from flowdecision.ledger import wall_clock_ms
 from flowdecision.ledger.postgres import PostgresLedger
 from flowdecision.ledger.sqlite import SqliteLedger
@@ -85,9 +86,11 @@ async def test_sqlite_trusts_the_host_clock_so_it_needs_one_host(
         monkeypatch.undo()
         sink.finish.set()
         # The first owner's completion lands on an already-completed record: the ledger's
-        # "complete is idempotent for any caller" rule answers OK and records nothing, so
-        # its dispatch reports True too. Two deliveries: only a deduplicating sink is safe.
-        assert await owner is True
+        # "complete is idempotent for any caller" rule records nothing and answers that
+        # another owner completed it, so the dispatcher reports the lost lease. There were
+        # still two deliveries: only a deduplicating sink is safe.
+        with pytest.raises(LeaseLostError):
+            await owner
         after = await honest_ledger._read(req.decision_id)
         assert after == record
         assert sink.calls == 1 and len(other_sink.calls) == 1

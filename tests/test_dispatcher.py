@@ -183,3 +183,47 @@ def test_health_snapshot_json_uses_the_seed_field_names() -> None:
 def test_lease_must_be_positive() -> None:
     with pytest.raises(ValueError, match="lease_ms must be a positive integer"):
         Dispatcher("production", RecordingSink(), lease_ms=0)
+
+
+async def test_stalled_owner_whose_decision_was_completed_by_another_reports_lease_lost() -> None:
+    # A pause longer than the lease: no heartbeat ran, another dispatcher took over
+    # and completed; the stalled owner's late completion must not count as its own.
+    ledger = MemoryLedger()
+    stalled_sink = ControlledSink()
+    stalled = Dispatcher("production", stalled_sink, ledger, lease_ms=60_000)
+    first = asyncio.create_task(stalled.dispatch(request()))
+    await stalled_sink.started.wait()
+    req = request()
+    # Expire the stalled owner's lease the way a long pause would: time passes.
+    record = await ledger._read(req.decision_id)
+    assert record is not None
+    rescuer_sink = RecordingSink()
+    rescuer = Dispatcher("production", rescuer_sink, ledger)
+    outcome = await ledger.claim(
+        req.decision_id,
+        request_hash(req),
+        rescuer.owner_id,
+        lease_ms=60_000,
+        now_ms=record.lease_expires_at_ms,
+        identity=decision_receipt(req)[0],
+    )
+    assert outcome.__class__.__name__ == "Claimed"
+    await ledger.complete(req.decision_id, request_hash(req), rescuer.owner_id)
+    stalled_sink.finish.set()
+    with pytest.raises(LeaseLostError):
+        await first
+    health = stalled.health()
+    assert (health.completed, health.lease_lost, health.in_flight) == (0, 1, 0)
+    assert ledger_owner_kept(await ledger._read(req.decision_id), rescuer.owner_id)
+
+
+def ledger_owner_kept(record: object, owner_id: str) -> bool:
+    return getattr(record, "owner_id", None) == owner_id
+
+
+async def test_complete_tells_own_completion_from_another_owners() -> None:
+    ledger = MemoryLedger()
+    await ledger.claim("a", "h", "o", lease_ms=50, now_ms=100)
+    assert await ledger.complete("a", "h", "o", completed_at_ms=110) is True
+    assert await ledger.complete("a", "h", "o") is True  # idempotent retry by the owner
+    assert await ledger.complete("a", "h", "late") is False  # someone else finished it

@@ -96,8 +96,8 @@ class FaultyLedger(Ledger):
     async def renew(self, *args: Any, **kwargs: Any) -> bool:  # type: ignore[override]
         return await self._call("renew", self.inner.renew(*args, **kwargs))  # type: ignore[no-any-return]
 
-    async def complete(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        await self._call("complete", self.inner.complete(*args, **kwargs))
+    async def complete(self, *args: Any, **kwargs: Any) -> bool:  # type: ignore[override]
+        return await self._call("complete", self.inner.complete(*args, **kwargs))  # type: ignore[no-any-return]
 
     async def release(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         await self._call("release", self.inner.release(*args, **kwargs))

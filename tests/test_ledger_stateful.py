@@ -205,7 +205,7 @@ def build_machine(
             elif receipt_kind == "other":
                 receipt = _receipt(identity("elsewhere"), 0)
 
-            def model_call() -> None:
+            def model_call() -> bool:
                 # The API's argument checks (base.py), then the pure transition.
                 if receipt is not None:
                     if ident is None:
@@ -214,7 +214,7 @@ def build_machine(
                         raise LedgerError(
                             "decision result receipt identity conflicts with its claim"
                         )
-                self.model.apply(
+                return self.model.apply(
                     decision_id,
                     lambda r: machine.complete(
                         r, decision_id, request_hash, ident, owner, receipt, now

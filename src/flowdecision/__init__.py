@@ -47,6 +47,8 @@ from .ledger import (
     MemoryLedger,
     Missing,
     Pending,
+    PostgresLedger,
+    SqliteLedger,
     Unavailable,
     open_ledger,
 )
@@ -63,7 +65,14 @@ from .model import (
     ScheduleSteps,
     request_hash,
 )
-from .sinks import Sink
+from .sinks import (
+    OutboxConflictError,
+    OutboxEntry,
+    OutboxError,
+    OutboxSchemaError,
+    OutboxSink,
+    Sink,
+)
 
 __all__ = [
     "DEFAULT_LEASE_MS",
@@ -102,7 +111,13 @@ __all__ = [
     "LedgerUnavailableError",
     "MemoryLedger",
     "Missing",
+    "OutboxConflictError",
+    "OutboxEntry",
+    "OutboxError",
+    "OutboxSchemaError",
+    "OutboxSink",
     "Pending",
+    "PostgresLedger",
     "ResultOutcome",
     "ResultReceipt",
     "ResultReceiptError",
@@ -112,6 +127,7 @@ __all__ = [
     "ScheduleSteps",
     "Sink",
     "SinkError",
+    "SqliteLedger",
     "UnauthorizedBranchError",
     "Unavailable",
     "decision_receipt",

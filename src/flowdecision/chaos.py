@@ -329,18 +329,19 @@ class JournalingLedger(Ledger):
         completed_at_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
         receipt: ResultReceipt | None = None,
-    ) -> None:
+    ) -> bool:
         t0 = _ms()
         self.journal.write(e="complete0", d=decision_id, t0=t0)
         try:
-            await self.inner.complete(
+            ours = await self.inner.complete(
                 decision_id, request_hash, owner_id, completed_at_ms=completed_at_ms,
                 identity=identity, receipt=receipt,
             )  # fmt: skip
         except LedgerError as error:
             self.journal.write(e="complete", d=decision_id, t0=t0, t1=_ms(), ok=False, m=str(error))
             raise
-        self.journal.write(e="complete", d=decision_id, t0=t0, t1=_ms(), ok=True)
+        self.journal.write(e="complete", d=decision_id, t0=t0, t1=_ms(), ok=True, ours=ours)
+        return ours
 
     async def release(
         self,

@@ -252,11 +252,15 @@ class Dispatcher:
         await self._submit(request, outcome.attempt, (decision_id, hash_, identity))
 
         try:
-            await ledger.complete(
+            ours = await ledger.complete(
                 decision_id, hash_, self.owner_id, identity=identity, receipt=receipt
             )
         except LedgerError as error:
             raise DispatchLedgerError(str(error)) from error
+        if not ours:
+            # Another owner took over and completed while this one was stalled (a
+            # pause longer than the lease): our delivery was a late duplicate.
+            raise LeaseLostError(decision_id)
         return True
 
     async def _submit(

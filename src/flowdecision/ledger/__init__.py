@@ -4,6 +4,8 @@ from .base import Ledger, LedgerEntry, wall_clock_ms
 from .jsonfile import JsonFileLedger
 from .machine import ClaimRecord, ClaimStatus
 from .memory import MemoryLedger
+from .postgres import PostgresLedger
+from .sqlite import SqliteLedger
 from .states import (
     AlreadyCompleted,
     Busy,
@@ -34,6 +36,8 @@ __all__ = [
     "MemoryLedger",
     "Missing",
     "Pending",
+    "PostgresLedger",
+    "SqliteLedger",
     "Unavailable",
     "open_ledger",
     "wall_clock_ms",

@@ -184,15 +184,19 @@ class Ledger(abc.ABC):
         completed_at_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
         receipt: ResultReceipt | None = None,
-    ) -> None:
+    ) -> bool:
         """Record completion; only the current owner with a live lease may complete.
 
-        A ``receipt`` needs an ``identity`` and must be bound to it.
+        A ``receipt`` needs an ``identity`` and must be bound to it. Completing
+        an already-completed record succeeds for any caller (as in the seed);
+        the result tells the two apart: True when the decision is completed by
+        ``owner_id`` (by this call or an earlier one), False when another owner
+        had already completed it.
         """
         fixed = None if completed_at_ms is None else check_u64("completed_at_ms", completed_at_ms)
         _check_identity(identity)
         _check_receipt(identity, receipt)
-        await self._apply(
+        return await self._apply(
             decision_id,
             lambda record, clock: machine.complete(
                 record,

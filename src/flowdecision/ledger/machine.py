@@ -295,12 +295,16 @@ def complete(
     owner_id: str,
     receipt: ResultReceipt | None,
     completed_at_ms: int,
-) -> Transition[None]:
+) -> Transition[bool]:
     """``complete_record``: finish a live claim held by ``owner_id``.
 
     Completing an already-completed record succeeds for any caller: it attaches
     the supplied identity or receipt if none is stored, and a different receipt
     conflicts. Raises :class:`LedgerError` with the seed's messages.
+
+    The result (an addition to the seed, which returns nothing) says whether
+    the record is completed *by this owner*: False means another owner
+    completed it first, so this caller's lease was lost along the way.
     """
     if record is None:
         raise LedgerError(f"decision claim `{decision_id}` does not exist")
@@ -320,7 +324,7 @@ def complete(
                 updated = replace(updated, result_receipt=receipt)
         if updated.execution_identity is None and identity is not None:
             updated = replace(updated, execution_identity=identity)
-        return Transition(updated, None, updated is not record)
+        return Transition(updated, record.owner_id == owner_id, updated is not record)
     if record.owner_id != owner_id:
         raise LedgerError(f"decision `{decision_id}` is owned by another dispatcher")
     if record.lease_expires_at_ms == 0 or record.lease_expires_at_ms <= completed_at_ms:
@@ -333,7 +337,7 @@ def complete(
         completed_at_ms=completed_at_ms,
         result_receipt=receipt,
     )
-    return Transition(done, None, True)
+    return Transition(done, True, True)
 
 
 def release(
