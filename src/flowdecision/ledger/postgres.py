@@ -47,6 +47,7 @@ from urllib.parse import parse_qs, urlsplit
 from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
 from ..jsonwire import encode_json_text
 from .base import Ledger, Operation, wall_clock_ms
+from .batching import copy_error, settle
 from .machine import ClaimRecord, ClaimStatus
 from .sqlite import load_migrations, split_statements
 
@@ -358,7 +359,7 @@ class PostgresLedger(Ledger):
                 if not batch:
                     break
                 await self._run_batch(batch)
-                _settle(batch)
+                settle(batch)
                 batch = []
         except BaseException as error:  # cancelled (loop closing): answer everyone left
             failure = LedgerUnavailableError(
@@ -366,8 +367,8 @@ class PostgresLedger(Ledger):
             )
             for item in batch:
                 if item.error is None and not item.done:
-                    item.error = _copy_error(failure)
-            _settle(batch)
+                    item.error = copy_error(failure)
+            settle(batch)
             raise
 
     async def _run_batch(self, items: list[_Item]) -> None:
@@ -389,7 +390,7 @@ class PostgresLedger(Ledger):
             if failure is not error:
                 failure.__cause__ = error
             for index, item in enumerate(todo):
-                item.error = failure if index == 0 else _copy_error(failure)
+                item.error = failure if index == 0 else copy_error(failure)
                 item.done = True
             return
         # Ids that kept losing the race: one locking transaction per operation.
@@ -425,7 +426,7 @@ class PostgresLedger(Ledger):
                 record = None if text is None else self._decode_cached(decision_id, text)
             except LedgerCorruptError as error:
                 for item in group:
-                    item.error = _copy_error(error)
+                    item.error = copy_error(error)
                     item.done = True
                 continue
             results: list[tuple[Any, BaseException | None]] = []
@@ -681,27 +682,6 @@ def _finish(group: list[_Item], results: list[tuple[Any, BaseException | None]])
         item.result = result
         item.error = error
         item.done = True
-
-
-def _settle(batch: list[_Item]) -> None:
-    for item in batch:
-        future = item.future
-        if future is None or future.done():
-            continue
-        if item.error is not None:
-            future.set_exception(item.error)
-        else:
-            future.set_result(item.result)
-
-
-def _copy_error(error: BaseException) -> BaseException:
-    """A fresh exception of the same type and message (one per failed caller)."""
-    try:
-        fresh = type(error)(*error.args)
-    except Exception:  # pragma: no cover - exotic constructor
-        return error
-    fresh.__cause__ = error.__cause__
-    return fresh
 
 
 def _retryable(error: BaseException) -> bool:

@@ -41,7 +41,9 @@ from typing import Any, Literal, TypeVar
 
 from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
 from ..jsonwire import encode_json_text
+from ..sqlite_wal import connect_wal
 from .base import Ledger, Operation
+from .batching import copy_error, settle
 from .machine import ClaimRecord, ClaimStatus, is_prunable
 
 __all__ = [
@@ -164,27 +166,6 @@ class _Slot:
 
 
 _STOP = object()
-
-
-def _settle(requests: list[_Request]) -> None:
-    for request in requests:
-        future = request.future
-        if future.done():  # the caller was cancelled; the work may still have committed
-            continue
-        if request.error is not None:
-            future.set_exception(request.error)
-        else:
-            future.set_result(request.result)
-
-
-def _copy_error(error: BaseException) -> BaseException:
-    """A fresh exception of the same type and message (one per failed caller)."""
-    try:
-        fresh = type(error)(*error.args)
-    except Exception:  # pragma: no cover - exotic constructor
-        return error
-    fresh.__cause__ = error.__cause__
-    return fresh
 
 
 class SqliteLedger(Ledger):
@@ -429,7 +410,7 @@ class SqliteLedger(Ledger):
             groups = list(by_loop.items())
         for target, group in groups:
             try:
-                target.call_soon_threadsafe(_settle, group)
+                target.call_soon_threadsafe(settle, group)
             except RuntimeError:  # the caller's loop is closed: nobody is waiting
                 pass
 
@@ -503,7 +484,7 @@ class SqliteLedger(Ledger):
                         slot.error = error
                 slots[decision_id] = slot
             if slot.error is not None:
-                request.error = _copy_error(slot.error)
+                request.error = copy_error(slot.error)
                 continue
             op = request.op
             assert op is not None
@@ -520,7 +501,7 @@ class SqliteLedger(Ledger):
 
     def _fail(self, batch: list[_Request], error: BaseException) -> None:
         for index, request in enumerate(batch):
-            request.error = error if index == 0 else _copy_error(error)
+            request.error = error if index == 0 else copy_error(error)
             request.result = None
 
     def _remember(self, decision_id: str, text: str, record: ClaimRecord) -> None:
@@ -576,32 +557,10 @@ class SqliteLedger(Ledger):
             raise LedgerUnavailableError(
                 f"create directory for sqlite ledger `{self.path}`: {error.strerror or error}"
             ) from error
-        conn = sqlite3.connect(
-            self.path,
-            timeout=self.busy_timeout_ms / 1000,
-            isolation_level=None,  # we issue BEGIN/COMMIT ourselves
-            check_same_thread=True,
+        conn = connect_wal(
+            self.path, busy_timeout_ms=self.busy_timeout_ms, synchronous=self.synchronous
         )
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-            # Switching to WAL (once per database; it persists) takes an exclusive
-            # lock and does not wait on the busy handler, so retry it ourselves.
-            deadline = time.monotonic() + self.busy_timeout_ms / 1000
-            while True:
-                try:
-                    mode = conn.execute("PRAGMA journal_mode").fetchone()
-                    if mode is None or str(mode[0]).lower() != "wal":
-                        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-                    break
-                except sqlite3.OperationalError as error:
-                    if "locked" not in str(error) or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.01)
-            if mode is None or str(mode[0]).lower() != "wal":
-                raise LedgerUnavailableError(
-                    f"sqlite ledger `{self.path}`: cannot enable WAL mode (got {mode!r})"
-                )
-            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute(f"PRAGMA cache_size = {-int(self.cache_kib)}")
             self._migrate(conn)
         except BaseException:

@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 from ..errors import FlowDecisionError, LedgerError
 from ..model import DecisionRequest
+from ..sqlite_wal import connect_wal
 
 __all__ = [
     "OUTBOX_SCHEMA_VERSION",
@@ -302,23 +303,8 @@ class _SqliteOutbox:
             raise OutboxError(
                 f"create directory for sqlite outbox `{self.path}`: {error.strerror or error}"
             ) from error
-        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None)
+        conn = connect_wal(self.path, busy_timeout_ms=self.busy_timeout_ms)
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-            deadline = time.monotonic() + self.busy_timeout_ms / 1000
-            while True:
-                try:
-                    mode = conn.execute("PRAGMA journal_mode").fetchone()
-                    if mode is None or str(mode[0]).lower() != "wal":
-                        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-                    break
-                except sqlite3.OperationalError as error:
-                    if "locked" not in str(error) or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.01)
-            if mode is None or str(mode[0]).lower() != "wal":
-                raise OutboxError(f"sqlite outbox `{self.path}`: cannot enable WAL (got {mode!r})")
-            conn.execute("PRAGMA synchronous = FULL")
             self._migrate(conn)
         except BaseException:
             conn.close()
