@@ -340,3 +340,31 @@ def test_decision_receipt_too_large() -> None:
     assert caught.value.size == RESULT_RECEIPT_MAX_BYTES + 1
     assert isinstance(caught.value, ValueError)
     assert pickle.loads(pickle.dumps(caught.value)).decision_id == "dec-1"
+
+
+def test_decision_receipt_is_a_valid_receipt_equal_to_the_checked_constructor() -> None:
+    from flowdecision.identity import (
+        EVIDENCE_DOMAIN,
+        RESULT_DOMAIN,
+        ResultOutcome,
+        ResultReceipt,
+        decision_receipt,
+        digest_bytes,
+    )
+    from flowdecision.model import DecisionRequest
+
+    req = DecisionRequest.parse(
+        b'{"decision_id":"d","run_id":"r","authority_branch_id":"production",'
+        b'"causation_event_id":"e","decision":{"type":"fail","error":"x"}}'
+    )
+    identity, receipt = decision_receipt(req)
+    identity.validate()
+    receipt.validate()
+    checked = ResultReceipt.new(
+        identity,
+        digest_bytes(EVIDENCE_DOMAIN, b"e"),
+        ResultOutcome.SUCCEEDED,
+        digest_bytes(RESULT_DOMAIN, req.decision_json()),
+        len(req.decision_json()),
+    )
+    assert receipt == checked and receipt.to_json() == checked.to_json()

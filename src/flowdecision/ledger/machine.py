@@ -329,11 +329,14 @@ def complete(
         raise LedgerError(f"decision `{decision_id}` is owned by another dispatcher")
     if record.lease_expires_at_ms == 0 or record.lease_expires_at_ms <= completed_at_ms:
         raise LedgerError(f"decision `{decision_id}` claim lease expired before completion")
-    done = replace(
-        record,
-        execution_identity=record.execution_identity or identity,
+    # The constructor, not dataclasses.replace: this is on every dispatch's path.
+    done = ClaimRecord(
+        request_hash=record.request_hash,
         status=ClaimStatus.COMPLETED,
+        owner_id=record.owner_id,
         lease_expires_at_ms=0,
+        attempts=record.attempts,
+        execution_identity=record.execution_identity or identity,
         completed_at_ms=completed_at_ms,
         result_receipt=receipt,
     )
