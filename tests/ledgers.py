@@ -36,7 +36,7 @@ class _ScriptedLedger(Ledger):
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         return None
 
-    async def _prune(self, before_ms: int) -> int:
+    async def _prune(self, before_ms: int, progress: object) -> int:
         return 0
 
 

@@ -79,6 +79,7 @@ def test_prune_older_than_uses_the_ledger_clock(tmp_path: Path) -> None:
     result = flowdecision("prune", "--ledger", str(tmp_path), "--older-than", "7d")
     assert result.returncode == 0, result.stderr
     assert "pruned 1" in result.stdout
+    assert "pruning... 1 removed" in result.stderr  # the live progress counter
 
 
 def test_usage_and_store_errors_have_distinct_exit_codes(tmp_path: Path) -> None:

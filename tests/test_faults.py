@@ -67,7 +67,7 @@ class FaultyLedger(Ledger):
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         return await self.inner._read(decision_id)
 
-    async def _prune(self, before_ms: int) -> int:  # pragma: no cover
+    async def _prune(self, before_ms: int, progress: object) -> int:  # pragma: no cover
         raise AssertionError("delegating ledger")
 
     async def _hook(self, op: str, phase: str) -> None:

@@ -7,6 +7,7 @@ cases and the exact error messages of the seed.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -217,3 +218,24 @@ async def test_prune_removes_only_completions_before_the_cutoff() -> None:
     assert await ledger.inspect("edge", "h") == Completed(200)
     assert await ledger.inspect("pending", "h") == Pending(2, 1)
     assert await ledger.claim("old", "h", "o", lease_ms=5, now_ms=400) == Claimed(1)
+
+
+async def test_prune_reports_progress_after_each_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flowdecision.ledger import sqlite as sqlite_module
+
+    monkeypatch.setattr(sqlite_module, "_PRUNE_BATCH", 2)
+    ledger = await sqlite_module.SqliteLedger.open(tmp_path / "p.db")
+    try:
+        for n in range(5):
+            await ledger.claim(f"d{n}", "h", "o", lease_ms=1000, now_ms=10)
+            await ledger.complete(f"d{n}", "h", "o", completed_at_ms=20)
+        seen: list[int] = []
+        assert await ledger.prune_completed(21, progress=seen.append) == 5
+        assert seen == [2, 4, 5]
+    finally:
+        await ledger.close()
+    memory_seen: list[int] = []
+    assert await MemoryLedger().prune_completed(5, progress=memory_seen.append) == 0
+    assert memory_seen == [0]

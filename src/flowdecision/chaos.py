@@ -253,7 +253,7 @@ class JournalingLedger(Ledger):
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         return await self.inner._read(decision_id)
 
-    async def _prune(self, before_ms: int) -> int:  # pragma: no cover
+    async def _prune(self, before_ms: int, progress: object) -> int:  # pragma: no cover
         raise AssertionError("JournalingLedger delegates every public call")
 
     def now_ms(self) -> int:

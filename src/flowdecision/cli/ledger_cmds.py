@@ -97,6 +97,11 @@ def prune_cmd(
         click.echo("error: give exactly one of --before MS or --older-than AGE", err=True)
         sys.exit(EXIT_USAGE)
 
+    def show(total: int) -> None:
+        # A live counter on stderr, one update per committed batch (scripts read stdout).
+        if not as_json:
+            click.echo(f"\rpruning... {total} removed", nl=False, err=True)
+
     async def go() -> tuple[int, int]:
         ledger: Ledger = await open_ledger(ledger_url)
         try:
@@ -104,13 +109,15 @@ def prune_cmd(
             if cutoff is None:
                 assert older_than is not None
                 cutoff = max(ledger.now_ms() - parse_duration_ms(older_than), 0)
-            return cutoff, await ledger.prune_completed(cutoff)
+            return cutoff, await ledger.prune_completed(cutoff, progress=show)
         finally:
             await ledger.close()
 
     if older_than is not None:
         parse_duration_ms(older_than)  # usage errors before touching the store
     cutoff, removed = run(go)
+    if not as_json:
+        click.echo("", err=True)
     if as_json:
         emit_json({"before_ms": cutoff, "pruned": removed})
     else:

@@ -6,7 +6,8 @@ A backend subclasses :class:`Ledger` and supplies only:
   and, if the transition changed it, store the new record -- all atomically
   with respect to every other writer of the same store;
 * ``_read(decision_id)``: load one record (a consistent snapshot);
-* ``_prune(before_ms)``: delete the records :func:`machine.is_prunable` selects;
+* ``_prune(before_ms, progress)``: delete the records :func:`machine.is_prunable`
+  selects (in batches where the store is large), reporting progress;
 * ``now_ms()``: the backend's clock (the database clock for PostgreSQL).
 
 Argument validation, identity fencing and receipt binding live here, so every
@@ -28,12 +29,15 @@ from . import machine
 from .machine import ClaimRecord, Transition, check_u64
 from .states import ClaimOutcome, ClaimState
 
-__all__ = ["Ledger", "LedgerEntry", "Operation", "wall_clock_ms"]
+__all__ = ["Ledger", "LedgerEntry", "Operation", "PruneProgress", "wall_clock_ms"]
 
 T = TypeVar("T")
 
 #: A transition bound to its arguments: ``op(record, clock_ms) -> Transition``.
 Operation = Callable[[ClaimRecord | None, int], Transition[T]]
+
+#: Called with the number of records pruned so far, after each batch.
+PruneProgress = Callable[[int], None]
 
 
 def wall_clock_ms() -> int:
@@ -91,8 +95,11 @@ class Ledger(abc.ABC):
         """Load one record, or None."""
 
     @abc.abstractmethod
-    async def _prune(self, before_ms: int) -> int:
-        """Delete every record :func:`machine.is_prunable` selects; return the count."""
+    async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
+        """Delete every record :func:`machine.is_prunable` selects; return the count.
+
+        Call ``progress(total_so_far)`` after each committed batch.
+        """
 
     def now_ms(self) -> int:
         """The ledger's clock, in Unix-epoch milliseconds."""
@@ -255,6 +262,12 @@ class Ledger(abc.ABC):
         record = await self._read(decision_id)
         return None if record is None else record.result_receipt
 
-    async def prune_completed(self, before_ms: int) -> int:
-        """Remove completed records whose completion time is before ``before_ms``."""
-        return await self._prune(check_u64("before_ms", before_ms))
+    async def prune_completed(
+        self, before_ms: int, *, progress: PruneProgress | None = None
+    ) -> int:
+        """Remove completed records whose completion time is before ``before_ms``.
+
+        Large stores prune in batches (short transactions); ``progress``, if
+        given, is called with the running total after each batch.
+        """
+        return await self._prune(check_u64("before_ms", before_ms), progress)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
 from ..jsonwire import encode_json
-from .base import Ledger, Operation
+from .base import Ledger, Operation, PruneProgress
 from .machine import ClaimRecord, is_prunable
 
 __all__ = [
@@ -119,7 +119,7 @@ class JsonFileLedger(Ledger):
         records = await asyncio.to_thread(self._read_records)
         return records.get(decision_id)
 
-    async def _prune(self, before_ms: int) -> int:
+    async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
         def mutate(records: dict[str, ClaimRecord]) -> tuple[bool, int]:
             doomed = [key for key, rec in records.items() if is_prunable(rec, before_ms)]
             for key in doomed:
@@ -127,7 +127,10 @@ class JsonFileLedger(Ledger):
             return bool(doomed), len(doomed)
 
         async with self._process_lock:
-            return await asyncio.to_thread(self._locked_mutation, mutate)
+            pruned: int = await asyncio.to_thread(self._locked_mutation, mutate)
+        if progress is not None:
+            progress(pruned)  # one rewrite of the whole file: one "batch"
+        return pruned
 
     async def records(self) -> dict[str, ClaimRecord]:
         """Every record in the file (for operators and tests)."""

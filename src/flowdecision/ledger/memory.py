@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import TypeVar
 
-from .base import Ledger, Operation
+from .base import Ledger, Operation, PruneProgress
 from .machine import ClaimRecord, is_prunable
 
 __all__ = ["MemoryLedger"]
@@ -34,12 +34,14 @@ class MemoryLedger(Ledger):
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         return self._records.get(decision_id)
 
-    async def _prune(self, before_ms: int) -> int:
+    async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
         with self._lock:
             doomed = [key for key, rec in self._records.items() if is_prunable(rec, before_ms)]
             for key in doomed:
                 del self._records[key]
-            return len(doomed)
+        if progress is not None:
+            progress(len(doomed))
+        return len(doomed)
 
     def __len__(self) -> int:
         return len(self._records)

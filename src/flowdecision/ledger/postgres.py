@@ -46,7 +46,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
 from ..jsonwire import encode_json_text
-from .base import Ledger, Operation, wall_clock_ms
+from .base import Ledger, Operation, PruneProgress, wall_clock_ms
 from .batching import copy_error, settle
 from .machine import ClaimRecord, ClaimStatus
 from .sqlite import load_migrations, split_statements
@@ -521,7 +521,7 @@ class PostgresLedger(Ledger):
             raise self._translate(error) from error
         return None if text is None else self._decode_cached(decision_id, text)
 
-    async def _prune(self, before_ms: int) -> int:
+    async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
         pool = await self._ready()
         total = 0
         try:
@@ -529,6 +529,8 @@ class PostgresLedger(Ledger):
                 status = await pool.execute(_PRUNE_SQL, before_ms, _PRUNE_BATCH)
                 deleted = int(status.rsplit(" ", 1)[-1])
                 total += deleted
+                if progress is not None:
+                    progress(total)
                 if deleted < _PRUNE_BATCH:
                     return total
         except Exception as error:

@@ -42,7 +42,7 @@ from typing import Any, Literal, TypeVar
 from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
 from ..jsonwire import encode_json_text
 from ..sqlite_wal import connect_wal
-from .base import Ledger, Operation
+from .base import Ledger, Operation, PruneProgress
 from .batching import copy_error, settle
 from .machine import ClaimRecord, ClaimStatus, is_prunable
 
@@ -268,7 +268,7 @@ class SqliteLedger(Ledger):
 
         return await self._run(work)
 
-    async def _prune(self, before_ms: int) -> int:
+    async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
         def batch(conn: sqlite3.Connection) -> int:
             # Exact for every row below the clamp; rows at the clamp are re-checked.
             conn.execute("BEGIN IMMEDIATE")
@@ -307,10 +307,14 @@ class SqliteLedger(Ledger):
         while True:
             deleted = await self._run(batch)
             total += deleted
+            if progress is not None:
+                progress(total)
             if deleted < _PRUNE_BATCH:
                 break
         if before_ms > _I64_MAX:
             total += await self._run(clamped)
+            if progress is not None:
+                progress(total)
         return total
 
     async def close(self) -> None:
