@@ -241,3 +241,23 @@ async def test_acknowledged_operations_survive_kill_9(
         assert not missing, f"{len(missing)} acknowledged claims lost: {missing[:5]}"
     finally:
         await reopened.close()
+
+
+async def test_postgres_follow_up_operation_is_not_stranded_by_a_finishing_flusher(
+    pg_url: str,
+) -> None:
+    # Regression: a flusher that had just answered its callers still counted as live
+    # until its done-callback ran, so a caller's immediate next operation was queued
+    # with nobody left to drain it.
+    from flowdecision.ledger.postgres import PostgresLedger
+
+    ledger = await PostgresLedger.connect(pg_url, batch_concurrency=1)
+    try:
+        for n in range(20):
+            decision_id = f"follow-up-{n}"
+            assert await ledger.claim(decision_id, "h", "o", lease_ms=60_000) == Claimed(1)
+            async with asyncio.timeout(10):
+                assert await ledger.renew(decision_id, "h", "o", lease_ms=60_000)
+                assert await ledger.complete(decision_id, "h", "o") is True
+    finally:
+        await ledger.close()

@@ -343,7 +343,6 @@ class PostgresLedger(Ledger):
         if len(self._flushers) < self.batch_concurrency:
             task = loop.create_task(self._flush())
             self._flushers.add(task)
-            task.add_done_callback(self._flushers.discard)
         return await future
 
     async def _flush(self) -> None:
@@ -351,13 +350,19 @@ class PostgresLedger(Ledger):
         pending = self._pending
         batch: list[_Item] = []
         try:
-            while pending:
+            while True:
+                if not pending:
+                    # Leave the flusher set in the same step that sees the queue empty: a
+                    # done-callback would run later, after the callers settle() just woke,
+                    # and a caller enqueuing in between would find no live flusher.
+                    self._flushers.discard(asyncio.current_task())  # type: ignore[arg-type, unused-ignore]
+                    return
                 if self.max_wait_ms > 0 and len(pending) < self.max_batch:
                     await asyncio.sleep(self.max_wait_ms / 1000)
                 size = min(self.max_batch, len(pending))
                 batch = [pending.popleft() for _ in range(size)]
                 if not batch:
-                    break
+                    continue  # another flusher drained the queue while we waited
                 await self._run_batch(batch)
                 settle(batch)
                 batch = []
@@ -365,10 +370,14 @@ class PostgresLedger(Ledger):
             failure = LedgerUnavailableError(
                 f"PostgreSQL ledger {self.where}: operation abandoned ({type(error).__name__})"
             )
-            for item in batch:
+            self._flushers.discard(asyncio.current_task())  # type: ignore[arg-type, unused-ignore]
+            abandoned = list(batch)
+            if not self._flushers:  # nobody else will drain the queue
+                abandoned += [pending.popleft() for _ in range(len(pending))]
+            for item in abandoned:
                 if item.error is None and not item.done:
                     item.error = copy_error(failure)
-            settle(batch)
+            settle(abandoned)
             raise
 
     async def _run_batch(self, items: list[_Item]) -> None:
