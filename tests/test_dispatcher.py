@@ -227,3 +227,20 @@ async def test_complete_tells_own_completion_from_another_owners() -> None:
     assert await ledger.complete("a", "h", "o", completed_at_ms=110) is True
     assert await ledger.complete("a", "h", "o") is True  # idempotent retry by the owner
     assert await ledger.complete("a", "h", "late") is False  # someone else finished it
+
+
+async def test_any_renewal_exception_stops_the_sink_and_is_reported() -> None:
+    # A renewal failing with something other than LedgerError (a custom ledger, an
+    # OSError that escaped) must still end the sink: it no longer holds a lease.
+    class OddLedger(MemoryLedger):
+        async def renew(self, *args: object, **kwargs: object) -> bool:
+            raise RuntimeError("socket closed")
+
+    sink = ControlledSink()
+    dispatcher = Dispatcher("production", sink, OddLedger(), lease_ms=9)
+    with pytest.raises(DispatchLedgerError, match="socket closed") as failure:
+        await asyncio.wait_for(dispatcher.dispatch(request()), timeout=5)
+    assert isinstance(failure.value.__cause__, RuntimeError)
+    assert not sink.finish.is_set()  # the sink was stopped, never finished
+    health = dispatcher.health()
+    assert (health.ledger_failures, health.in_flight, health.completed) == (1, 0, 0)

@@ -89,6 +89,14 @@ def test_redact_url_hides_passwords() -> None:
         redact_url("postgresql://app:hunter2@db:5432/flow") == "postgresql://app:***@db:5432/flow"
     )
     assert redact_url("sqlite:///x.db") == "sqlite:///x.db"
+    assert (
+        redact_url("postgresql://app@db/ledger?password=s3cret&sslmode=require")
+        == "postgresql://app@db/ledger?password=***&sslmode=require"
+    )
+    assert redact_url("https://hooks.example/x?api_key=abc&x=1") == (
+        "https://hooks.example/x?api_key=***&x=1"
+    )
+    assert redact_url("https://u:p@[::1]:8443/x") == "https://u:***@[::1]:8443/x"
 
 
 def test_settings_are_frozen() -> None:

@@ -90,8 +90,10 @@ class _Heartbeat:
                 lease_ms=dispatcher.lease_ms,
                 identity=identity,
             )
-        except LedgerError as error:
-            failure = DispatchLedgerError(str(error))
+        except Exception as error:
+            # Not only LedgerError: a custom ledger or an OS error that escaped must
+            # still stop the sink, or it would run on without a lease.
+            failure = DispatchLedgerError(str(error) or type(error).__name__)
             failure.__cause__ = error
             self._fail(failure)
             return
@@ -279,7 +281,10 @@ class Dispatcher:
             raise heartbeat.error from heartbeat.error.__cause__
         except Exception as error:
             await heartbeat.stop()
-            if heartbeat.error is not None and task.uncancel() == 0:
+            if heartbeat.error is not None:
+                # The sink turned our cancellation into an ordinary exception.
+                if task.uncancel() > 0:
+                    raise asyncio.CancelledError from error  # also cancelled from outside
                 raise heartbeat.error from heartbeat.error.__cause__
             await self._release_after_failure(args)
             raise SinkError(str(error) or type(error).__name__) from error

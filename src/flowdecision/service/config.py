@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..dispatcher import DEFAULT_LEASE_MS
 from ..errors import FlowDecisionError
@@ -115,19 +115,37 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+_SECRET_PARAMS = ("password", "pass", "pwd", "token", "secret", "key", "sig", "signature", "auth")
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for logs and the status page)."""
+    """``url`` with secrets replaced by ``***`` (for logs and the status page).
+
+    Masks the userinfo password and the value of any query parameter whose name
+    looks secret (``password``, ``token``, ``api_key``, ``sig`` ...).
+    """
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable URL>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    changed = False
+    if parts.password is not None:
+        # Keep the netloc as written (IPv6 brackets included), minus the password.
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+        changed = True
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        masked = [
+            (name, "***" if any(word in name.lower() for word in _SECRET_PARAMS) else value)
+            for name, value in pairs
+        ]
+        if masked != pairs:
+            parts = parts._replace(query=urlencode(masked, safe="*/"))
+            changed = True
+    # Rebuild only when something was masked: urlunsplit would drop the empty
+    # authority of sqlite:///relative URLs.
+    return urlunsplit(parts) if changed else url
 
 
 # -- loading ------------------------------------------------------------------------
