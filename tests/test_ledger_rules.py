@@ -239,3 +239,13 @@ async def test_prune_reports_progress_after_each_batch(
     memory_seen: list[int] = []
     assert await MemoryLedger().prune_completed(5, progress=memory_seen.append) == 0
     assert memory_seen == [0]
+
+
+@pytest.mark.parametrize("field", ["decision_id", "request_hash", "owner_id"])
+async def test_text_that_no_store_can_hold_is_rejected_up_front(field: str) -> None:
+    args = {"decision_id": "d", "request_hash": "h", "owner_id": "o"}
+    args[field] = "bad\ud800"
+    with pytest.raises(LedgerError, match=f"`{field}` is not valid Unicode text"):
+        await MemoryLedger().claim(
+            args["decision_id"], args["request_hash"], args["owner_id"], lease_ms=5
+        )

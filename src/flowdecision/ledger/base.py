@@ -57,6 +57,18 @@ class LedgerEntry:
     result_receipt: ResultReceipt | None
 
 
+def _check_texts(**values: object) -> None:
+    # Every store keeps these as UTF-8; a lone surrogate would fail deep inside a
+    # backend (and, with group commit, take its batch neighbours down with it).
+    for name, value in values.items():
+        if not isinstance(value, str):
+            raise LedgerError(f"`{name}` must be a string, got {type(value).__name__}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise LedgerError(f"`{name}` is not valid Unicode text (lone surrogate)") from None
+
+
 def _check_identity(identity: ExecutionIdentity | None) -> None:
     if identity is None:
         return
@@ -138,6 +150,7 @@ class Ledger(abc.ABC):
         ``Busy(lease_expires_at_ms)`` or ``Conflict()`` (different request hash
         or identity). A legacy record without identity takes ``identity``.
         """
+        _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
         check_u64("lease_ms", lease_ms)
         fixed = None if now_ms is None else check_u64("now_ms", now_ms)
         _check_identity(identity)
@@ -167,6 +180,7 @@ class Ledger(abc.ABC):
 
         False after completion, takeover, release, expiry or identity conflict.
         """
+        _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
         check_u64("lease_ms", lease_ms)
         fixed = None if now_ms is None else check_u64("now_ms", now_ms)
         _check_identity(identity)
@@ -200,6 +214,7 @@ class Ledger(abc.ABC):
         ``owner_id`` (by this call or an earlier one), False when another owner
         had already completed it.
         """
+        _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
         fixed = None if completed_at_ms is None else check_u64("completed_at_ms", completed_at_ms)
         _check_identity(identity)
         _check_receipt(identity, receipt)
@@ -225,6 +240,7 @@ class Ledger(abc.ABC):
         identity: ExecutionIdentity | None = None,
     ) -> None:
         """Give up ``owner_id``'s lease so the next claim can proceed (a new attempt)."""
+        _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
         _check_identity(identity)
         await self._apply(
             decision_id,
@@ -239,12 +255,14 @@ class Ledger(abc.ABC):
         identity: ExecutionIdentity | None = None,
     ) -> ClaimState:
         """The claim's redacted state; a hash or identity mismatch raises."""
+        _check_texts(decision_id=decision_id, request_hash=request_hash)
         _check_identity(identity)
         record = await self._read(decision_id)
         return machine.inspect(record, decision_id, request_hash, identity)
 
     async def lookup(self, decision_id: str) -> LedgerEntry | None:
         """Read a record by decision id alone (for operators and the service)."""
+        _check_texts(decision_id=decision_id)
         record = await self._read(decision_id)
         if record is None:
             return None
@@ -259,6 +277,7 @@ class Ledger(abc.ABC):
 
     async def completed_receipt(self, decision_id: str) -> ResultReceipt | None:
         """The result receipt stored with a completed decision, if any."""
+        _check_texts(decision_id=decision_id)
         record = await self._read(decision_id)
         return None if record is None else record.result_receipt
 
