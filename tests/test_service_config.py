@@ -162,3 +162,30 @@ def test_serve_exits_2_on_a_bad_setting(monkeypatch: pytest.MonkeyPatch) -> None
     result = CliRunner().invoke(cli, ["serve"])
     assert result.exit_code == 2
     assert "FLOWDECISION_LEASE_MS" in result.output
+
+
+async def test_a_decision_arriving_during_shutdown_gets_503_not_a_closed_ledger() -> None:
+    # In-process ASGI call (the HTTP paths are covered over real sockets in
+    # test_service.py): the moment between "stop accepting" and the socket closing.
+    import httpx
+
+    from flowdecision.ledger import MemoryLedger
+    from flowdecision.service.app import Service, create_app
+    from tests.helpers import RecordingSink
+
+    settings = Settings(ledger="memory:", sink="python:tests.helpers:RecordingSink")
+    service = Service(settings, MemoryLedger(), RecordingSink())
+    app = create_app(settings, service=service)
+    app.state.service = service
+    service.closed = True
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        response = await client.post(
+            "/v1/decisions",
+            content=b'{"decision_id":"d","run_id":"r","authority_branch_id":"production",'
+            b'"causation_event_id":"e","decision":{"type":"fail","error":"x"}}',
+        )
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "shutting_down"
+    assert response.headers["Retry-After"] == "1"
+    assert service.dispatcher.health().attempted == 0

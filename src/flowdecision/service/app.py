@@ -350,6 +350,13 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
     async def _dispatch(
         service: Service, decision: DecisionRequest
     ) -> tuple[Response, str, int | None]:
+        if service.closed:
+            # Shutting down: the ledger and sink are about to close under us.
+            response = error_response(
+                503, "shutting_down", "the service is shutting down; retry on another replica"
+            )
+            response.headers["Retry-After"] = "1"
+            return response, "shutting_down", None
         slot: list[int] = []
         reset = _attempt_slot.set(slot)
         try:
