@@ -39,17 +39,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import os
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
-from ..jsonwire import encode_json_text
+from ..migrations import load_migrations, split_statements
 from .base import Ledger, Operation, PruneProgress, wall_clock_ms
 from .batching import copy_error, settle
-from .machine import ClaimRecord, ClaimStatus
-from .sqlite import load_migrations, split_statements
+from .machine import ClaimRecord
+from .rows import DecodedRecords, encode_row
 
 try:  # asyncpg is the optional `postgres` extra
     import asyncpg
@@ -75,7 +74,7 @@ if asyncpg is not None:
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = len(load_migrations("postgres"))
+SCHEMA_VERSION = len(load_migrations("flowdecision.ledger", "postgres"))
 
 _TABLE = "flowdecision_claims"
 _VERSION_TABLE = "flowdecision_schema_version"
@@ -85,8 +84,6 @@ _PRUNE_BATCH = 1000
 _MAX_RETRIES = 20
 #: Optimistic attempts per operation before it falls back to a locking transaction.
 _CAS_ATTEMPTS = 4
-#: Decoded records remembered per ledger (id -> stored text and record).
-_DECODED_CACHE = 4096
 
 _CLOCK = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
@@ -168,14 +165,6 @@ def describe_dsn(dsn: str) -> str:
         return "<unparseable PostgreSQL URL>"
 
 
-def encode_row(decision_id: str, record: ClaimRecord) -> tuple[str, str, int | None, str]:
-    """``(decision_id, status, completed_at_ms, record)`` for one claim record."""
-    completed_at: int | None = None
-    if record.status is ClaimStatus.COMPLETED and record.completed_at_ms is not None:
-        completed_at = record.completed_at_ms
-    return decision_id, record.status.value, completed_at, encode_json_text(record.to_dict())
-
-
 class PostgresLedger(Ledger):
     """Claim ledger in PostgreSQL, shared by any number of hosts.
 
@@ -227,7 +216,7 @@ class PostgresLedger(Ledger):
         self.batch_concurrency = batch_concurrency
         self._pending: collections.deque[_Item] = collections.deque()
         self._flushers: set[asyncio.Task[None]] = set()
-        self._decoded: dict[str, tuple[str, ClaimRecord]] = {}
+        self._decoded = DecodedRecords(f"PostgreSQL ledger {self.where}")
         #: Write statements committed by this ledger's mutations and the operations in them.
         self.commits = 0
         self.committed_ops = 0
@@ -282,7 +271,7 @@ class PostgresLedger(Ledger):
         Safe to run from several hosts at once (an advisory lock serializes
         them). Refuses a database whose schema is newer than this code.
         """
-        migrations = load_migrations("postgres")
+        migrations = load_migrations("flowdecision.ledger", "postgres")
         newest = len(migrations)
         pool = await self._pool_only()
         try:
@@ -432,7 +421,7 @@ class PostgresLedger(Ledger):
             clock = int(clock_value)
             self._clock_offset_ms = clock - wall_clock_ms()
             try:
-                record = None if text is None else self._decode_cached(decision_id, text)
+                record = None if text is None else self._decoded.decode(decision_id, text)
             except LedgerCorruptError as error:
                 for item in group:
                     item.error = copy_error(error)
@@ -451,7 +440,7 @@ class PostgresLedger(Ledger):
                     changed = True
                 results.append((transition.result, None))
             if changed and record is not None:
-                writes.append((encode_row(decision_id, record), text, record))
+                writes.append((encode_row(decision_id, record, index_max=None), text, record))
                 outcomes[decision_id] = results
             else:
                 _finish(group, results)
@@ -477,7 +466,7 @@ class PostgresLedger(Ledger):
             decision_id = values[0]
             if decision_id in written:
                 self.committed_ops += len(groups[decision_id])
-                self._remember(decision_id, values[3], record)
+                self._decoded.remember(decision_id, values[3], record)
                 _finish(groups[decision_id], outcomes[decision_id])
             else:
                 losers.extend(groups[decision_id])
@@ -493,18 +482,18 @@ class PostgresLedger(Ledger):
                         row = await conn.fetchrow(_LOAD_SQL, decision_id)
                         text, clock = row["record"], int(row["now_ms"])
                         self._clock_offset_ms = clock - wall_clock_ms()
-                        record = None if text is None else self._decode_cached(decision_id, text)
+                        record = None if text is None else self._decoded.decode(decision_id, text)
                         transition = op(record, clock)
                         if not transition.changed or transition.record is None:
                             return transition.result
-                        values = encode_row(decision_id, transition.record)
+                        values = encode_row(decision_id, transition.record, index_max=None)
                         if record is not None:
                             await conn.execute(_UPDATE_SQL, *values)
-                            self._remember(decision_id, values[3], transition.record)
+                            self._decoded.remember(decision_id, values[3], transition.record)
                             return transition.result
                         status = await conn.execute(_INSERT_SQL, *values)
                         if status.endswith(" 1"):
-                            self._remember(decision_id, values[3], transition.record)
+                            self._decoded.remember(decision_id, values[3], transition.record)
                             return transition.result
                         # Another host inserted this id after our read and has
                         # committed (ON CONFLICT waited for it): re-read under
@@ -528,7 +517,7 @@ class PostgresLedger(Ledger):
             )
         except Exception as error:
             raise self._translate(error) from error
-        return None if text is None else self._decode_cached(decision_id, text)
+        return None if text is None else self._decoded.decode(decision_id, text)
 
     async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
         pool = await self._ready()
@@ -609,33 +598,6 @@ class PostgresLedger(Ledger):
             f"PostgreSQL ledger {self.where} has schema version {found}, newer than version "
             f"{newest} that this flowdecision supports; upgrade flowdecision to use it"
         )
-
-    def _remember(self, decision_id: str, text: str, record: ClaimRecord) -> None:
-        decoded = self._decoded
-        if decision_id not in decoded and len(decoded) >= _DECODED_CACHE:
-            del decoded[next(iter(decoded))]
-        decoded[decision_id] = (text, record)
-
-    def _decode_cached(self, decision_id: str, text: Any) -> ClaimRecord:
-        known = self._decoded.get(decision_id)
-        if known is not None and known[0] == text:
-            return known[1]
-        record = self._decode(decision_id, text)
-        if isinstance(text, str):
-            self._remember(decision_id, text, record)
-        return record
-
-    def _decode(self, decision_id: str, text: Any) -> ClaimRecord:
-        try:
-            obj = json.loads(text)
-        except (TypeError, ValueError) as error:
-            raise LedgerCorruptError(
-                f"decode decision `{decision_id}` in PostgreSQL ledger {self.where}: {error}"
-            ) from error
-        try:
-            return ClaimRecord.from_dict(decision_id, obj)
-        except LedgerCorruptError as error:
-            raise LedgerCorruptError(f"{error} (PostgreSQL ledger {self.where})") from error
 
     def _translate(self, error: BaseException, *, connecting: bool = False) -> LedgerError:
         if isinstance(error, LedgerError):

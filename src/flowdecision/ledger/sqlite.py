@@ -28,31 +28,28 @@ Design:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
-from ..jsonwire import encode_json_text
+from ..migrations import load_migrations, split_statements
 from ..sqlite_wal import connect_wal
 from .base import Ledger, Operation, PruneProgress
 from .batching import copy_error, settle
-from .machine import ClaimRecord, ClaimStatus, is_prunable
+from .machine import ClaimRecord, is_prunable
+from .rows import I64_MAX, DecodedRecords, encode_row
 
 __all__ = [
     "DEFAULT_SQLITE_PATH",
     "SCHEMA_VERSION",
     "SqliteLedger",
     "Synchronous",
-    "encode_row",
-    "load_migrations",
 ]
 
 T = TypeVar("T")
@@ -63,11 +60,8 @@ DEFAULT_SQLITE_PATH = Path(".flowdecision") / "ledger.db"
 #: ``synchronous`` settings accepted; FULL makes every commit durable on power loss.
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 
-_I64_MAX = (1 << 63) - 1
 _PRUNE_BATCH = 1000
 _TABLE = "flowdecision_claims"
-#: Decoded records remembered per ledger (id -> stored text and record).
-_DECODED_CACHE = 4096
 
 _SELECT_SQL = f"SELECT record FROM {_TABLE} WHERE decision_id = ?"
 _INSERT_SQL = (
@@ -78,56 +72,7 @@ _UPDATE_SQL = (
 )
 
 
-def load_migrations(dialect: str) -> list[tuple[int, str, str]]:
-    """The ``(version, name, sql)`` migrations shipped for ``dialect``, in order."""
-    folder = resources.files("flowdecision.ledger").joinpath("sql", dialect)
-    found: list[tuple[int, str, str]] = []
-    for entry in folder.iterdir():
-        name = entry.name
-        if not name.endswith(".sql"):
-            continue
-        prefix = name.split("_", 1)[0]
-        if not prefix.isdigit():
-            continue
-        found.append((int(prefix), name, entry.read_text(encoding="utf-8")))
-    found.sort()
-    versions = [version for version, _, _ in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise LedgerSchemaError(f"{dialect} migrations are not numbered 1..n: {versions}")
-    return found
-
-
-SCHEMA_VERSION = len(load_migrations("sqlite"))
-
-
-def split_statements(script: str) -> list[str]:
-    """Split a migration script into complete SQL statements."""
-    statements: list[str] = []
-    pending = ""
-    for line in script.splitlines(keepends=True):
-        pending += line
-        if sqlite3.complete_statement(pending):
-            if pending.strip():
-                statements.append(pending.strip())
-            pending = ""
-    if pending.strip() and not all(
-        not part.strip() or part.strip().startswith("--") for part in pending.splitlines()
-    ):
-        raise LedgerSchemaError(f"incomplete SQL statement in migration: {pending.strip()!r}")
-    return statements
-
-
-def encode_row(decision_id: str, record: ClaimRecord) -> tuple[str, str, int | None, str]:
-    """``(decision_id, status, completed_at_ms, record)`` for one claim record."""
-    completed_at: int | None = None
-    if record.status is ClaimStatus.COMPLETED and record.completed_at_ms is not None:
-        completed_at = min(record.completed_at_ms, _I64_MAX)
-    return (
-        decision_id,
-        record.status.value,
-        completed_at,
-        encode_json_text(record.to_dict()),
-    )
+SCHEMA_VERSION = len(load_migrations("flowdecision.ledger", "sqlite"))
 
 
 class _Request:
@@ -221,7 +166,7 @@ class SqliteLedger(Ledger):
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
-        self._decoded: dict[str, tuple[str, ClaimRecord]] = {}
+        self._decoded = DecodedRecords(f"sqlite ledger `{self.path}`")
         #: Transactions committed by this ledger's mutations and the operations in them.
         self.commits = 0
         self.committed_ops = 0
@@ -264,7 +209,7 @@ class SqliteLedger(Ledger):
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         def work(conn: sqlite3.Connection) -> ClaimRecord | None:
             row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
-            return None if row is None else self._decode_cached(decision_id, row[0])
+            return None if row is None else self._decoded.decode(decision_id, row[0])
 
         return await self._run(work)
 
@@ -276,7 +221,7 @@ class SqliteLedger(Ledger):
                 cursor = conn.execute(
                     f"DELETE FROM {_TABLE} WHERE rowid IN ("
                     f"SELECT rowid FROM {_TABLE} WHERE completed_at_ms < ? LIMIT ?)",
-                    (min(before_ms, _I64_MAX), _PRUNE_BATCH),
+                    (min(before_ms, I64_MAX), _PRUNE_BATCH),
                 )
                 conn.execute("COMMIT")
             except BaseException:
@@ -290,10 +235,12 @@ class SqliteLedger(Ledger):
             try:
                 rows = conn.execute(
                     f"SELECT decision_id, record FROM {_TABLE} WHERE completed_at_ms = ?",
-                    (_I64_MAX,),
+                    (I64_MAX,),
                 ).fetchall()
                 doomed = [
-                    (key,) for key, text in rows if is_prunable(self._decode(key, text), before_ms)
+                    (key,)
+                    for key, text in rows
+                    if is_prunable(self._decoded.decode(key, text), before_ms)
                 ]
                 conn.executemany(f"DELETE FROM {_TABLE} WHERE decision_id = ?", doomed)
                 conn.execute("COMMIT")
@@ -311,7 +258,7 @@ class SqliteLedger(Ledger):
                 progress(total)
             if deleted < _PRUNE_BATCH:
                 break
-        if before_ms > _I64_MAX:
+        if before_ms > I64_MAX:
             total += await self._run(clamped)
             if progress is not None:
                 progress(total)
@@ -469,7 +416,7 @@ class SqliteLedger(Ledger):
             self.committed_ops += len(batch)
             for decision_id, slot in slots.items():
                 if slot.dirty and slot.record is not None:
-                    self._remember(decision_id, slot.text, slot.record)
+                    self._decoded.remember(decision_id, slot.text, slot.record)
 
     def _transform(self, conn: sqlite3.Connection, batch: list[_Request]) -> dict[str, _Slot]:
         slots: dict[str, _Slot] = {}
@@ -483,7 +430,7 @@ class SqliteLedger(Ledger):
                 else:
                     slot = _Slot(True, None)
                     try:
-                        slot.record = self._decode_cached(decision_id, row[0])
+                        slot.record = self._decoded.decode(decision_id, row[0])
                     except LedgerCorruptError as error:
                         slot.error = error
                 slots[decision_id] = slot
@@ -508,21 +455,6 @@ class SqliteLedger(Ledger):
             request.error = error if index == 0 else copy_error(error)
             request.result = None
 
-    def _remember(self, decision_id: str, text: str, record: ClaimRecord) -> None:
-        decoded = self._decoded
-        if decision_id not in decoded and len(decoded) >= _DECODED_CACHE:
-            del decoded[next(iter(decoded))]
-        decoded[decision_id] = (text, record)
-
-    def _decode_cached(self, decision_id: str, text: Any) -> ClaimRecord:
-        known = self._decoded.get(decision_id)
-        if known is not None and known[0] == text:
-            return known[1]
-        record = self._decode(decision_id, text)
-        if isinstance(text, str):
-            self._remember(decision_id, text, record)
-        return record
-
     def _translate(self, error: sqlite3.Error) -> LedgerError:
         text = str(error)
         if isinstance(error, sqlite3.OperationalError):
@@ -539,18 +471,6 @@ class SqliteLedger(Ledger):
         ):
             return LedgerCorruptError(f"sqlite ledger `{self.path}` is corrupt: {text}")
         return LedgerUnavailableError(f"sqlite ledger `{self.path}`: {text}")
-
-    def _decode(self, decision_id: str, text: Any) -> ClaimRecord:
-        try:
-            obj = json.loads(text)
-        except (TypeError, ValueError) as error:
-            raise LedgerCorruptError(
-                f"decode decision `{decision_id}` in sqlite ledger `{self.path}`: {error}"
-            ) from error
-        try:
-            return ClaimRecord.from_dict(decision_id, obj)
-        except LedgerCorruptError as error:
-            raise LedgerCorruptError(f"{error} (sqlite ledger `{self.path}`)") from error
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None:
@@ -574,7 +494,7 @@ class SqliteLedger(Ledger):
         return conn
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        migrations = load_migrations("sqlite")
+        migrations = load_migrations("flowdecision.ledger", "sqlite")
         newest = len(migrations)
         current = _user_version(conn)
         if current == newest:

@@ -33,12 +33,12 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 from ..errors import FlowDecisionError, LedgerError
+from ..migrations import load_migrations, split_statements
 from ..model import DecisionRequest
 from ..sqlite_wal import connect_wal
 
@@ -133,27 +133,10 @@ def _entry(row: Any) -> OutboxEntry:
 
 def load_outbox_migrations(dialect: str) -> list[tuple[int, str, str]]:
     """The ``(version, name, sql)`` outbox migrations shipped for ``dialect``, in order."""
-    folder = resources.files("flowdecision.sinks").joinpath("sql", dialect)
-    found: list[tuple[int, str, str]] = []
-    for entry in folder.iterdir():
-        name = entry.name
-        prefix = name.split("_", 1)[0]
-        if name.endswith(".sql") and prefix.isdigit():
-            found.append((int(prefix), name, entry.read_text(encoding="utf-8")))
-    found.sort()
-    versions = [version for version, _, _ in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise OutboxSchemaError(f"{dialect} outbox migrations are not numbered 1..n: {versions}")
-    return found
+    return load_migrations("flowdecision.sinks", dialect)
 
 
 OUTBOX_SCHEMA_VERSION = len(load_outbox_migrations("sqlite"))
-
-
-def _split(script: str) -> list[str]:
-    from ..ledger.sqlite import split_statements
-
-    return split_statements(script)
 
 
 def _parse_url(url: str) -> tuple[str, str]:
@@ -330,7 +313,7 @@ class _SqliteOutbox:
             for version, name, script in migrations:
                 if version <= current:
                     continue
-                for statement in _split(script):
+                for statement in split_statements(script):
                     conn.execute(statement)
                 conn.execute(
                     f"INSERT INTO {_VERSION_TABLE} (version, name, applied_at_ms) VALUES (?, ?, ?)",
@@ -471,7 +454,7 @@ class _PostgresOutbox:
             for version, name, script in migrations:
                 if version <= current:
                     continue
-                for statement in _split(script):
+                for statement in split_statements(script):
                     await conn.execute(statement)
                 await conn.execute(
                     f"INSERT INTO {_VERSION_TABLE} (version, name) VALUES ($1, $2)", version, name

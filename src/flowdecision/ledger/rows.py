@@ -1,0 +1,75 @@
+"""How the SQL ledgers store a claim record in a row, and read it back cheaply.
+
+A row is ``(decision_id, status, completed_at_ms, record)`` where ``record`` is
+the seed's JSON text of the :class:`ClaimRecord` (so it round-trips exactly),
+and ``status`` / ``completed_at_ms`` are copies kept for the prune index.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import LedgerCorruptError
+from ..jsonwire import encode_json_text
+from .machine import ClaimRecord, ClaimStatus
+
+__all__ = ["I64_MAX", "DecodedRecords", "encode_row"]
+
+#: SQLite integers and PostgreSQL's index column are signed 64-bit; larger
+#: completion times are clamped in the index copy (the record keeps the truth).
+I64_MAX = (1 << 63) - 1
+
+
+def encode_row(
+    decision_id: str, record: ClaimRecord, *, index_max: int | None = I64_MAX
+) -> tuple[str, str, int | None, str]:
+    """``(decision_id, status, completed_at_ms, record)`` for one claim record.
+
+    ``index_max`` clamps the indexed completion time (None: the column holds u64).
+    """
+    completed_at: int | None = None
+    if record.status is ClaimStatus.COMPLETED and record.completed_at_ms is not None:
+        completed_at = record.completed_at_ms
+        if index_max is not None:
+            completed_at = min(completed_at, index_max)
+    return (decision_id, record.status.value, completed_at, encode_json_text(record.to_dict()))
+
+
+class DecodedRecords:
+    """Decoded records remembered per decision id together with their stored text.
+
+    Decoding re-validates identities and receipts, which costs more than the
+    SQL itself; a row whose text has not changed since we wrote or read it (the
+    ``complete`` right after a ``claim``) is not decoded again.
+    """
+
+    def __init__(self, where: str, limit: int = 4096) -> None:
+        self.where = where  # e.g. "sqlite ledger `path`", for error messages
+        self.limit = limit
+        self._known: dict[str, tuple[str, ClaimRecord]] = {}
+
+    def remember(self, decision_id: str, text: str, record: ClaimRecord) -> None:
+        known = self._known
+        if decision_id not in known and len(known) >= self.limit:
+            del known[next(iter(known))]  # oldest first
+        known[decision_id] = (text, record)
+
+    def decode(self, decision_id: str, text: Any) -> ClaimRecord:
+        """The record a row's text holds; raises :class:`LedgerCorruptError`."""
+        known = self._known.get(decision_id)
+        if known is not None and known[0] == text:
+            return known[1]
+        try:
+            obj = json.loads(text)
+        except (TypeError, ValueError) as error:
+            raise LedgerCorruptError(
+                f"decode decision `{decision_id}` in {self.where}: {error}"
+            ) from error
+        try:
+            record = ClaimRecord.from_dict(decision_id, obj)
+        except LedgerCorruptError as error:
+            raise LedgerCorruptError(f"{error} ({self.where})") from error
+        if isinstance(text, str):
+            self.remember(decision_id, text, record)
+        return record

@@ -1,0 +1,50 @@
+"""Versioned SQL migrations shipped as ``.sql`` files inside the package.
+
+Used by the ledgers (``flowdecision/ledger/sql/<dialect>/``) and the outbox
+(``flowdecision/sinks/sql/<dialect>/``). Files are named ``NNNN_name.sql``
+and must be numbered 1..n without gaps.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from importlib import resources
+
+__all__ = ["MigrationError", "load_migrations", "split_statements"]
+
+
+class MigrationError(ValueError):
+    """The shipped migrations are malformed (a packaging bug, not user data)."""
+
+
+def load_migrations(package: str, dialect: str) -> list[tuple[int, str, str]]:
+    """The ``(version, name, sql)`` migrations in ``package``/sql/``dialect``, in order."""
+    folder = resources.files(package).joinpath("sql", dialect)
+    found: list[tuple[int, str, str]] = []
+    for entry in folder.iterdir():
+        name = entry.name
+        prefix = name.split("_", 1)[0]
+        if name.endswith(".sql") and prefix.isdigit():
+            found.append((int(prefix), name, entry.read_text(encoding="utf-8")))
+    found.sort()
+    versions = [version for version, _, _ in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise MigrationError(f"{package} {dialect} migrations are not numbered 1..n: {versions}")
+    return found
+
+
+def split_statements(script: str) -> list[str]:
+    """Split a migration script into complete SQL statements (comments dropped at the end)."""
+    statements: list[str] = []
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            if pending.strip():
+                statements.append(pending.strip())
+            pending = ""
+    if pending.strip() and not all(
+        not part.strip() or part.strip().startswith("--") for part in pending.splitlines()
+    ):
+        raise MigrationError(f"incomplete SQL statement in migration: {pending.strip()!r}")
+    return statements
