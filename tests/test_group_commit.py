@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from flowdecision.errors import LedgerError
-from flowdecision.ledger import AlreadyCompleted, Busy, Claimed, Completed, Ledger, Pending
+from flowdecision.ledger import AlreadyCompleted, Busy, Claimed, Completed, Ledger, Missing, Pending
 from flowdecision.ledger.postgres import PostgresLedger
 from flowdecision.ledger.sqlite import SqliteLedger
 
@@ -259,5 +259,28 @@ async def test_postgres_follow_up_operation_is_not_stranded_by_a_finishing_flush
             async with asyncio.timeout(10):
                 assert await ledger.renew(decision_id, "h", "o", lease_ms=60_000)
                 assert await ledger.complete(decision_id, "h", "o") is True
+    finally:
+        await ledger.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_an_operation_cancelled_while_queued_is_not_applied(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # A long gathering window: the first claim opens a batch, the second queues
+    # behind it and its caller gives up before the batch is written.
+    ledger = await _open(kind, tmp_path, request, max_batch=64, max_wait_ms=400)
+    try:
+        first = asyncio.create_task(ledger.claim("kept", "h", "o", lease_ms=60_000))
+        await asyncio.sleep(0.02)
+        doomed = asyncio.create_task(ledger.claim("dropped", "h", "o", lease_ms=60_000))
+        await asyncio.sleep(0.02)
+        doomed.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        assert await first == Claimed(1)
+        kept = await ledger.inspect("kept", "h")
+        assert isinstance(kept, Pending) and kept.attempts == 1
+        assert await ledger.inspect("dropped", "h") == Missing()
     finally:
         await ledger.close()

@@ -349,9 +349,12 @@ class PostgresLedger(Ledger):
                 if self.max_wait_ms > 0 and len(pending) < self.max_batch:
                     await asyncio.sleep(self.max_wait_ms / 1000)
                 size = min(self.max_batch, len(pending))
-                batch = [pending.popleft() for _ in range(size)]
+                taken = [pending.popleft() for _ in range(size)]
+                # Callers that gave up while queued are not applied (a claim nobody
+                # awaits would only leave a lease nobody holds).
+                batch = [item for item in taken if item.future is None or not item.future.done()]
                 if not batch:
-                    continue  # another flusher drained the queue while we waited
+                    continue  # drained by another flusher meanwhile, or all cancelled
                 await self._run_batch(batch)
                 settle(batch)
                 batch = []

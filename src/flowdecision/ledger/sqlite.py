@@ -421,6 +421,11 @@ class SqliteLedger(Ledger):
     def _transform(self, conn: sqlite3.Connection, batch: list[_Request]) -> dict[str, _Slot]:
         slots: dict[str, _Slot] = {}
         for request in batch:
+            if request.future.cancelled():
+                # Its caller gave up before the batch started: don't apply it (a claim
+                # nobody awaits would only leave a lease nobody holds). Read across
+                # threads, so a cancel that races with this check still applies.
+                continue
             decision_id = request.decision_id
             slot = slots.get(decision_id)
             if slot is None:
