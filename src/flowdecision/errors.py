@@ -6,6 +6,8 @@ the same text from a Python host and a Rust host sharing one ledger.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
     "DecisionBusyError",
     "DecisionConflictError",
@@ -26,9 +28,14 @@ __all__ = [
 class FlowDecisionError(Exception):
     """Base class of every error raised by flowdecision."""
 
+    #: Stable machine-readable code: metric label, HTTP error code, log field.
+    code: ClassVar[str] = "error"
+
 
 class LedgerError(FlowDecisionError):
     """A ledger operation failed: a rule was violated or the store misbehaved."""
+
+    code: ClassVar[str] = "ledger_error"
 
 
 class LedgerCorruptError(LedgerError):
@@ -37,21 +44,31 @@ class LedgerCorruptError(LedgerError):
     The store is left untouched; an operator must inspect it.
     """
 
+    code: ClassVar[str] = "ledger_corrupt"
+
 
 class LedgerSchemaError(LedgerError):
     """The store was written by a newer (or older, unmigrated) schema."""
+
+    code: ClassVar[str] = "ledger_schema"
 
 
 class LedgerUnavailableError(LedgerError):
     """The store cannot be reached, opened or written (I/O, network, permissions)."""
 
+    code: ClassVar[str] = "ledger_unavailable"
+
 
 class DispatchError(FlowDecisionError):
     """Base class of the errors :meth:`Dispatcher.dispatch` raises."""
 
+    code: ClassVar[str] = "dispatch_failed"
+
 
 class UnauthorizedBranchError(DispatchError):
     """The request came from a branch other than the production branch (a fork)."""
+
+    code: ClassVar[str] = "forbidden_branch"
 
     def __init__(self, expected: str, actual: str) -> None:
         super().__init__(
@@ -65,12 +82,16 @@ class UnauthorizedBranchError(DispatchError):
 class InvalidIdentityError(DispatchError):
     """`decision_id` or `causation_event_id` is empty after trimming."""
 
+    code: ClassVar[str] = "invalid_request"
+
     def __init__(self) -> None:
         super().__init__("decision_id and causation_event_id must be non-empty")
 
 
 class DecisionConflictError(DispatchError):
     """The decision id is already bound to different content."""
+
+    code: ClassVar[str] = "conflict"
 
     def __init__(self, decision_id: str) -> None:
         super().__init__(
@@ -82,6 +103,8 @@ class DecisionConflictError(DispatchError):
 class DecisionBusyError(DispatchError):
     """Another dispatcher holds a live lease on the decision."""
 
+    code: ClassVar[str] = "busy"
+
     def __init__(self, lease_expires_at_ms: int) -> None:
         super().__init__(
             f"Flow decision is owned by another dispatcher until {lease_expires_at_ms}"
@@ -92,6 +115,8 @@ class DecisionBusyError(DispatchError):
 class LeaseLostError(DispatchError):
     """The lease could not be renewed while the sink ran; the submission was cancelled."""
 
+    code: ClassVar[str] = "lease_lost"
+
     def __init__(self, decision_id: str) -> None:
         super().__init__(f"Flow decision `{decision_id}` lost its lease while the sink was running")
         self.decision_id = decision_id
@@ -100,6 +125,8 @@ class LeaseLostError(DispatchError):
 class DispatchLedgerError(DispatchError):
     """The ledger failed; the original :class:`LedgerError` is chained as ``__cause__``."""
 
+    code: ClassVar[str] = "ledger_unavailable"
+
     def __init__(self, detail: str) -> None:
         super().__init__(f"Flow decision ledger failed: {detail}")
         self.detail = detail
@@ -107,6 +134,8 @@ class DispatchLedgerError(DispatchError):
 
 class SinkError(DispatchError):
     """The sink raised; its exception is chained as ``__cause__``."""
+
+    code: ClassVar[str] = "sink_failed"
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"Flow decision sink failed: {detail}")
