@@ -1,10 +1,10 @@
 """The dispatcher: submits each production decision to the sink exactly once.
 
 The sequence follows the newest upstream dispatcher (see ``docs/PROTOCOL.md``):
-branch check, id check, request hash, execution identity and result receipt
-prepared before the claim, claim, a heartbeat that renews the lease while the
-sink runs (cancelling the sink if the lease is lost), then completion with the
-receipt. A sink failure releases the claim so a retry can claim it at once.
+branch check, id check, identifier limits (:mod:`flowdecision.limits`),
+request hash, execution identity and result receipt prepared before the claim,
+claim, a heartbeat that renews the lease while the sink runs (cancelling the
+sink if the lease is lost), then completion with the receipt. A sink failure releases the claim so a retry can claim it at once.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from .errors import (
     DecisionConflictError,
     DispatchError,
     DispatchLedgerError,
+    InvalidIdentifierError,
     InvalidIdentityError,
     LeaseLostError,
     LedgerError,
@@ -29,15 +30,24 @@ from .errors import (
 from .health import HealthMetrics, HealthSnapshot
 from .identity import DecisionTooLargeError, ExecutionIdentity, ResultReceipt, decision_receipt
 from .ledger.base import Ledger
+from .limits import check_identifier, check_identifiers
 from .ledger.memory import MemoryLedger
 from .ledger.states import AlreadyCompleted, Busy, Claimed, Conflict
 from .model import DecisionRequest, request_hash
-from .sinks.base import Sink
+from .sinks.base import Sink, check_sink
 
 __all__ = ["DEFAULT_LEASE_MS", "Dispatcher"]
 
 DEFAULT_LEASE_MS = 30_000
 log = logging.getLogger("flowdecision.dispatcher")
+
+#: Errors caused by the request itself: counted as rejected, never degrading health.
+_REJECTED = (
+    UnauthorizedBranchError,
+    InvalidIdentityError,
+    InvalidIdentifierError,
+    DecisionTooLargeError,
+)
 
 
 @dataclass(slots=True)
@@ -133,6 +143,10 @@ class Dispatcher:
     raises a :class:`DispatchError`. Distinct decisions dispatch concurrently;
     concurrent dispatches of one decision id are serialized, so only one can
     reach the sink.
+
+    ``sink.submit`` must be a coroutine function (:class:`InvalidSinkError`
+    otherwise); ``production_branch_id`` and ``owner_id`` must be valid
+    identifiers (:class:`InvalidIdentifierError` otherwise).
     """
 
     def __init__(
@@ -146,11 +160,13 @@ class Dispatcher:
     ) -> None:
         if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 1:
             raise ValueError(f"lease_ms must be a positive integer, got {lease_ms!r}")
-        self.production_branch_id = production_branch_id
-        self.sink = sink
+        self.production_branch_id = check_identifier("production_branch_id", production_branch_id)
+        self.sink = check_sink(sink)
         self.ledger: Ledger = ledger if ledger is not None else MemoryLedger()
         self.lease_ms = lease_ms
-        self.owner_id = owner_id or f"decision-dispatcher-{uuid.uuid4()}"
+        self.owner_id = check_identifier(
+            "owner_id", owner_id or f"decision-dispatcher-{uuid.uuid4()}"
+        )
         self.metrics = HealthMetrics()
         self._heartbeat_s = max(lease_ms // 3, 1) / 1000
         self._gates: dict[str, _IdGate] = {}
@@ -190,7 +206,7 @@ class Dispatcher:
             metrics.busy += 1
         elif isinstance(error, DecisionConflictError):
             metrics.conflicts += 1
-        elif isinstance(error, UnauthorizedBranchError | InvalidIdentityError):
+        elif isinstance(error, _REJECTED):
             metrics.rejected += 1
         else:
             if isinstance(error, LeaseLostError):
@@ -207,11 +223,11 @@ class Dispatcher:
         decision_id = request.decision_id
         if not decision_id.strip() or not request.causation_event_id.strip():
             raise InvalidIdentityError()
+        # After the seed's checks (so they answer as the seed does), before the
+        # claim: no store may see an over-long or control-character id.
+        check_identifiers(request)
         hash_ = request_hash(request)
-        try:
-            identity, receipt = decision_receipt(request)
-        except DecisionTooLargeError as error:
-            raise DispatchLedgerError(str(error)) from error
+        identity, receipt = decision_receipt(request)  # DecisionTooLargeError: rejected
 
         gate = self._gates.get(decision_id)
         if gate is None:

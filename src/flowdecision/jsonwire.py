@@ -24,7 +24,10 @@ import json
 import json.encoder
 import re
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, ClassVar, Final
+
+from .errors import FlowDecisionError
+from .limits import I64_MIN, JSON_MAX_DEPTH, U64_MAX
 
 __all__ = [
     "MAX_DEPTH",
@@ -39,21 +42,20 @@ __all__ = [
     "parse_json",
 ]
 
-#: Deepest container nesting serde_json accepts by default (its recursion
-#: budget is 128 and the 128th nested container exhausts it).
-MAX_DEPTH: Final = 127
+#: Deepest container nesting serde_json accepts by default (re-exported).
+MAX_DEPTH: Final = JSON_MAX_DEPTH
 
-_I64_MIN: Final = -(1 << 63)
-_U64_MAX: Final = (1 << 64) - 1
 _INF: Final = float("inf")
 
 
-class JsonWireError(ValueError):
+class JsonWireError(FlowDecisionError, ValueError):
     """JSON text or value that serde_json would reject (or could not produce).
 
     ``message`` is the bare problem; ``line``/``column`` (1-based) locate it in
     the input text when known.
     """
+
+    code: ClassVar[str] = "invalid_json"
 
     def __init__(self, message: str, *, line: int | None = None, column: int | None = None):
         self.message = message
@@ -112,7 +114,7 @@ def _parse_int(text: str) -> int | float:
         return int(text)
     if len(text) <= 21:
         value = int(text)
-        if _I64_MIN <= value <= _U64_MAX:
+        if I64_MIN <= value <= U64_MAX:
             return value
     # Beyond i64/u64 serde_json falls back to f64 (and fails on overflow).
     return _parse_float(text)

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import sqlite3
 from importlib import resources
+from typing import ClassVar
+
+from .errors import FlowDecisionError
 
 __all__ = ["MigrationError", "load_migrations", "split_statements"]
 
 
-class MigrationError(ValueError):
+class MigrationError(FlowDecisionError, ValueError):
     """The shipped migrations are malformed (a packaging bug, not user data)."""
+
+    code: ClassVar[str] = "migration_invalid"
 
 
 def load_migrations(package: str, dialect: str) -> list[tuple[int, str, str]]:

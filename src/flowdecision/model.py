@@ -29,8 +29,9 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
+from flowdecision.errors import FlowDecisionError
 from flowdecision.jsonwire import (
     JsonWireError,
     canonicalize,
@@ -40,6 +41,7 @@ from flowdecision.jsonwire import (
     format_float,
     parse_json,
 )
+from flowdecision.limits import I64_MIN, U32_MAX, U64_MAX
 
 __all__ = [
     "DEFAULT_RETRY_POLICY",
@@ -63,21 +65,19 @@ __all__ = [
 Backoff: TypeAlias = Literal["fixed", "exponential"]
 OnExhausted: TypeAlias = Literal["fail_run", "continue_workflow"]
 
-U32_MAX: Final = (1 << 32) - 1
-U64_MAX: Final = (1 << 64) - 1
-_I64_MIN: Final = -(1 << 63)
-
 _T = TypeVar("_T")
 _MISSING: Final = object()
 
 
-class InvalidRequestError(ValueError):
+class InvalidRequestError(FlowDecisionError, ValueError):
     """A decision request that the Rust original would refuse to deserialize.
 
     ``field`` is a dotted path such as ``decision.steps[1].retry.max_attempts``
     (``""`` when the problem is the JSON text itself or the top-level value);
     ``problem`` describes what is wrong.
     """
+
+    code: ClassVar[str] = "invalid_request"
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
@@ -89,8 +89,10 @@ class InvalidRequestError(ValueError):
         return (type(self), (self.field, self.problem))
 
 
-class RetryPolicyError(ValueError):
+class RetryPolicyError(FlowDecisionError, ValueError):
     """A retry policy that breaks A3S Flow's rules (see :meth:`RetryPolicy.validate`)."""
+
+    code: ClassVar[str] = "invalid_retry_policy"
 
 
 # ------------------------------------------------------------------ validation helpers
@@ -224,7 +226,7 @@ def _copy_value(value: object) -> Any:
         return value
     if kind is int:
         assert isinstance(value, int)
-        if not _I64_MIN <= value <= U64_MAX:
+        if not I64_MIN <= value <= U64_MAX:
             raise _ValueProblem(f"integer `{value}` is outside the i64/u64 range JSON values hold")
         return value
     if kind is float:

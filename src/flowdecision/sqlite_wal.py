@@ -11,12 +11,21 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import ClassVar
+
+from .errors import FlowDecisionError
 
 __all__ = ["WalUnavailableError", "connect_wal"]
 
 
-class WalUnavailableError(sqlite3.OperationalError):
-    """The database refused WAL mode (e.g. an in-memory or read-only database)."""
+class WalUnavailableError(FlowDecisionError, sqlite3.OperationalError):
+    """The database refused WAL mode (e.g. an in-memory or read-only database).
+
+    Still a :class:`sqlite3.OperationalError`, so callers translating SQLite
+    errors into their own see it as one.
+    """
+
+    code: ClassVar[str] = "wal_unavailable"
 
 
 def connect_wal(

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from ..errors import FlowDecisionError
+from ..limits import OUTBOX_FETCH_MAX
 from .common import EXIT_ERROR, EXIT_USAGE, run, table
 
 __all__ = ["outbox", "serve_cmd"]
@@ -111,7 +112,7 @@ def _when(ms: int) -> str:
 )
 @click.option("--after", type=click.IntRange(min=0), default=0, show_default=True,
               help="Start after this seq cursor.")  # fmt: skip
-@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True,
+@click.option("--limit", type=click.IntRange(1, OUTBOX_FETCH_MAX), default=100, show_default=True,
               help="Rows per page (without --follow: rows in all).")  # fmt: skip
 @click.option("--follow", "-f", is_flag=True, help="Keep polling for new rows until Ctrl-C.")
 @click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,

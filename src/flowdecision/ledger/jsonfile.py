@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
 from ..jsonwire import encode_json
+from ..limits import JSON_LEDGER_MAX_BYTES
 from .base import Ledger, Operation, PruneProgress
 from .machine import ClaimRecord, is_prunable
 
@@ -37,7 +38,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-MAX_DECISION_LEDGER_BYTES = 16 * 1024 * 1024
+MAX_DECISION_LEDGER_BYTES = JSON_LEDGER_MAX_BYTES
 SCHEMA_VERSION = 1
 DATA_FILE = "flow-decisions.json"
 LOCK_FILE = ".flow-decisions.lock"

@@ -12,13 +12,13 @@ from typing import Any
 
 from ..errors import LedgerCorruptError
 from ..jsonwire import encode_json_text
+from ..limits import I64_MAX
 from .machine import ClaimRecord, ClaimStatus
 
 __all__ = ["I64_MAX", "DecodedRecords", "encode_row"]
 
-#: SQLite integers and PostgreSQL's index column are signed 64-bit; larger
-#: completion times are clamped in the index copy (the record keeps the truth).
-I64_MAX = (1 << 63) - 1
+# SQLite integers and PostgreSQL's index column are signed 64-bit (I64_MAX);
+# larger completion times are clamped in the index copy (the record keeps the truth).
 
 
 def encode_row(

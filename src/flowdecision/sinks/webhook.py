@@ -25,9 +25,11 @@ import logging
 import random
 import time
 from types import TracebackType
+from typing import ClassVar
 
 import httpx
 
+from ..errors import FlowDecisionError
 from ..model import DecisionRequest
 
 __all__ = [
@@ -50,8 +52,10 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
-class WebhookError(Exception):
+class WebhookError(FlowDecisionError):
     """The webhook did not accept the decision; ``tries`` says how many POSTs were made."""
+
+    code: ClassVar[str] = "webhook_failed"
 
     def __init__(self, message: str, *, status: int | None = None, tries: int = 1) -> None:
         super().__init__(message)
@@ -61,6 +65,8 @@ class WebhookError(Exception):
 
 class WebhookRejectedError(WebhookError):
     """The receiver answered with a non-retryable status (3xx or 4xx other than 429)."""
+
+    code: ClassVar[str] = "webhook_rejected"
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
