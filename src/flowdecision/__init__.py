@@ -13,6 +13,7 @@ from .errors import (
     DispatchError,
     DispatchLedgerError,
     FlowDecisionError,
+    InvalidIdentifierError,
     InvalidIdentityError,
     LeaseLostError,
     LedgerCorruptError,
@@ -25,6 +26,7 @@ from .errors import (
 from .health import HealthSnapshot, HealthStatus
 from .identity import (
     DecisionTooLargeError,
+    ExecutionContractError,
     ExecutionIdentity,
     ExecutionIdentityError,
     ResultOutcome,
@@ -66,6 +68,7 @@ from .model import (
     request_hash,
 )
 from .sinks import (
+    InvalidSinkError,
     OutboxConflictError,
     OutboxEntry,
     OutboxError,
@@ -93,14 +96,17 @@ __all__ = [
     "DispatchError",
     "DispatchLedgerError",
     "Dispatcher",
+    "ExecutionContractError",
     "ExecutionIdentity",
     "ExecutionIdentityError",
     "Fail",
     "FlowDecisionError",
     "HealthSnapshot",
     "HealthStatus",
+    "InvalidIdentifierError",
     "InvalidIdentityError",
     "InvalidRequestError",
+    "InvalidSinkError",
     "JsonFileLedger",
     "LeaseLostError",
     "Ledger",

@@ -4,7 +4,8 @@ The sequence follows the newest upstream dispatcher (see ``docs/PROTOCOL.md``):
 branch check, id check, identifier limits (:mod:`flowdecision.limits`),
 request hash, execution identity and result receipt prepared before the claim,
 claim, a heartbeat that renews the lease while the sink runs (cancelling the
-sink if the lease is lost), then completion with the receipt. A sink failure releases the claim so a retry can claim it at once.
+sink if the lease is lost), then completion with the receipt. A sink failure
+releases the claim so a retry can claim it at once.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from .errors import (
 from .health import HealthMetrics, HealthSnapshot
 from .identity import DecisionTooLargeError, ExecutionIdentity, ResultReceipt, decision_receipt
 from .ledger.base import Ledger
-from .limits import check_identifier, check_identifiers
 from .ledger.memory import MemoryLedger
 from .ledger.states import AlreadyCompleted, Busy, Claimed, Conflict
+from .limits import check_identifier, check_identifiers
 from .model import DecisionRequest, request_hash
 from .sinks.base import Sink, check_sink
 
@@ -40,6 +41,8 @@ __all__ = ["DEFAULT_LEASE_MS", "Dispatcher"]
 
 DEFAULT_LEASE_MS = 30_000
 log = logging.getLogger("flowdecision.dispatcher")
+
+_OTHER_IDS = ("decision_id", "run_id", "causation_event_id")
 
 #: Errors caused by the request itself: counted as rejected, never degrading health.
 _REJECTED = (
@@ -218,14 +221,17 @@ class Dispatcher:
             metrics.record_failure()
 
     async def _dispatch(self, request: DecisionRequest) -> bool:
+        # A branch that breaks the identifier rules is refused as such, not
+        # echoed back in a branch error (the production branch never breaks them).
+        check_identifier("authority_branch_id", request.authority_branch_id)
         if request.authority_branch_id != self.production_branch_id:
             raise UnauthorizedBranchError(self.production_branch_id, request.authority_branch_id)
         decision_id = request.decision_id
         if not decision_id.strip() or not request.causation_event_id.strip():
             raise InvalidIdentityError()
-        # After the seed's checks (so they answer as the seed does), before the
-        # claim: no store may see an over-long or control-character id.
-        check_identifiers(request)
+        # After the seed's checks (so blank ids answer as in the seed), before
+        # the claim: no store may see an over-long or control-character id.
+        check_identifiers(request, _OTHER_IDS)
         hash_ = request_hash(request)
         identity, receipt = decision_receipt(request)  # DecisionTooLargeError: rejected
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Final
 
-from flowdecision.jsonwire import JsonWireError, duplicate_keys, encode_json, parse_json
 from flowdecision.errors import DispatchError, FlowDecisionError
+from flowdecision.jsonwire import JsonWireError, duplicate_keys, encode_json, parse_json
 from flowdecision.limits import RESULT_RECEIPT_MAX_BYTES, U64_MAX
 from flowdecision.model import DecisionRequest
 

@@ -39,6 +39,7 @@ from flowdecision.jsonwire import (
     encode_json_text,
     encode_str,
     format_float,
+    key_segment,
     parse_json,
 )
 from flowdecision.limits import I64_MIN, U32_MAX, U64_MAX
@@ -100,12 +101,6 @@ class RetryPolicyError(FlowDecisionError, ValueError):
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
-
-
-def _key_segment(key: str) -> str:
-    if key.isidentifier():
-        return f".{key}"
-    return f"[{encode_str(key)}]"
 
 
 def _describe(value: object) -> str:
@@ -243,7 +238,7 @@ def _copy_value(value: object) -> Any:
             try:
                 copied[key] = _copy_value(item)
             except _ValueProblem as problem:
-                problem.segments.append(_key_segment(key))
+                problem.segments.append(key_segment(key))
                 raise
         return copied
     if isinstance(value, (list, tuple)):
@@ -703,20 +698,32 @@ class DecisionRequest:
 
     @classmethod
     def parse(
-        cls, data: bytes | bytearray | memoryview | str | Mapping[str, Any]
+        cls,
+        data: bytes | bytearray | memoryview | str | Mapping[str, Any],
+        *,
+        exact_numbers: bool = False,
     ) -> DecisionRequest:
         """Parse JSON text (as ``serde_json::from_slice`` would) or validate a mapping.
 
         Raises :class:`InvalidRequestError` for JSON syntax errors (``field`` is
         ``""``) and for anything the Rust types would refuse.
+
+        ``exact_numbers=True`` is stricter than the Rust original: a number in
+        the text that the model cannot keep exactly (an integer outside
+        i64/u64, which serde_json turns into a float, or a decimal no 64-bit
+        float holds as written) is an :class:`InvalidRequestError` naming its
+        path, instead of being rounded. A mapping holds Python numbers, which
+        are kept exactly or refused anyway.
         """
         if isinstance(data, Mapping):
             return cls.from_dict(data)
         if not isinstance(data, (bytes, bytearray, memoryview, str)):
             raise TypeError(f"expected JSON text or a mapping, got {type(data).__qualname__}")
         try:
-            value = parse_json(data)
+            value = parse_json(data, exact_numbers=exact_numbers)
         except JsonWireError as exc:
+            if exc.path is not None:
+                raise InvalidRequestError(exc.path, exc.message) from exc
             raise InvalidRequestError("", str(exc)) from exc
         # Values straight from parse_json are already valid JSON data that
         # nothing else references, so they are adopted without a copy.

@@ -37,6 +37,11 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 @_flag("--production-branch", help="The branch allowed to submit.  [default: production]")
 @_flag("--lease-ms", type=int, help="Claim lease in milliseconds.  [default: 30000]")
 @_flag("--max-body-bytes", type=int, help="Request size limit.  [default: 2097152]")
+@_flag(
+    "--lossy-numbers/--no-lossy-numbers",
+    help="Round numbers JSON cannot keep exactly, as the Rust original does, "
+    "instead of answering 422.  [default: off]",
+)
 @_flag("--token-file", type=click.Path(dir_okay=False), help="File of accepted bearer tokens.")
 @_flag("--auth-healthz/--no-auth-healthz", help="Require the token on /healthz too.")
 @_flag("--allow-no-auth/--no-allow-no-auth", help="Allow no token on a non-loopback address.")

@@ -54,6 +54,7 @@ class Settings:
     production_branch: str = "production"
     lease_ms: int = DEFAULT_LEASE_MS
     max_body_bytes: int = 2 * 1024 * 1024
+    lossy_numbers: bool = False
     token: str | None = field(default=None, repr=False)
     token_file: str | None = None
     auth_healthz: bool = False
@@ -165,6 +166,7 @@ _TYPES: dict[str, type] = {
     "production_branch": str,
     "lease_ms": int,
     "max_body_bytes": int,
+    "lossy_numbers": bool,
     "token": str,
     "token_file": str,
     "auth_healthz": bool,

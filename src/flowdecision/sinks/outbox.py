@@ -247,7 +247,11 @@ class OutboxSink:
         """Rows with ``seq > after``, ordered by ``seq``, at most ``limit`` (<= 10000)."""
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise ValueError(f"after must be a non-negative integer, got {after!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= OUTBOX_FETCH_MAX:
+        if (
+            isinstance(limit, bool)
+            or not isinstance(limit, int)
+            or not 1 <= limit <= OUTBOX_FETCH_MAX
+        ):
             raise ValueError(f"limit must be an integer in 1..={OUTBOX_FETCH_MAX}, got {limit!r}")
         return await (await self._ready()).fetch(after, limit)
 
