@@ -16,8 +16,8 @@ import flowdecision
 from flowdecision import (
     DecisionRequest,
     DecisionTooLargeError,
-    DispatchError,
     Dispatcher,
+    DispatchError,
     FlowDecisionError,
     InvalidIdentifierError,
     InvalidIdentityError,
@@ -212,7 +212,7 @@ def test_a_sink_without_async_submit_is_refused_when_the_dispatcher_is_built() -
     with pytest.raises(TypeError, match=r"sink `PlainSink` must define `async def submit"):
         Dispatcher("production", sink)  # type: ignore[arg-type]
     assert sink.calls == 0
-    with pytest.raises(InvalidSinkError, match="`object`.*missing") as caught:
+    with pytest.raises(InvalidSinkError, match=r"`object`.*missing") as caught:
         Dispatcher("production", object())  # type: ignore[arg-type]
     assert isinstance(caught.value, FlowDecisionError) and caught.value.code == "invalid_sink"
     Dispatcher("production", CallableSubmitSink())  # type: ignore[arg-type]
@@ -256,12 +256,12 @@ HEAD = (
     ("decision", "path", "problem"),
     [
         (
-            '{"type":"complete","output":{"n":%d}}}' % 2**70,
+            f'{{"type":"complete","output":{{"n":{2**70}}}}}}}',
             "decision.output.n",
             "integer `1180591620717411303424` is outside the 64-bit range",
         ),
         (
-            '{"type":"complete","output":[1,%d]}}' % -(2**63 + 1),
+            f'{{"type":"complete","output":[1,{-(2**63 + 1)}]}}}}',
             "decision.output[1]",
             "is outside the 64-bit range",
         ),
@@ -312,12 +312,12 @@ def test_exact_numbers_refuse_what_serde_would_round(
     ],
 )
 def test_exact_numbers_keep_everything_that_round_trips(number: str) -> None:
-    text = HEAD + '{"type":"complete","output":[%s]}}' % number
+    text = HEAD + f'{{"type":"complete","output":[{number}]}}}}'
     assert DecisionRequest.parse(text, exact_numbers=True) == DecisionRequest.parse(text)
 
 
 def test_the_lossy_default_matches_serde() -> None:
-    parsed = DecisionRequest.parse(HEAD + '{"type":"complete","output":%d}}' % 2**70)
+    parsed = DecisionRequest.parse(HEAD + f'{{"type":"complete","output":{2**70}}}}}')
     assert parsed.decision.to_dict()["output"] == float(2**70)
 
 
