@@ -8,9 +8,12 @@ import importlib
 import inspect
 import pkgutil
 import re
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flowdecision
 from flowdecision import (
@@ -314,6 +317,31 @@ def test_exact_numbers_refuse_what_serde_would_round(
 def test_exact_numbers_keep_everything_that_round_trips(number: str) -> None:
     text = HEAD + f'{{"type":"complete","output":[{number}]}}}}'
     assert DecisionRequest.parse(text, exact_numbers=True) == DecisionRequest.parse(text)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    sign=st.sampled_from(["", "-"]),
+    digits=st.text("0123456789", min_size=1, max_size=25),
+    point=st.integers(min_value=0, max_value=25),
+    exponent=st.one_of(st.none(), st.integers(min_value=-330, max_value=310)),
+)
+def test_exact_floats_are_kept_iff_they_print_back_as_written(
+    sign: str, digits: str, point: int, exponent: int | None
+) -> None:
+    mantissa = digits[: min(point, len(digits))] or "0"
+    fraction = digits[min(point, len(digits)) :] or "0"
+    mantissa = mantissa.lstrip("0") or "0"  # JSON forbids leading zeros
+    text = f"{sign}{mantissa}.{fraction}" + ("" if exponent is None else f"e{exponent}")
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        return  # an overflow is an error in both modes
+    kept = Decimal(text) == Decimal(repr(value))
+    try:
+        assert parse_json(text, exact_numbers=True) == value
+        assert kept, text
+    except JsonWireError:
+        assert not kept, text
 
 
 def test_the_lossy_default_matches_serde() -> None:

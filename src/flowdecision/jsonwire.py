@@ -50,6 +50,7 @@ __all__ = [
 MAX_DEPTH: Final = JSON_MAX_DEPTH
 
 _INF: Final = float("inf")
+_MIN_NORMAL: Final = 2.2250738585072014e-308
 
 
 class JsonWireError(FlowDecisionError, ValueError):
@@ -262,6 +263,8 @@ def _inexact_float(text: str, value: float) -> _Inexact | None:
 
 
 def _exact_int(text: str) -> int | float:
+    if len(text) < 19:  # the common case, as in _parse_int
+        return -0.0 if text == "-0" else int(text)
     inexact = _inexact_int(text)
     if inexact is not None:
         raise _InexactNumber(inexact)
@@ -270,6 +273,10 @@ def _exact_int(text: str) -> int | float:
 
 def _exact_float(text: str) -> float:
     value = _parse_float(text)
+    # At most 15 significant digits (DBL_DIG) in the normal range always print
+    # back as the same number: no need to compare decimals.
+    if len(text) <= 15 and abs(value) >= _MIN_NORMAL:
+        return value
     inexact = _inexact_float(text, value)
     if inexact is not None:
         raise _InexactNumber(inexact)

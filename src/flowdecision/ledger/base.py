@@ -97,7 +97,10 @@ class Ledger(abc.ABC):
     """Durable claim ledger: at most one live owner per decision, fenced completion.
 
     All times are Unix-epoch milliseconds; a time left as ``None`` means the
-    ledger's own clock (:meth:`now_ms`). Failures raise :class:`LedgerError`.
+    ledger's own clock (:meth:`now_ms`). Failures raise :class:`LedgerError`;
+    a ``decision_id`` or ``owner_id`` that breaks the identifier rule
+    (:mod:`flowdecision.limits`) raises :class:`InvalidIdentifierError`, a
+    :class:`LedgerError` too, before the store is touched.
     Use as an async context manager, or call :meth:`close`.
     """
 

@@ -44,10 +44,11 @@ from ..errors import (
     UnauthorizedBranchError,
 )
 from ..health import HealthSnapshot
-from ..identity import RESULT_RECEIPT_MAX_BYTES, DecisionTooLargeError, decision_receipt
+from ..identity import DecisionTooLargeError, decision_receipt
 from ..ledger.base import Ledger, LedgerEntry
 from ..ledger.states import Completed, Pending
 from ..ledger.url import open_ledger
+from ..limits import I64_MAX, RESULT_RECEIPT_MAX_BYTES
 from ..model import DecisionRequest, InvalidRequestError
 from ..sinks.base import Sink
 from ..sinks.loader import WebhookOptions, close_sink, open_sink
@@ -516,7 +517,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
                 "use a sqlite:/// or postgresql:// sink to pull decisions",
             )
         try:
-            after = _int_param(request, "after", 0, 0, 2**63 - 1)
+            after = _int_param(request, "after", 0, 0, I64_MAX)
             limit = _int_param(request, "limit", 100, 1, OUTBOX_MAX_LIMIT)
         except _BadParam as bad:
             return error_response(
