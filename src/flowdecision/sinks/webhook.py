@@ -20,14 +20,13 @@ is safe only because the receiver deduplicates on ``Idempotency-Key``.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import random
-import time
 from types import TracebackType
 
 import httpx
 
+from ..backoff import parse_retry_after
 from ..model import DecisionRequest
 
 __all__ = [
@@ -61,23 +60,6 @@ class WebhookError(Exception):
 
 class WebhookRejectedError(WebhookError):
     """The receiver answered with a non-retryable status (3xx or 4xx other than 429)."""
-
-
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date)."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(int(value))
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    current = time.time() if now is None else now
-    return max(float(when.timestamp()) - current, 0.0)
 
 
 class WebhookSink:
