@@ -141,6 +141,11 @@ def test_a_bad_line_mid_stream_is_reported_by_number(service: ServiceProcess) ->
     assert result.exit_code == 2
     assert result.stdout == f"submitted {ok.decision_id} attempt 1\n"
     assert "line 2 is not JSON" in result.stderr
+    as_json = _submit(service, "--json", "-", stdin=_lines(ok) + b"oops\n")
+    assert as_json.exit_code == 2
+    duplicate, failure = (json.loads(line) for line in as_json.stdout.splitlines())
+    assert duplicate["outcome"] == "duplicate"
+    assert failure["error"]["code"] == "invalid_input"
 
 
 def test_a_wrong_token_and_an_unreachable_service(service: ServiceProcess) -> None:

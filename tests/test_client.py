@@ -42,6 +42,7 @@ from flowdecision.client import (
     read_token_file,
 )
 from flowdecision.identity import decision_receipt
+from flowdecision.ledger import open_ledger
 from flowdecision.model import request_hash
 from tests.service_process import ServiceProcess, decision
 
@@ -236,6 +237,30 @@ def test_503_is_retried_after_retry_after(tmp_path: Path) -> None:
     assert failed.error.status == 503 and failed.error.error_code == "ledger_unavailable"
     assert not failed.error.permanent
     assert failed.retry_after_s == 1.0 and failed.delay_s >= 1.0
+
+
+async def test_a_retry_after_beyond_the_bounds_ends_the_retries_at_once(
+    service: ServiceProcess,
+) -> None:
+    """Another replica holds a long lease: waiting that long is the caller's choice."""
+    request = decision()
+    identity, _receipt = decision_receipt(request)
+    ledger = await open_ledger(f"sqlite:///{service.cwd / '.flowdecision' / 'ledger.db'}")
+    try:
+        await ledger.claim(request.decision_id, request_hash(request), "replica-b-owner",
+                           lease_ms=60_000, identity=identity)  # fmt: skip
+    finally:
+        await ledger.close()
+    for retry in (RetryOptions(max_retry_after_s=0.5), RetryOptions(deadline_s=0.5)):
+        events: list[RetryEvent] = []
+        async with DecisionClient(
+            service.url, token=TOKEN, retry=retry, on_retry=events.append
+        ) as client:
+            with pytest.raises(ServiceBusyError) as error:
+                await client.submit(request)
+        assert error.value.tries == 1 and events == []
+        assert error.value.retry_after_s is not None and error.value.retry_after_s >= 1
+        assert error.value.retryable  # safe to retry: the caller decides when
 
 
 def _free_port() -> int:

@@ -252,6 +252,9 @@ def submit_cmd(
                         f"{result.outcome.value} {result.decision_id} attempt {result.attempt}"
                     )
     except _InputError as error:
+        if as_json:
+            detail = {"code": "invalid_input", "message": str(error)}
+            click.echo(json.dumps({"line": None, "error": detail}, ensure_ascii=False))
         click.echo(f"error: {error}", err=True)
         sys.exit(EXIT_USAGE)
     except FlowDecisionError as error:
