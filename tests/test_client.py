@@ -425,3 +425,15 @@ def test_client_arguments_are_checked(tmp_path: Path) -> None:
     token_file.write_text("\n")
     with pytest.raises(ValueError, match="no token"):
         read_token_file(token_file)
+
+
+def test_a_404_from_a_wrong_base_url_is_an_error_not_a_missing_decision(tmp_path: Path) -> None:
+    with (
+        ServiceProcess(tmp_path) as service,  # no token: unknown paths answer 404
+        SyncDecisionClient(service.url + "/api") as wrong,
+        SyncDecisionClient(service.url) as right,
+    ):
+        with pytest.raises(ServiceError) as error:
+            wrong.get("dec-1")
+        assert right.get("dec-1") is None
+    assert error.value.status == 404 and error.value.error_code == "not_found"
