@@ -22,7 +22,7 @@ import importlib
 import inspect
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..errors import FlowDecisionError
 from .base import Sink
@@ -139,9 +139,10 @@ def split_engine_url(
     if not url.lower().startswith(prefix):
         raise SinkConfigError(f"`{url}` is not a {engine}+… sink URL")
     target = url[len(prefix) :]
+    # Cut the query textually: urlunsplit would rewrite sqlite:////abs/path.
+    base, _, query = target.partition("?")
     try:
-        parts = urlsplit(target)
-        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError as error:
         raise SinkConfigError(f"{engine} sink URL `{url}` is malformed: {error}") from error
     own: dict[str, str] = {}
@@ -153,7 +154,7 @@ def split_engine_url(
             own[name] = value
         else:
             rest.append((name, value))
-    store = urlunsplit(parts._replace(query=urlencode(rest)))
+    store = f"{base}?{urlencode(rest)}" if rest else base
     return store, own
 
 
