@@ -197,4 +197,3 @@ def _module_is_the_registered_one() -> None:
     # The URL form imports tests.dbos_workflows by name; it must be this very module,
     # or its RUNS would be a different list.
     assert dbos_workflows.RUNS is RUNS
-

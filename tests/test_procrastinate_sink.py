@@ -194,8 +194,9 @@ async def test_concurrent_submitters_of_one_id_defer_one_job(
 ) -> None:
     async with ProcrastinateSink(app, TASK) as one, ProcrastinateSink(app, TASK) as two:
         ids = [f"d-race-{index}" for index in range(20)]
+        pairs = ((1, one), (2, two))
         results = await asyncio.gather(
-            *(sink.defer(request(decision_id=i), n) for i in ids for n, sink in ((1, one), (2, two)))
+            *(sink.defer(request(decision_id=i), n) for i in ids for n, sink in pairs)
         )
     assert sum(results) == len(ids)
     await run_worker(app)
