@@ -106,6 +106,18 @@ async def test_concurrent_starts_of_one_id_run_once(launched: str) -> None:
     assert sorted(run[0] for run in RUNS) == sorted(ids)
 
 
+async def test_enqueued_on_a_queue_the_decision_still_runs_once(launched: str) -> None:
+    queue = await DBOS.register_queue_async("flowdecision_test_decisions", polling_interval_sec=0.1)
+    sink = DBOSSink(record_decision, queue=queue)
+    await sink.submit(request(decision_id="d-queued"), 1)
+    await sink.submit(request(decision_id="d-queued"), 2)
+    assert await finished("d-queued") == "d-queued"
+    await sink.submit(request(decision_id="d-queued"), 3)
+    status = await DBOS.get_workflow_status_async("d-queued")
+    assert status is not None and status.queue_name == "flowdecision_test_decisions"
+    assert runs_of("d-queued") == 1
+
+
 async def test_a_different_workflow_under_a_used_id_is_an_error(launched: str) -> None:
     @DBOS.workflow(name="flowdecision_test_other")
     async def other(request_json: str, attempt: int) -> None:

@@ -8,7 +8,7 @@ Library (DBOS configured and launched by your application)::
     @DBOS.workflow()
     async def handle_decision(request_json: str, attempt: int) -> None: ...
 
-    sink = DBOSSink(handle_decision)                 # or DBOSSink(handle_decision, queue=q)
+    sink = DBOSSink(handle_decision)   # or queue=DBOS.register_queue("decisions")
 
 Service: ``flowdecision serve --sink 'dbos+sqlite:///dbos.sqlite?workflow=myapp.flows:handle_decision'``
 or ``'dbos+postgresql://user@host/db?workflow=…'`` (see :func:`parse_dbos_url`);
@@ -93,7 +93,8 @@ class DBOSSink:
 
         text = request.to_json().decode("utf-8")
         try:
-            with SetWorkflowID(request.decision_id):
+            # Explicit, not DBOS's default by chance: an existing id returns its workflow.
+            with SetWorkflowID(request.decision_id, workflow_id_reuse_policy="return-existing"):
                 if self.queue is not None:
                     handle = await self.queue.enqueue_async(self.workflow, text, attempt)
                 else:
