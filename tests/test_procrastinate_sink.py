@@ -189,6 +189,25 @@ async def test_decision_dispatched_after_its_job_ran_does_not_run_again(
     assert len(await job_rows(db, "d-takeover")) == 1
 
 
+async def test_after_the_ledger_forgot_a_decision_the_marker_still_stops_a_second_job(
+    app: procrastinate.App, tmp_path: Path
+) -> None:
+    """Pruning completed ledger records re-opens submission; the sink still absorbs it."""
+    sent = request(decision_id="d-pruned")
+    async with ProcrastinateSink(app, TASK) as sink:
+        ledger = SqliteLedger(tmp_path / "ledger.db")
+        try:
+            dispatcher = Dispatcher("production", sink, ledger)
+            assert await dispatcher.dispatch(sent) is True
+            await run_worker(app)
+            assert await ledger.prune_completed(ledger.now_ms() + 1) == 1
+            assert await dispatcher.dispatch(sent) is True  # the ledger forgot it
+        finally:
+            await ledger.close()
+    await run_worker(app)
+    assert runs_of("d-pruned") == 1
+
+
 async def test_concurrent_submitters_of_one_id_defer_one_job(
     app: procrastinate.App, db: str
 ) -> None:
