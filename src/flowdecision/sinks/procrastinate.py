@@ -19,7 +19,8 @@ rebuilds the same request with the same hashes; procrastinate stores arguments
 as ``jsonb``, which would reorder keys of a dict) and ``attempt`` (``int``: the
 claim attempt that deferred the job). The job's ``queueing_lock`` is the
 decision id; with ``lock_by_run=True`` its ``lock`` is the run id, so the
-decisions of one run execute one at a time, in the order they were deferred.
+decisions of one run execute one at a time, in the order they were deferred
+(at equal priority).
 
 **Why a job runs once.** procrastinate's ``queueing_lock`` is a unique index
 over jobs in status ``todo`` only: once the job started or finished, deferring
@@ -141,6 +142,7 @@ class ProcrastinateSink:
         if self._ready:
             return self
         from procrastinate import PsycopgConnector
+        from procrastinate.exceptions import AppNotOpen
 
         connector = self.app.connector
         if not isinstance(connector, PsycopgConnector):
@@ -150,7 +152,7 @@ class ProcrastinateSink:
             )
         try:
             connector.pool  # noqa: B018 (raises AppNotOpen when the app is closed)
-        except Exception:
+        except AppNotOpen:
             await self.app.open_async()
             self._opened_app = True
         try:
