@@ -20,5 +20,5 @@ def test_library_quick_start_runs_as_written(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "engine accepted dec-1 attempt 1"
-    assert lines[1:3] == ["True", "False"]
+    assert lines[1:3] == ["submitted 1", "duplicate False"]
     assert "'completed': 1" in lines[3] and "'duplicates': 1" in lines[3]
