@@ -272,6 +272,7 @@ async def test_get_an_unknown_decision_is_404(client: httpx.AsyncClient) -> None
             "code": "not_found",
             "message": "no claim for decision `never-submitted`",
             "decision_id": "never-submitted",
+            "request_id": response.headers["X-Request-Id"],
         }
     }
 

@@ -25,6 +25,7 @@ __all__ = [
     "LedgerUnavailableError",
     "SinkError",
     "UnauthorizedBranchError",
+    "classified_code",
     "classify",
 ]
 
@@ -187,17 +188,26 @@ class SinkError(DispatchError):
         self.detail = detail
 
 
-def classify(error: BaseException, table: Mapping[str, T]) -> T | None:
-    """The entry of ``table`` for ``error``'s :attr:`~FlowDecisionError.code`.
+def classified_code(error: BaseException, table: Mapping[str, object]) -> str | None:
+    """The code under which ``table`` classifies ``error``.
 
-    Every classification (health counters, HTTP statuses) is a table keyed by
-    ``code``, looked up here. A class whose own code has no entry falls back to
-    its nearest base class's code, so a new subclass is classified like its
-    parent until it gets a row. None when nothing matches (e.g. an exception
-    that is not a :class:`FlowDecisionError`).
+    That is ``error``'s own :attr:`~FlowDecisionError.code` when the table has
+    a row for it, else its nearest base class's code that has one, so a new
+    subclass is classified like its parent until it gets a row. None when
+    nothing matches (e.g. an exception that is not a :class:`FlowDecisionError`).
     """
     for cls in type(error).__mro__:
         code = cls.__dict__.get("code")
         if isinstance(code, str) and code in table:
-            return table[code]
+            return code
     return None
+
+
+def classify(error: BaseException, table: Mapping[str, T]) -> T | None:
+    """The row of ``table`` for ``error`` (see :func:`classified_code`), or None.
+
+    Every classification of errors (health counters, HTTP answers) is a table
+    keyed by ``code`` and looked up here.
+    """
+    code = classified_code(error, table)
+    return None if code is None else table[code]
