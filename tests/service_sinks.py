@@ -35,3 +35,29 @@ def make_gate_sink() -> GateSink:
 class NotASink:
     def submit(self, request: DecisionRequest, attempt: int) -> None:  # not async
         return None
+
+
+class SecretFailingSink:
+    """Always fails with an exception whose text holds a secret (it must stay in the log)."""
+
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        raise RuntimeError(
+            "engine refused: token=sk-live-SECRET-42 at /srv/engine/private.sock db.internal:5432"
+        )
+
+
+class SlowSink:
+    """Takes 0.2-1.5 s per decision (by its id's hash, so runs repeat); logs each entry.
+
+    Appends the decision id to ``$FLOWDECISION_TEST_DIR/entered`` when a
+    submission starts, so a test knows how many are in flight.
+    """
+
+    def __init__(self) -> None:
+        self.entered = Path(os.environ["FLOWDECISION_TEST_DIR"]) / "entered"
+
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        with open(self.entered, "a") as handle:
+            handle.write(request.decision_id + "\n")
+        spread = int.from_bytes(request.decision_id.encode()[-2:], "big") % 1300
+        await asyncio.sleep(0.2 + spread / 1000)

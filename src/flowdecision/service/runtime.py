@@ -179,6 +179,7 @@ class Service:
         self._probed_at = -PROBE_TTL_S
         self._probing: asyncio.Task[tuple[Check, Check]] | None = None
         self._checks: tuple[Check, Check] = (OK, NOT_PROBED)
+        self._failures_at_probe = (0, 0)
 
     @classmethod
     async def start(cls, settings: Settings) -> Service:
@@ -225,9 +226,18 @@ class Service:
         )
 
     async def check_health(self) -> ServiceHealth:
-        """Probe the ledger and the sink (reusing results younger than a second)."""
+        """Probe the ledger and the sink.
+
+        Results younger than :data:`PROBE_TTL_S` are reused unless a dispatch
+        has seen a ledger or sink failure since.
+        """
         loop = asyncio.get_running_loop()
-        if loop.time() - self._probed_at >= PROBE_TTL_S and not self.stopped:
+        metrics = self.dispatcher.metrics
+        # A ledger or sink failure since the last probe makes its result stale at once.
+        failures = (metrics.ledger_failures, metrics.sink_failures)
+        stale = failures != self._failures_at_probe
+        if (stale or loop.time() - self._probed_at >= PROBE_TTL_S) and not self.stopped:
+            self._failures_at_probe = failures
             if self._probing is None:
                 self._probing = loop.create_task(self._probe())
             probing = self._probing
