@@ -47,7 +47,7 @@ class SecretFailingSink:
 
 
 class SlowSink:
-    """Takes 0.2-1.5 s per decision (by its id's hash, so runs repeat); logs each entry.
+    """Takes 0.2-1.5 s per decision: ``dec-slow-N`` (N in 0..19) takes 0.2 + 1.3 * N / 19 s.
 
     Appends the decision id to ``$FLOWDECISION_TEST_DIR/entered`` when a
     submission starts, so a test knows how many are in flight.
@@ -59,5 +59,5 @@ class SlowSink:
     async def submit(self, request: DecisionRequest, attempt: int) -> None:
         with open(self.entered, "a") as handle:
             handle.write(request.decision_id + "\n")
-        spread = int.from_bytes(request.decision_id.encode()[-2:], "big") % 1300
-        await asyncio.sleep(0.2 + spread / 1000)
+        index = int(request.decision_id.rsplit("-", 1)[-1]) % 20
+        await asyncio.sleep(0.2 + 1.3 * index / 19)
