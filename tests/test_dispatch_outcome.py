@@ -25,6 +25,7 @@ from flowdecision import (
 )
 from flowdecision.dispatcher import ERROR_CLASSES
 from flowdecision.errors import classify
+from flowdecision.health import ErrorRate, ErrorWindow
 from flowdecision.identity import decision_receipt
 from flowdecision.model import request_hash
 
@@ -200,3 +201,18 @@ async def test_rides_out_a_locked_sqlite_ledger(tmp_path: Path) -> None:
         release.set()
         holder.join()
         await ledger.close()
+
+
+def test_the_error_window_forgets_what_is_older_than_its_span() -> None:
+    now = [1000.0]
+    window = ErrorWindow(window_s=60, clock=lambda: now[0])
+    window.record(failed=True)
+    window.record(failed=False)
+    now[0] += 30
+    window.record(failed=True)
+    assert window.rate() == ErrorRate(window_s=60, dispatches=3, failures=2)
+    now[0] += 31  # the first second has left the window
+    assert window.rate() == ErrorRate(window_s=60, dispatches=1, failures=1)
+    assert window.rate().rate == 1.0
+    now[0] += 60
+    assert window.rate().dispatches == 0 and window.rate().rate == 0.0

@@ -399,7 +399,9 @@ def test_502_when_the_sink_fails_then_a_retry_succeeds(tmp_path: Path) -> None:
         assert health.json()["status"] == "healthy"
         assert health.json()["sink_failures"] == 1
         assert health.json()["checks"]["sink"] == {"status": "ok", "code": "not_probed"}
-        assert client.get("/v1/outbox").json()["error"]["code"] == "no_outbox"
+        no_outbox = client.get("/v1/outbox")
+        assert no_outbox.json()["error"]["code"] == "no_outbox"
+        assert engine.url not in no_outbox.text  # no internal host to the client
 
         engine.set_script([(202, {})])
         retried = client.post("/v1/decisions", content=request.to_json())

@@ -262,13 +262,14 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
 
 async def get_outbox(request: Request) -> Response:
     """Accepted decisions in commit order, for a workflow engine to pull (outbox sinks)."""
-    context, service = _context(request)
+    _ctx, service = _context(request)
     fetch = getattr(service.sink, "fetch", None)
     if fetch is None:
         return error_response(
             404,
             "no_outbox",
-            f"the configured sink ({context.sink_shown}) is not an outbox; "
+            # No sink URL here: it may name an internal host.
+            "the configured sink is not an outbox; "
             "use a sqlite:/// or postgresql:// sink to pull decisions",
         )
     try:
