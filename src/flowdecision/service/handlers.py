@@ -71,7 +71,8 @@ def _context(request: Request) -> tuple[AppContext, Service]:
 
 def _error_context(service: Service) -> ErrorContext:
     return ErrorContext(
-        now_ms=service.ledger.now_ms(), heartbeat_ms=max(service.settings.lease_ms // 3, 1)
+        now_ms=service.ledger.now_ms(),
+        heartbeat_ms=round(service.dispatcher.heartbeat_s * 1000),
     )
 
 
