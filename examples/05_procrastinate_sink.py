@@ -76,8 +76,8 @@ async def main(url: str) -> None:
             try:
                 async with ProcrastinateSink(app, TASK) as sink:
                     dispatcher = Dispatcher("production", sink, ledger)
-                    print("first dispatch submitted:", await dispatcher.dispatch(request))
-                    print("second dispatch submitted:", await dispatcher.dispatch(request))
+                    print("first dispatch submitted:", bool(await dispatcher.dispatch(request)))
+                    print("second dispatch submitted:", bool(await dispatcher.dispatch(request)))
                     print("crash-window re-submission deferred:", await sink.defer(request, 2))
                     await run_worker(app)
                     print("re-submission after the job ran deferred:", await sink.defer(request, 3))

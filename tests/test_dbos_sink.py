@@ -88,9 +88,9 @@ async def test_dispatcher_takeover_after_a_crash_runs_the_workflow_once(
         await finished("d-takeover")
         await asyncio.sleep(0.01)  # let the 1 ms lease lapse
         owner_b = Dispatcher("production", sink, ledger, owner_id="owner-b")
-        assert await owner_b.dispatch(crashed) is True
+        assert (await owner_b.dispatch(crashed)).submitted is True
         assert owner_b.health().takeovers == 1
-        assert await owner_b.dispatch(crashed) is False
+        assert (await owner_b.dispatch(crashed)).submitted is False
     finally:
         await ledger.close()
     await finished("d-takeover")

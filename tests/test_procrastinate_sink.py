@@ -154,10 +154,10 @@ async def test_decision_dispatched_after_its_job_ran_does_not_run_again(
     async with ProcrastinateSink(app, TASK) as sink:
         ledger = SqliteLedger(ledger_path)
         try:
-            assert await Dispatcher("production", sink, ledger).dispatch(first) is True
+            assert (await Dispatcher("production", sink, ledger).dispatch(first)).submitted is True
             await run_worker(app)
             # A new process on the same ledger: completed, so the sink is not even called.
-            assert await Dispatcher("production", sink, ledger).dispatch(first) is False
+            assert (await Dispatcher("production", sink, ledger).dispatch(first)).submitted is False
         finally:
             await ledger.close()
 
@@ -177,7 +177,7 @@ async def test_decision_dispatched_after_its_job_ran_does_not_run_again(
             await run_worker(app)
             await asyncio.sleep(0.01)  # let the 1 ms lease lapse
             owner_b = Dispatcher("production", sink, ledger, owner_id="owner-b")
-            assert await owner_b.dispatch(crashed) is True
+            assert (await owner_b.dispatch(crashed)).submitted is True
             assert owner_b.health().takeovers == 1
             deferral = await sink.deferral("d-takeover")
             assert deferral is not None and deferral.highest_attempt == 2
@@ -198,10 +198,10 @@ async def test_after_the_ledger_forgot_a_decision_the_marker_still_stops_a_secon
         ledger = SqliteLedger(tmp_path / "ledger.db")
         try:
             dispatcher = Dispatcher("production", sink, ledger)
-            assert await dispatcher.dispatch(sent) is True
+            assert (await dispatcher.dispatch(sent)).submitted is True
             await run_worker(app)
             assert await ledger.prune_completed(ledger.now_ms() + 1) == 1
-            assert await dispatcher.dispatch(sent) is True  # the ledger forgot it
+            assert (await dispatcher.dispatch(sent)).submitted is True  # the ledger forgot it
         finally:
             await ledger.close()
     await run_worker(app)

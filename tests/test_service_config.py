@@ -187,7 +187,6 @@ async def test_a_decision_arriving_during_shutdown_gets_503_not_a_closed_ledger(
     settings = Settings(ledger="memory:", sink="python:tests.helpers:RecordingSink")
     service = Service(settings, MemoryLedger(), RecordingSink())
     app = create_app(settings, service=service)
-    app.state.service = service
     service.closed = True
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
