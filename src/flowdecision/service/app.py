@@ -53,6 +53,7 @@ from ..sinks.base import Sink
 from ..sinks.loader import WebhookOptions, close_sink, open_sink
 from .config import Settings, redact_url
 from .errors import error_response, http_exception_handler, unhandled_exception_handler
+from .guards import RequestGuardMiddleware
 from .logs import AccessLogMiddleware
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .status import RecentDecision, render_status_page
@@ -572,6 +573,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
             on_response=metrics.count_request,
         ),
         Middleware(AuthMiddleware, tokens=settings.tokens(), public=public),
+        RequestGuardMiddleware.middleware(settings),
     ]
     app = Starlette(
         routes=routes,
