@@ -9,8 +9,8 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from flowdecision.model import Complete, DecisionRequest, DecisionStep, ScheduleStep

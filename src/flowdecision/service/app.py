@@ -53,7 +53,7 @@ from ..sinks.base import Sink
 from ..sinks.loader import WebhookOptions, close_sink, open_sink
 from .config import Settings, redact_url
 from .errors import error_response, http_exception_handler, unhandled_exception_handler
-from .guards import RequestGuardMiddleware
+from .guards import RequestGuardMiddleware, UnreadBodyMiddleware
 from .logs import AccessLogMiddleware
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .status import RecentDecision, render_status_page
@@ -567,6 +567,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
     ]
     public = frozenset() if settings.auth_healthz else frozenset({"/healthz"})
     middleware = [
+        Middleware(UnreadBodyMiddleware),
         Middleware(
             AccessLogMiddleware,
             enabled=settings.access_log,

@@ -24,12 +24,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from starlette.middleware import Middleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import Settings, is_loopback, normalize_host_name, normalize_origin
 from .errors import error_response
 
-__all__ = ["RequestGuardMiddleware"]
+__all__ = ["RequestGuardMiddleware", "UnreadBodyMiddleware"]
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _JSON = "application/json"
@@ -129,3 +129,45 @@ class RequestGuardMiddleware:
             name = text.rsplit(":", 1)[0] if text.count(":") == 1 else text
         name = name.rstrip(".")
         return bool(name) and (is_loopback(name) or name in self.allowed_hosts)
+
+
+class UnreadBodyMiddleware:
+    """Marks a response sent before the request body was read ``Connection: close``.
+
+    A refusal (401, 413 on ``Content-Length``, 415...) is sent without reading
+    the body. The connection then cannot carry another request, and a client
+    that reuses it (a ``requests`` session) would see it closed under its next
+    request; told ``Connection: close``, it opens a new one. The connection layer
+    drains the unread body meanwhile (transport.py, lingering close).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _has_body(scope):
+            await self.app(scope, receive, send)
+            return
+        body_read = False
+
+        async def receive_and_note() -> Message:
+            nonlocal body_read
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_read = True
+            return message
+
+        async def send_with_close(message: Message) -> None:
+            if message["type"] == "http.response.start" and not body_read:
+                headers = [*message.get("headers", []), (b"connection", b"close")]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive_and_note, send_with_close)
+
+
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
