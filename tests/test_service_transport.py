@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import resource
 import signal
 import socket
@@ -15,6 +16,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,8 +24,10 @@ import httpx
 import pytest
 import requests
 
-from flowdecision.service.config import Settings
+from flowdecision.model import DecisionRequest
+from flowdecision.service.config import ConfigError, Settings, load_settings
 from flowdecision.service.server import bind_socket, event_loop_factory, serve
+from flowdecision.service.transport import effective_max_connections
 from tests.service_process import ServiceProcess, decision, wait_for
 
 T = TypeVar("T")
@@ -236,6 +240,18 @@ def _read_until_closed(conn: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
+def _read_response(conn: socket.socket) -> bytes:
+    """One whole response with a ``content-length`` (the connection stays open)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
 def _status_and_error(raw: bytes) -> tuple[int, str]:
     head, _, body = raw.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])
@@ -411,3 +427,99 @@ def test_413_on_a_3mb_body_is_readable_by_urllib_and_requests(tmp_path: Path) ->
                 assert response.json()["error"]["code"] == "payload_too_large"
                 statuses.append(response.status_code)
     assert statuses == [413] * 100
+
+
+# -- the cap when every connection is serving a request ------------------------------------
+
+
+def test_at_the_cap_requests_in_progress_are_kept_idle_ones_evicted_new_ones_refused(
+    tmp_path: Path,
+) -> None:
+    gate = tmp_path / "gate"
+    entered = Path(f"{gate}.entered")
+    with (
+        ServiceProcess(
+            tmp_path,
+            "--max-connections",
+            "2",
+            "--sink",
+            "python:tests.service_sinks:make_gate_sink",
+            env={"FLOWDECISION_TEST_GATE": str(gate)},
+        ) as service,
+        ThreadPoolExecutor(2) as pool,
+        contextlib.ExitStack() as stack,
+    ):
+
+        def post(request: DecisionRequest) -> int:
+            with httpx.Client(base_url=service.url, headers=service.headers, timeout=60) as c:
+                return c.post("/v1/decisions", content=request.to_json()).status_code
+
+        first, second = decision(), decision()
+        held = [pool.submit(post, first)]
+        stack.callback(gate.touch)  # release the sink whatever happens
+        wait_for(lambda: entered.exists() and entered.read_text() == first.decision_id)
+        with _connect(service.url) as idle:
+            idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert _read_response(idle).startswith(b"HTTP/1.1 200 ")
+            # The cap is full (one request in progress, one idle connection): the next
+            # connection evicts the idle one.
+            held.append(pool.submit(post, second))
+            assert _read_until_closed(idle) == b""
+        wait_for(lambda: entered.read_text() == second.decision_id)
+        # Both connections serve requests: a third is refused at once, not queued.
+        with _connect(service.url) as third:
+            assert _status_and_error(_read_until_closed(third)) == (503, "overloaded")
+        gate.touch()
+        assert [future.result(60) for future in held] == [201, 201]
+
+
+# -- settings ----------------------------------------------------------------------------
+
+
+def test_transport_settings_from_flags_env_and_toml(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'allowed_origins = ["https://Console.Example:443"]\nallowed_hosts = ["flow.internal"]\n'
+        "header_timeout_s = 2.5\n"
+    )
+    env = {
+        "FLOWDECISION_ALLOWED_HOSTS": "a.internal, b.internal",
+        "FLOWDECISION_MAX_CONNECTIONS": "50",
+    }
+    settings = load_settings(
+        {"keep_alive_timeout_s": 1.5, "http": "h11"}, env=env, config_file=str(config)
+    )
+    assert settings.allowed_origins == ("https://Console.Example:443",)
+    assert settings.allowed_hosts == ("a.internal", "b.internal")  # env over TOML
+    assert (settings.header_timeout_s, settings.keep_alive_timeout_s) == (2.5, 1.5)
+    assert (settings.max_connections, settings.http, settings.loop) == (50, "h11", "auto")
+    assert load_settings({}, env={}).allowed_origins == ()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"allowed_origins": "evil.example"}, "allowed_origins: `evil.example` is not an origin"),
+        ({"allowed_origins": "https://a.example/path"}, "is not an origin"),
+        ({"allowed_hosts": "https://flow.internal"}, "allowed_hosts: `https://flow.internal`"),
+        ({"allowed_hosts": "flow.internal:8080"}, "without scheme, port or path"),
+        ({"header_timeout_s": float("nan")}, "header_timeout_s must be a positive number"),
+        ({"body_timeout_s": 0}, "body_timeout_s must be a positive number"),
+        ({"max_connections": 0}, "max_connections must be at least 1"),
+        ({"http": "zttp"}, "http must be one of auto, httptools, h11"),
+        ({"loop": "trio"}, "loop must be one of auto, uvloop, asyncio"),
+    ],
+)
+def test_bad_transport_settings_are_named(flags: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_settings(flags, env={})
+
+
+def test_the_connection_cap_leaves_descriptors_for_everything_else() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        assert effective_max_connections(1000) == 864
+        assert effective_max_connections(100) == 100
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
