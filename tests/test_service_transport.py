@@ -210,11 +210,11 @@ def test_guard_refuses_wrong_content_type_foreign_origin_and_foreign_host(
 
 
 def test_host_check_is_off_on_a_public_bind_unless_names_are_configured(tmp_path: Path) -> None:
-    from flowdecision.service.guards import RequestGuardMiddleware
+    from flowdecision.service.guards import BrowserGuardMiddleware
 
     public = Settings(host="0.0.0.0", token="t" * 32)
-    assert RequestGuardMiddleware.middleware(public).kwargs["check_host"] is False
-    assert RequestGuardMiddleware.middleware(Settings()).kwargs["check_host"] is True
+    assert BrowserGuardMiddleware.middleware(public).kwargs["check_host"] is False
+    assert BrowserGuardMiddleware.middleware(Settings()).kwargs["check_host"] is True
 
 
 # -- timeouts ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flowdecision.model import DecisionRequest
 from tests.service_process import ServiceProcess, decision
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -95,7 +96,7 @@ ATTACK_PAGE = """<!doctype html><html><body><p id="result">pending</p><script>
   } catch (error) { out.push("plain:" + error.name); }
   try {
     const response = await fetch(SERVICE + "/v1/decisions", {method: "POST",
-      headers: {"Content-Type": "application/json"}, body: JSON_BODY});
+      headers: JSON_HEADERS, body: JSON_BODY});
     out.push("json:" + response.status);
   } catch (error) { out.push("json:" + error.name); }
   document.getElementById("result").textContent = out.join(" ");
@@ -103,13 +104,27 @@ ATTACK_PAGE = """<!doctype html><html><body><p id="result">pending</p><script>
 </script></body></html>"""
 
 
+def _page(
+    service_url: str, plain: DecisionRequest, as_json: DecisionRequest, headers: dict[str, str]
+) -> str:
+    return (
+        ATTACK_PAGE.replace("SERVICE", json.dumps(service_url))
+        .replace("PLAIN", json.dumps(plain.to_json().decode()))
+        .replace("JSON_BODY", json.dumps(as_json.to_json().decode()))
+        .replace("JSON_HEADERS", json.dumps(headers))
+    )
+
+
 @contextmanager
-def serve_page(html: str) -> Iterator[int]:
-    """A web server on another port (another origin) that serves ``html``; yields its port."""
+def serve_page(html: str | list[str], port: int = 0) -> Iterator[int]:
+    """A web server on another port (another origin) that serves ``html``; yields its port.
+
+    ``html`` may be a one-item list filled in after the port is known.
+    """
 
     class Page(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = html.encode()
+            body = (html if isinstance(html, str) else html[0]).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
@@ -119,7 +134,7 @@ def serve_page(html: str) -> Iterator[int]:
         def log_message(self, format: str, *args: object) -> None:
             return None
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Page)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -133,11 +148,7 @@ def test_a_page_on_another_origin_cannot_submit_a_decision(tmp_path: Path) -> No
     # The token-less default of `make run`: the exposure the guard exists for.
     with ServiceProcess(tmp_path) as service:
         plain, as_json = decision(), decision()
-        page = (
-            ATTACK_PAGE.replace("SERVICE", json.dumps(service.url))
-            .replace("PLAIN", json.dumps(plain.to_json().decode()))
-            .replace("JSON_BODY", json.dumps(as_json.to_json().decode()))
-        )
+        page = _page(service.url, plain, as_json, {"Content-Type": "application/json"})
         with serve_page(page) as port:
             dom = dump_dom(
                 f"http://attacker.test:{port}/",
@@ -177,3 +188,25 @@ def test_dns_rebinding_to_the_loopback_service_is_refused(tmp_path: Path) -> Non
         assert "host_not_allowed" in dom
         with httpx.Client(base_url=service.url) as client:  # by its own name it still answers
             assert "Recent decisions" in client.get("/").text
+
+
+def test_a_console_on_an_allowed_origin_can_call_the_api_with_its_token(tmp_path: Path) -> None:
+    page: list[str] = [""]
+    with serve_page(page) as port:
+        origin = f"http://console.test:{port}"
+        with ServiceProcess(tmp_path, "--allowed-origins", origin, token=TOKEN) as service:
+            plain, as_json = decision(), decision()
+            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
+            page[0] = _page(service.url, plain, as_json, headers)
+            dom = dump_dom(
+                f"{origin}/",
+                tmp_path / "profile",
+                "--host-resolver-rules=MAP console.test 127.0.0.1",
+                "--virtual-time-budget=15000",
+            )
+            # The preflight passed (before auth), the JSON POST was answered and readable.
+            assert re.search(r'<p id="result">plain:sent json:201</p>', dom), dom[:2000]
+            with httpx.Client(base_url=service.url, headers=service.headers) as client:
+                assert client.get(f"/v1/decisions/{as_json.decision_id}").status_code == 200
+                # The simple request had no token (and the wrong type): nothing recorded.
+                assert client.get(f"/v1/decisions/{plain.decision_id}").status_code == 404

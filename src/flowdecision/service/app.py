@@ -53,7 +53,7 @@ from ..sinks.base import Sink
 from ..sinks.loader import WebhookOptions, close_sink, open_sink
 from .config import Settings, redact_url
 from .errors import error_response, http_exception_handler, unhandled_exception_handler
-from .guards import RequestGuardMiddleware, UnreadBodyMiddleware
+from .guards import BrowserGuardMiddleware, JsonContentTypeMiddleware, UnreadBodyMiddleware
 from .logs import AccessLogMiddleware
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .status import RecentDecision, render_status_page
@@ -573,8 +573,9 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
             enabled=settings.access_log,
             on_response=metrics.count_request,
         ),
+        BrowserGuardMiddleware.middleware(settings),
         Middleware(AuthMiddleware, tokens=settings.tokens(), public=public),
-        RequestGuardMiddleware.middleware(settings),
+        Middleware(JsonContentTypeMiddleware),
     ]
     app = Starlette(
         routes=routes,

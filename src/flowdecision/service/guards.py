@@ -1,22 +1,23 @@
-"""Browser and host safety: the checks every HTTP request passes before auth and routing.
+"""Browser and host safety: checks every HTTP request passes before it reaches a handler.
 
 A web page in the operator's browser can send requests to the service: a
 "simple" cross-origin ``POST`` (``Content-Type: text/plain``) needs no CORS
 preflight, and a DNS-rebinding page can even make the browser address a
-loopback service under the attacker's host name. :class:`RequestGuardMiddleware`
-refuses, in this order:
+loopback service under the attacker's host name. So:
 
-1. a ``Host`` that names neither loopback nor an ``allowed_hosts`` entry, when
-   the service listens on loopback (or whenever ``allowed_hosts`` is set): 421
-   ``host_not_allowed``;
-2. any ``Origin`` header not in ``allowed_origins`` (empty by default, so every
-   browser-sent cross-site request is refused): 403 ``origin_not_allowed``;
-3. a ``POST`` whose ``Content-Type`` is not ``application/json``: 415
-   ``unsupported_media_type`` (no HTML form can send that type, and a script can
-   only send it after a preflight, which rule 2 refuses).
+- :class:`BrowserGuardMiddleware` (before auth) refuses a ``Host`` that names
+  neither loopback nor an ``allowed_hosts`` entry when the service listens on
+  loopback (or whenever ``allowed_hosts`` is set): 421 ``host_not_allowed``;
+  and any ``Origin`` not in ``allowed_origins`` (empty by default, so every
+  request a browser sends from another site): 403 ``origin_not_allowed``. For
+  an allowed origin it answers CORS preflights and adds the CORS headers, so a
+  console served from that origin can call the API with its bearer token.
+- :class:`JsonContentTypeMiddleware` (after auth, so unauthenticated callers
+  still learn nothing but 401) refuses a ``POST`` whose ``Content-Type`` is not
+  ``application/json``: 415 ``unsupported_media_type``. No HTML form can send
+  that type, and a script can only send it after a preflight.
 
-Non-browser clients (curl, SDKs, load balancers) send no ``Origin`` and are not
-affected by rule 2.
+Non-browser clients (curl, SDKs, load balancers) send no ``Origin``.
 """
 
 from __future__ import annotations
@@ -24,19 +25,34 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from starlette.middleware import Middleware
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import Settings, is_loopback, normalize_host_name, normalize_origin
 from .errors import error_response
 
-__all__ = ["RequestGuardMiddleware", "UnreadBodyMiddleware"]
+__all__ = ["BrowserGuardMiddleware", "JsonContentTypeMiddleware", "UnreadBodyMiddleware"]
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _JSON = "application/json"
+#: What a console on an allowed origin may send and read (CORS).
+_CORS_PREFLIGHT = [
+    (b"access-control-allow-methods", b"GET, POST"),
+    (b"access-control-allow-headers", b"authorization, content-type, x-request-id, prefer"),
+    (b"access-control-max-age", b"600"),
+]
+_CORS_EXPOSE = (b"access-control-expose-headers", b"retry-after, x-request-id")
 
 
-class RequestGuardMiddleware:
-    """Pure ASGI middleware enforcing the ``Host``, ``Origin`` and ``Content-Type`` rules."""
+def _header(scope: Scope, wanted: bytes) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == wanted:
+            return bytes(value)
+    return None
+
+
+class BrowserGuardMiddleware:
+    """Pure ASGI middleware enforcing the ``Host`` and ``Origin`` rules (and CORS)."""
 
     def __init__(
         self,
@@ -69,57 +85,38 @@ class RequestGuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        host = origin = content_type = None
-        for name, value in scope["headers"]:
-            if name == b"host":
-                host = value
-            elif name == b"origin":
-                origin = value
-            elif name == b"content-type":
-                content_type = value
-        refusal = self._refusal(scope["method"], host, origin, content_type)
-        if refusal is None:
-            await self.app(scope, receive, send)
-            return
-        status, code, message = refusal
-        # The request body (if any) is never read: the connection layer drains or
-        # closes it (see transport.py), so the client can read this answer.
-        await error_response(status, code, message)(scope, receive, send)
-
-    def _refusal(
-        self,
-        method: str,
-        host: bytes | None,
-        origin: bytes | None,
-        content_type: bytes | None,
-    ) -> tuple[int, str, str] | None:
+        host = _header(scope, b"host")
         if self.check_host and host is not None and not self._host_allowed(host):
             shown = host.decode("latin-1")[:200]
-            return (
+            refusal = error_response(
                 421,
                 "host_not_allowed",
                 f"`Host: {shown}` is not a name of this service; it answers to localhost, "
                 "127.0.0.1 and [::1] (and the names in allowed_hosts)",
             )
-        if origin is not None:
-            text = origin.decode("latin-1")
-            if normalize_origin(text) not in self.allowed_origins:
-                return (
-                    403,
-                    "origin_not_allowed",
-                    f"requests from origin `{text[:200]}` are not allowed "
-                    "(add it to allowed_origins to let that web page call the service)",
-                )
-        if method in _BODY_METHODS:
-            media = (content_type or b"").split(b";", 1)[0].strip().lower()
-            if media != _JSON.encode():
-                shown = (content_type or b"").decode("latin-1")[:100] or "none"
-                return (
-                    415,
-                    "unsupported_media_type",
-                    f"{method} needs `Content-Type: {_JSON}`, got `{shown}`",
-                )
-        return None
+            await refusal(scope, receive, send)
+            return
+        origin = _header(scope, b"origin")
+        if origin is None:
+            await self.app(scope, receive, send)
+            return
+        text = origin.decode("latin-1")
+        if normalize_origin(text) not in self.allowed_origins:
+            refusal = error_response(
+                403,
+                "origin_not_allowed",
+                f"requests from origin `{text[:200]}` are not allowed "
+                "(add it to allowed_origins to let that web page call the service)",
+            )
+            await refusal(scope, receive, send)
+            return
+        allow = [(b"access-control-allow-origin", origin), (b"vary", b"origin")]
+        if scope["method"] == "OPTIONS" and _header(scope, b"access-control-request-method"):
+            await Response(status_code=204, headers=None)(
+                scope, receive, _adding(send, allow + _CORS_PREFLIGHT)
+            )
+            return
+        await self.app(scope, receive, _adding(send, [*allow, _CORS_EXPOSE]))
 
     def _host_allowed(self, header: bytes) -> bool:
         text = header.decode("latin-1").strip().lower()
@@ -129,6 +126,40 @@ class RequestGuardMiddleware:
             name = text.rsplit(":", 1)[0] if text.count(":") == 1 else text
         name = name.rstrip(".")
         return bool(name) and (is_loopback(name) or name in self.allowed_hosts)
+
+
+def _adding(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *headers]}
+        await send(message)
+
+    return send_with_headers
+
+
+class JsonContentTypeMiddleware:
+    """Refuses a request with a body whose ``Content-Type`` is not ``application/json`` (415)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        content_type = _header(scope, b"content-type") or b""
+        if content_type.split(b";", 1)[0].strip().lower() == _JSON.encode():
+            await self.app(scope, receive, send)
+            return
+        shown = content_type.decode("latin-1")[:100] or "none"
+        # The body is not read: UnreadBodyMiddleware marks the answer Connection:
+        # close and the connection layer drains the body, so the client reads the 415.
+        refusal = error_response(
+            415,
+            "unsupported_media_type",
+            f"{scope['method']} needs `Content-Type: {_JSON}`, got `{shown}`",
+        )
+        await refusal(scope, receive, send)
 
 
 class UnreadBodyMiddleware:
