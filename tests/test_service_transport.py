@@ -351,8 +351,10 @@ class _Slowloris:
         first = True
         while not self._stop.is_set():
             try:
-                _reader, writer = await asyncio.open_connection(self.host, self.port)
-            except OSError:
+                _reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port), 10
+                )
+            except (OSError, TimeoutError):
                 await asyncio.sleep(0.2)
                 continue
             if first:
@@ -373,12 +375,15 @@ class _Slowloris:
                 writer.close()
 
 
+@pytest.mark.parametrize(("http", "loop"), STACKS, ids=[f"{h}-{lp}" for h, lp in STACKS])
 def test_1100_slow_clients_against_1024_descriptors_do_not_lock_out_a_good_client(
-    tmp_path: Path,
+    tmp_path: Path, http: str, loop: str
 ) -> None:
     with (
-        _raised_descriptor_limit(4 * SLOW_CLIENTS),
-        ServiceProcess(tmp_path, preexec_fn=_limit_descriptors) as service,
+        _raised_descriptor_limit(SLOW_CLIENTS + 500),
+        ServiceProcess(
+            tmp_path, *_stack_args(http, loop), preexec_fn=_limit_descriptors
+        ) as service,
     ):
         host, port = service.url.removeprefix("http://").rsplit(":", 1)
         with _Slowloris(host, int(port), SLOW_CLIENTS) as attack:
@@ -407,10 +412,13 @@ def test_1100_slow_clients_against_1024_descriptors_do_not_lock_out_a_good_clien
 # -- a 413 the client can read ------------------------------------------------------------
 
 
-def test_413_on_a_3mb_body_is_readable_by_urllib_and_requests(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("http", "loop"), STACKS, ids=[f"{h}-{lp}" for h, lp in STACKS])
+def test_413_on_a_3mb_body_is_readable_by_urllib_and_requests(
+    tmp_path: Path, http: str, loop: str
+) -> None:
     body = b'{"pad":"' + b"x" * (3 * 1024 * 1024) + b'"}'
     json_type = {"Content-Type": "application/json"}
-    with ServiceProcess(tmp_path) as service:
+    with ServiceProcess(tmp_path, *_stack_args(http, loop)) as service:
         url = f"{service.url}/v1/decisions"
         statuses: list[int] = []
         for _ in range(50):
