@@ -297,6 +297,12 @@ def test_slow_headers_slow_bodies_and_idle_connections_are_closed(
             answer = _read_until_closed(idle)  # the 200, then the close after 0.5 s idle
             assert answer.startswith(b"HTTP/1.1 200 ")
 
+        # Pipelined requests are all answered (the timeouts follow each request).
+        with _connect(service.url) as pipelined:
+            ask = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            pipelined.sendall(ask * 2 + ask.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+            assert _read_until_closed(pipelined).count(b"HTTP/1.1 200 ") == 3
+
         with httpx.Client(base_url=service.url, headers=service.headers) as client:
             assert client.get(f"/v1/decisions/{request.decision_id}").status_code == 404
             assert client.post("/v1/decisions", content=decision().to_json()).status_code == 201
