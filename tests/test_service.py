@@ -386,7 +386,7 @@ def test_502_when_the_sink_fails_then_a_retry_succeeds(tmp_path: Path) -> None:
     with (
         WebhookReceiver([(400, {})]) as engine,
         ServiceProcess(tmp_path, "--sink", engine.url, "--webhook-max-attempts", "2") as service,
-        httpx.Client(base_url=service.url) as client,
+        httpx.Client(base_url=service.url, headers=service.headers) as client,
     ):
         request = decision()
         failed = client.post("/v1/decisions", content=request.to_json())
@@ -418,7 +418,7 @@ def test_503_when_the_ledger_fails(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     with (
         ServiceProcess(tmp_path, "--ledger", f"sqlite:///{db}") as service,
-        httpx.Client(base_url=service.url) as client,
+        httpx.Client(base_url=service.url, headers=service.headers) as client,
     ):
         assert client.post("/v1/decisions", content=decision().to_json()).status_code == 201
         with sqlite3.connect(db) as conn:  # the store breaks under the running service

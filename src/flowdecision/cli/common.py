@@ -33,10 +33,18 @@ ledger_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
-def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine; turn flowdecision errors into a clean message and exit 1."""
+def run(
+    coro_fn: Callable[[], Awaitable[T]],
+    *,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> T:
+    """Run a coroutine; turn flowdecision errors into a clean message and exit 1.
+
+    ``loop_factory`` picks the event loop (``serve`` uses uvloop when installed).
+    """
     try:
-        return asyncio.run(_call(coro_fn))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(_call(coro_fn))
     except FlowDecisionError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(EXIT_ERROR)

@@ -32,6 +32,7 @@ from .auth import AuthMiddleware
 from .boundary import BoundaryMiddleware
 from .config import Settings, redact_url
 from .errors import http_exception_handler
+from .guards import BrowserGuardMiddleware, JsonContentTypeMiddleware, UnreadBodyMiddleware
 from .handlers import AppContext, routes
 from .metrics import ServiceMetrics
 from .runtime import Service
@@ -83,12 +84,15 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
 
     public = frozenset() if settings.auth_healthz else frozenset({"/healthz"})
     middleware = [
+        Middleware(UnreadBodyMiddleware),
         Middleware(
             BoundaryMiddleware,
             access_log_enabled=settings.access_log,
             on_response=metrics.count_request,
         ),
+        BrowserGuardMiddleware.middleware(settings),
         Middleware(AuthMiddleware, tokens=settings.tokens(), public=public),
+        Middleware(JsonContentTypeMiddleware),
     ]
     app = Starlette(
         routes=routes(),
