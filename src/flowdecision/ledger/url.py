@@ -21,19 +21,26 @@ def parse_ledger_url(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "":
-        return "file", url
+        return "file", _no_nul(url, url)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise LedgerError(f"ledger URL `{url}`: file URLs must name a local path")
-        return "file", unquote(parts.path)
+        return "file", _no_nul(unquote(parts.path), url)
     if scheme == "sqlite":
-        return "sqlite", sqlite_path(url)
+        return "sqlite", _no_nul(sqlite_path(url), url)
     if scheme in ("postgres", "postgresql"):
         return "postgresql", url
     raise LedgerError(
         f"unsupported ledger URL scheme `{parts.scheme}` in `{url}`: "
         f"expected one of {', '.join(SCHEMES)}"
     )
+
+
+def _no_nul(path: str, url: str) -> str:
+    # The OS cannot name such a file; say so instead of failing deep in os.open.
+    if "\x00" in path:
+        raise LedgerError(f"ledger URL `{url}`: the path contains a NUL character")
+    return path
 
 
 def sqlite_path(url: str) -> str:
