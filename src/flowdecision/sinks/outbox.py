@@ -136,7 +136,7 @@ def _entry(row: Any) -> OutboxEntry:
     )
 
 
-def load_outbox_migrations(dialect: str) -> list[tuple[int, str, str]]:
+def load_outbox_migrations(dialect: str) -> tuple[tuple[int, str, str], ...]:
     """The ``(version, name, sql)`` outbox migrations shipped for ``dialect``, in order."""
     return load_migrations("flowdecision.sinks", dialect)
 
