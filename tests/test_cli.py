@@ -288,3 +288,13 @@ def test_chaos_refuses_a_ledger_that_holds_decisions_unless_forced(tmp_path: Pat
     assert forced.returncode == 0, forced.stderr
     records = asyncio.run(JsonFileLedger(tmp_path / "prod").records())
     assert "real-1" in records and len(records) == 6
+
+
+def test_chaos_refuses_a_postgres_ledger_that_holds_decisions(pg_empty_url: str) -> None:
+    tiny = ["--workers", "2", "--decisions", "3", "--kill-every-ms", "0", "--pause-every-ms", "0"]
+    fresh = flowdecision("chaos", "--ledger", pg_empty_url, *tiny)  # never migrated: fine
+    assert fresh.returncode == 0, fresh.stderr
+    refused = flowdecision("chaos", "--ledger", pg_empty_url, *tiny)
+    assert refused.returncode == 2, refused.stderr
+    assert "already holds decisions" in refused.stderr
+    assert pg_empty_url not in refused.stderr  # the URL may hold a password
