@@ -23,6 +23,7 @@ from .errors import (
     LedgerSchemaError,
     LedgerUnavailableError,
     SinkError,
+    StoreMissingError,
     UnauthorizedBranchError,
 )
 from .health import HealthSnapshot, HealthStatus
@@ -139,6 +140,7 @@ __all__ = [
     "Sink",
     "SinkError",
     "SqliteLedger",
+    "StoreMissingError",
     "UnauthorizedBranchError",
     "Unavailable",
     "decision_receipt",

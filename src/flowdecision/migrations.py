@@ -3,10 +3,17 @@
 Used by the ledgers (``flowdecision/ledger/sql/<dialect>/``) and the outbox
 (``flowdecision/sinks/sql/<dialect>/``). Files are named ``NNNN_name.sql``
 and must be numbered 1..n without gaps.
+
+Each set is read once per process (at import, where the schema versions are
+computed) and kept: a running process applies the SQL of the code it runs,
+even if the installed files are later replaced by an upgrade or become
+unreadable to it (a process that dropped privileges, a checkout in a private
+home directory).
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from importlib import resources
 from typing import ClassVar
@@ -22,8 +29,12 @@ class MigrationError(FlowDecisionError, ValueError):
     code: ClassVar[str] = "migration_invalid"
 
 
-def load_migrations(package: str, dialect: str) -> list[tuple[int, str, str]]:
-    """The ``(version, name, sql)`` migrations in ``package``/sql/``dialect``, in order."""
+@functools.cache
+def load_migrations(package: str, dialect: str) -> tuple[tuple[int, str, str], ...]:
+    """The ``(version, name, sql)`` migrations in ``package``/sql/``dialect``, in order.
+
+    Cached per process (see the module docs).
+    """
     folder = resources.files(package).joinpath("sql", dialect)
     found: list[tuple[int, str, str]] = []
     for entry in folder.iterdir():
@@ -35,7 +46,7 @@ def load_migrations(package: str, dialect: str) -> list[tuple[int, str, str]]:
     versions = [version for version, _, _ in found]
     if versions != list(range(1, len(found) + 1)):
         raise MigrationError(f"{package} {dialect} migrations are not numbered 1..n: {versions}")
-    return found
+    return tuple(found)
 
 
 def split_statements(script: str) -> list[str]:

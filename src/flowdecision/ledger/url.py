@@ -21,19 +21,26 @@ def parse_ledger_url(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "":
-        return "file", url
+        return "file", _no_nul(url, url)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise LedgerError(f"ledger URL `{url}`: file URLs must name a local path")
-        return "file", unquote(parts.path)
+        return "file", _no_nul(unquote(parts.path), url)
     if scheme == "sqlite":
-        return "sqlite", sqlite_path(url)
+        return "sqlite", _no_nul(sqlite_path(url), url)
     if scheme in ("postgres", "postgresql"):
         return "postgresql", url
     raise LedgerError(
         f"unsupported ledger URL scheme `{parts.scheme}` in `{url}`: "
         f"expected one of {', '.join(SCHEMES)}"
     )
+
+
+def _no_nul(path: str, url: str) -> str:
+    # The OS cannot name such a file; say so instead of failing deep in os.open.
+    if "\x00" in path:
+        raise LedgerError(f"ledger URL `{url}`: the path contains a NUL character")
+    return path
 
 
 def sqlite_path(url: str) -> str:
@@ -54,8 +61,14 @@ def sqlite_path(url: str) -> str:
     return path
 
 
-async def open_ledger(url: str) -> Ledger:
-    """Open (and for SQL stores, connect to) the ledger a URL names."""
+async def open_ledger(url: str, *, create: bool = True) -> Ledger:
+    """Open (and for SQL stores, connect to) the ledger a URL names.
+
+    ``create=False`` opens an existing ledger only, for tools that read or
+    prune one: no file or directory is created and no schema is migrated; a
+    missing store raises :class:`~flowdecision.errors.StoreMissingError`.
+    (PostgreSQL ledgers are never migrated on open: see ``flowdecision migrate``.)
+    """
     kind, target = parse_ledger_url(url)
     if kind == "memory":
         from .memory import MemoryLedger
@@ -64,11 +77,11 @@ async def open_ledger(url: str) -> Ledger:
     if kind == "file":
         from .jsonfile import JsonFileLedger
 
-        return JsonFileLedger(Path(target))
+        return JsonFileLedger(Path(target), create=create)
     if kind == "sqlite":
         from .sqlite import SqliteLedger
 
-        return await SqliteLedger.open(target)
+        return await SqliteLedger.open(target, create=create)
     from .postgres import PostgresLedger
 
     return await PostgresLedger.connect(target)
