@@ -68,6 +68,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -97,6 +98,7 @@ from service_ceiling import CEILING_BODY, READY_PREFIX  # noqa: E402
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
 PLOT = ROOT / "docs" / "service_scaling.png"
 LUA = HERE / "wrk_service.lua"
+PROFILE_HZ = 200
 BEGIN = "<!-- service-bench:begin -->"
 END = "<!-- service-bench:end -->"
 
@@ -331,7 +333,9 @@ class Postgres:
 
 
 @contextmanager
-def running(target: Target, work: Path, postgres: Postgres | None) -> Iterator[Server]:
+def running(
+    target: Target, work: Path, postgres: Postgres | None, serve_args: Sequence[str] = ()
+) -> Iterator[Server]:
     """Start ``target``'s server in a fresh directory (and database); stop and clean up."""
     cwd = Path(tempfile.mkdtemp(prefix=f"{target.name.replace(' ', '-')}-", dir=work))
     try:
@@ -347,6 +351,8 @@ def running(target: Target, work: Path, postgres: Postgres | None) -> Iterator[S
         with contextlib_database(target, postgres) as url:
             if url is not None:
                 argv += ["--ledger", url, "--sink", url]
+            if target.kind == "flowdecision":
+                argv += serve_args  # last, so they override the defaults above
             server = Server(argv, cwd)
             try:
                 if target.kind in {"ceiling", "uvicorn"}:
@@ -631,30 +637,81 @@ def write_docs(report: str) -> None:
 # -- profile ---------------------------------------------------------------------------
 
 
-def summarize_collapsed(path: Path, top: int = 30) -> str:
-    """Top functions by inclusive and self share of the samples in a py-spy raw file."""
-    inclusive: collections.Counter[str] = collections.Counter()
-    own: collections.Counter[str] = collections.Counter()
-    total = 0
+#: Where a sample's time goes, first matching rule wins. ``any:`` matches any frame of
+#: the stack (a component owns everything it calls), ``leaf:`` only the innermost one.
+#: py-spy frames look like ``function (path/file.py:line)``.
+CATEGORIES: list[tuple[str, str, str]] = [
+    ("idle (waiting in epoll)", "leaf", r"\.select \(.*selectors\.py"),
+    ("ledger (SQL, commits, its thread)", "any", r"flowdecision/(ledger/|sqlite_wal\.py)"),
+    ("outbox sink (SQL, commits, its thread)", "any", r"flowdecision/sinks/"),
+    (
+        "access log (logging, JSON lines, request id)",
+        "any",
+        r"logging/__init__\.py|JsonFormatter|uuid4 |_incoming_request_id",
+    ),
+    ("access log (logging, JSON lines, request id)", "leaf", r"AccessLogMiddleware"),
+    ("metrics (prometheus_client)", "any", r"prometheus_client/|service/metrics\.py"),
+    ("health snapshot (to_dict)", "any", r"flowdecision/health\.py"),
+    ("response JSON encoding", "any", r"JSONResponse\.render|^_json \(.*service/app\.py"),
+    (
+        "dispatcher, identity, canonical JSON, request model",
+        "any",
+        r"flowdecision/(dispatcher|identity|model|jsonwire)\.py",
+    ),
+    ("socket writes (send syscall)", "any", r"_SelectorSocketTransport\.write|sock_send"),
+    ("HTTP parsing and framing (h11/httptools)", "any", r"/h11/|httptools"),
+    ("flowdecision app (handlers, auth, middleware)", "any", r"flowdecision/service/"),
+    ("starlette (routing, middleware, requests)", "any", r"/starlette/"),
+    ("uvicorn protocol", "any", r"/uvicorn/"),
+    ("thread pool / idle threads", "any", r"concurrent/futures/thread\.py|threading\.py"),
+    ("asyncio event loop machinery", "any", r"asyncio/|selectors\.py"),
+]
+_COMPILED = [(name, where, re.compile(rx)) for name, where, rx in CATEGORIES]
+
+
+def categorize(frames: Sequence[str]) -> str:
+    for name, where, rx in _COMPILED:
+        if where == "leaf":
+            if frames and rx.search(frames[-1]):
+                return name
+        elif any(rx.search(f) for f in frames):
+            return name
+    return "other"
+
+
+def summarize_collapsed(path: Path, top: int = 6) -> str:
+    """Per thread, where its wall-clock time goes, from a ``py-spy --idle --threads`` raw file.
+
+    With ``--idle`` a thread is sampled whether it runs or waits, so shares are of
+    wall-clock time. The event loop thread is split into :data:`CATEGORIES`
+    ("idle" = nothing to do); other threads (ledger writer, outbox executor) by
+    their innermost function, which tells a commit from a wait for work.
+    """
+    threads: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    leaves: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
-        count = int(count_text)
-        total += count
         frames = stack.split(";")
-        # py-spy frames look like "function (path/file.py:line)"; drop the line number
-        # so one function is one entry.
-        names = [re.sub(r":\d+\)$", ")", f) for f in frames]
-        for name in set(names):
-            inclusive[name] += count
-        own[names[-1]] += count
-    if not total:
+        name = next((f for f in frames if f.startswith("thread (")), "thread (?): ?")
+        # "thread (123): flowdecision-outbox_0" -> "flowdecision-outbox"; pid for workers.
+        pid = frames[0].split(":")[0] if frames[0].startswith("process ") else ""
+        thread = re.sub(r"_\d+$", "", name.partition(": ")[2] or name)
+        key = f"{thread} [{pid}]" if pid else thread
+        code = [f for f in frames if not f.startswith(("process ", "thread ("))]
+        threads[key][categorize(code)] += int(count_text)
+        leaves[key][re.sub(r":\d+\)$", ")", code[-1]) if code else "?"] += int(count_text)
+    if not threads:
         return "no samples"
-    out = [f"{total} samples", "", "inclusive %  function"]
-    out += [f"{100 * n / total:10.1f}  {name}" for name, n in inclusive.most_common(top)]
-    out += ["", "self %      function"]
-    out += [f"{100 * n / total:10.1f}  {name}" for name, n in own.most_common(top)]
+    out = []
+    ordered = sorted(threads, key=lambda k: (not k.startswith("MainThread"), k))
+    for key in ordered:
+        total = sum(threads[key].values())
+        out.append(f"{key}: {total} samples")
+        parts = threads[key] if key.startswith("MainThread") else leaves[key]
+        for name, n in parts.most_common(None if key.startswith("MainThread") else top):
+            out.append(f"  {100 * n / total:5.1f}%  {name}")
     return "\n".join(out)
 
 
@@ -673,13 +730,13 @@ def profile(
     out_dir.mkdir(parents=True, exist_ok=True)
     for target in targets:
         slug = target.key.replace(" ", "-").replace("×", "x")
-        with running(target, work, postgres) as server:
+        with running(target, work, postgres, args.serve_args) as server:
             wrk(target, server.url, args.profile_clients, args.warmup, template)
             out = out_dir / f"{slug}.txt"
             spy = subprocess.Popen(
                 [py_spy, "record", "--pid", str(server.proc.pid), "--duration",
-                 str(args.seconds), "--rate", "200", "--format", "raw", "--nonblocking",
-                 "--subprocesses", "--output", str(out)],
+                 str(args.seconds), "--rate", str(PROFILE_HZ), "--format", "raw",
+                 "--nonblocking", "--idle", "--threads", "--subprocesses", "--output", str(out)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             )  # fmt: skip
             sample = measure(target, server, args.profile_clients, args, 0, template, raw, warmup=0)
@@ -693,8 +750,8 @@ def profile(
             f"loadavg {sample.load:.1f}"
         )
         (out_dir / f"{slug}-top.txt").write_text(header + "\n\n" + summary + "\n")
-        print(f"\n{header}\n" + "\n".join(summary.splitlines()[:16]), flush=True)
-    print(f"\nprofiles in {out_dir.relative_to(ROOT)}/ (*.txt collapsed stacks, *-top.txt)")
+        print(f"\n{header}\n{summary}\n", flush=True)
+    print(f"profiles in {out_dir}/ (*.txt: py-spy collapsed stacks, *-top.txt: summaries)")
 
 
 # -- driver ----------------------------------------------------------------------------
@@ -733,6 +790,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="py-spy profiles under load instead of the benchmark")  # fmt: skip
     parser.add_argument("--profile-clients", type=int, default=50)
+    parser.add_argument("--serve-args", type=shlex.split, default=[],
+                        help="extra `flowdecision serve` flags for experiments, e.g. "
+                        "'--no-access-log'; recorded in the report")  # fmt: skip
     args = parser.parse_args()
     args.seconds = args.seconds or (2 if args.quick else 5)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
@@ -792,7 +852,7 @@ def main() -> None:
         for round_ in range(1, args.rounds + 1):
             shift = (round_ - 1) % len(targets)
             for target in targets[shift:] + targets[:shift]:
-                with running(target, work, postgres) as server:
+                with running(target, work, postgres, args.serve_args) as server:
                     for i, clients in enumerate(args.clients):
                         # The first client count of a fresh server gets a longer warm-up.
                         warm = args.warmup if i == 0 else max(1, args.warmup // 2)

@@ -49,6 +49,17 @@ async def healthz(request: Request) -> JSONResponse:
 app = Starlette(routes=[Route("/healthz", healthz, methods=["GET"])])
 
 
+class NullSink:
+    """A sink that accepts every decision and keeps nothing.
+
+    For decomposition experiments only (``service_bench.py --serve-args
+    "--sink python:service_ceiling:NullSink"``): what a POST costs without an outbox.
+    """
+
+    async def submit(self, request: object, attempt: int) -> None:
+        return None
+
+
 def _swap_app_in_uvicorn() -> None:
     import uvicorn.config
 
