@@ -4,6 +4,7 @@
     .venv/bin/python bench/service_bench.py                # full (~12 min): 1/10/50/200 clients
     .venv/bin/python bench/service_bench.py --write-docs   # full, then update docs/BENCHMARKS.md
     .venv/bin/python bench/service_bench.py --profile      # py-spy profiles under load instead
+    .venv/bin/python bench/service_bench.py --quick --serve-args='--no-access-log'  # experiments
 
 What runs, as subprocesses, each on a free port in a fresh temporary directory:
 
@@ -197,6 +198,34 @@ def filesystem_type(path: Path) -> str:
 
 def load_average() -> float:
     return os.getloadavg()[0]
+
+
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its live descendants.
+
+    Robust on a shared machine where requests/s are not: a request costs the
+    same CPU whether or not other jobs compete for the cores. (Linux /proc only;
+    0 elsewhere. PostgreSQL's own processes are not descendants: not counted.)
+    """
+    total = 0.0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                pending += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return total
 
 
 def git_revision() -> str:
@@ -407,6 +436,7 @@ class Sample:
     p90_ms: float
     p99_ms: float
     load: float
+    cpu_ms: float = 0.0  # server CPU per answered request (all its processes/threads)
     first_bad_status: int = 0
 
     @property
@@ -476,12 +506,14 @@ def measure(
     if warmup > 0:
         wrk(target, server.url, clients, warmup, template)
     load = load_average()
+    cpu_before = process_tree_cpu_s(server.proc.pid)
     raw.write(
         f"\n### round {round_} | {target.key} | {clients} clients | {args.seconds} s | "
         f"loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())} | "
         f"{datetime.datetime.now(datetime.UTC):%H:%M:%S} UTC"
     )
     data, output = wrk(target, server.url, clients, args.seconds, template)
+    cpu_s = process_tree_cpu_s(server.proc.pid) - cpu_before
     raw.write(output)
     sample = Sample(
         target=target.key,
@@ -499,6 +531,7 @@ def measure(
         p90_ms=data["p90_us"] / 1000,
         p99_ms=data["p99_us"] / 1000,
         load=load,
+        cpu_ms=1000 * cpu_s / data["ok"] if data["ok"] else 0.0,
         first_bad_status=data["first_bad_status"],
     )
     if sample.failed:
@@ -508,8 +541,8 @@ def measure(
         )
     print(
         f"  round {round_} {target.key:<22} {clients:>3} clients  {sample.rate:>8,.0f}/s  "
-        f"p50 {sample.p50_ms:6.1f}  p99 {sample.p99_ms:7.1f} ms  load {load:.1f}"
-        + ("  FAILED" if sample.failed else ""),
+        f"p50 {sample.p50_ms:6.1f}  p99 {sample.p99_ms:7.1f} ms  "
+        f"cpu {sample.cpu_ms:.2f} ms/req  load {load:.1f}" + ("  FAILED" if sample.failed else ""),
         flush=True,
     )
     return sample
@@ -530,6 +563,7 @@ class Row:
     p99_ms: float
     load: float
     bad: int
+    cpu_ms: float = 0.0
     ratios: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -552,6 +586,7 @@ def summarize(samples: Sequence[Sample], ceiling_key: str = "ceiling") -> list[R
                 p90_ms=statistics.median(s.p90_ms for s in group),
                 p99_ms=statistics.median(s.p99_ms for s in group),
                 load=statistics.median(s.load for s in group),
+                cpu_ms=statistics.median(s.cpu_ms for s in group),
                 bad=sum(s.bad + s.socket_errors for s in group),
             )
         )
@@ -566,6 +601,7 @@ def summarize(samples: Sequence[Sample], ceiling_key: str = "ceiling") -> list[R
             "p50": row.p50_ms / c.p50_ms if c.p50_ms else 0.0,
             "p90": row.p90_ms / c.p90_ms if c.p90_ms else 0.0,
             "p99": row.p99_ms / c.p99_ms if c.p99_ms else 0.0,
+            "cpu": row.cpu_ms / c.cpu_ms if c.cpu_ms else 0.0,
         }
     return rows
 
@@ -577,8 +613,8 @@ def _x(ratios: dict[str, float], key: str) -> str:
 def table(rows: Sequence[Row], order: Sequence[str]) -> str:
     lines = [
         "| target | clients | requests/s (min–max) | × ceiling | p50 ms | × | p90 ms | × "
-        "| p99 ms | × | load | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| p99 ms | × | server CPU ms/req | × | load | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rank = {name: i for i, name in enumerate(order)}
     for r in sorted(rows, key=lambda r: (r.clients, rank.get(r.target, 99))):
@@ -586,6 +622,7 @@ def table(rows: Sequence[Row], order: Sequence[str]) -> str:
             f"| {r.target} | {r.clients} | {r.rate:,.0f} ({min(r.rates):,.0f}–{max(r.rates):,.0f})"
             f" | {_x(r.ratios, 'rate')} | {r.p50_ms:.1f} | {_x(r.ratios, 'p50')}"
             f" | {r.p90_ms:.1f} | {_x(r.ratios, 'p90')} | {r.p99_ms:.1f} | {_x(r.ratios, 'p99')}"
+            f" | {r.cpu_ms:.2f} | {_x(r.ratios, 'cpu')}"
             f" | {r.load:.1f} | {r.bad or ''}{' ⚠' if r.bad else ''} |"
         )
     return "\n".join(lines)
@@ -791,8 +828,8 @@ def main() -> None:
                         help="py-spy profiles under load instead of the benchmark")  # fmt: skip
     parser.add_argument("--profile-clients", type=int, default=50)
     parser.add_argument("--serve-args", type=shlex.split, default=[],
-                        help="extra `flowdecision serve` flags for experiments, e.g. "
-                        "'--no-access-log'; recorded in the report")  # fmt: skip
+                        help="extra `flowdecision serve` flags for experiments, given with '=': "
+                        "--serve-args='--no-access-log'; recorded in the report")  # fmt: skip
     args = parser.parse_args()
     args.seconds = args.seconds or (2 if args.quick else 5)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
@@ -830,7 +867,7 @@ def main() -> None:
     header = [
         f"machine: {machine_description()}",
         f"flowdecision: {git_revision()}; wrk: one thread, keep-alive, closed loop",
-        f"command: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}; {args.rounds} rounds, "
+        f"command: {shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])}; {args.rounds} rounds, "
         f"{args.warmup} s warm-up + {args.seconds} s measured per client count, "
         f"clients {','.join(map(str, args.clients))}",
         f"started {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
@@ -883,8 +920,11 @@ def main() -> None:
             "```",
             "",
             "Medians of the rounds; `×` = ratio to the `ceiling` row at the same client "
-            "count (1 worker); `load` = median 1-min load average at the start of the "
-            "measured runs.",
+            "count (1 worker); `server CPU ms/req` = CPU time (user + system) of the "
+            "server's processes and threads per answered request, which unlike requests/s "
+            "does not depend on what else runs on the machine (PostgreSQL's own CPU is not "
+            "included); `load` = median 1-min load average at the start of the measured "
+            "runs.",
             "",
             table(rows, order),
             *(["", *notes] if notes else []),
