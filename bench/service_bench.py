@@ -674,9 +674,10 @@ def write_docs(report: str) -> None:
 # -- profile ---------------------------------------------------------------------------
 
 
-#: Where a sample's time goes, first matching rule wins. ``any:`` matches any frame of
-#: the stack (a component owns everything it calls), ``leaf:`` only the innermost one.
-#: py-spy frames look like ``function (path/file.py:line)``.
+#: Where a sample's time goes. First the components, each owning everything it calls
+#: (first matching rule wins; ``any``: a frame anywhere in the stack, ``leaf``: the
+#: innermost frame); then, for the rest, the layer of the innermost frame that
+#: belongs to one of :data:`LAYERS`. py-spy frames look like ``function (path:line)``.
 CATEGORIES: list[tuple[str, str, str]] = [
     ("idle (waiting in epoll)", "leaf", r"\.select \(.*selectors\.py"),
     ("ledger (SQL, commits, its thread)", "any", r"flowdecision/(ledger/|sqlite_wal\.py)"),
@@ -696,14 +697,17 @@ CATEGORIES: list[tuple[str, str, str]] = [
         r"flowdecision/(dispatcher|identity|model|jsonwire)\.py",
     ),
     ("socket writes (send syscall)", "any", r"_SelectorSocketTransport\.write|sock_send"),
-    ("HTTP parsing and framing (h11/httptools)", "any", r"/h11/|httptools"),
-    ("flowdecision app (handlers, auth, middleware)", "any", r"flowdecision/service/"),
-    ("starlette (routing, middleware, requests)", "any", r"/starlette/"),
-    ("uvicorn protocol", "any", r"/uvicorn/"),
-    ("thread pool / idle threads", "any", r"concurrent/futures/thread\.py|threading\.py"),
-    ("asyncio event loop machinery", "any", r"asyncio/|selectors\.py"),
+]
+LAYERS: list[tuple[str, str]] = [
+    ("HTTP parsing and framing (h11/httptools)", r"[(/]h11/|httptools"),
+    ("uvicorn protocol", r"[(/]uvicorn/"),
+    ("starlette (middleware stack, routing, request/response)", r"[(/]starlette/"),
+    ("flowdecision handlers and middleware", r"flowdecision/service/"),
+    ("asyncio event loop (tasks, callbacks, timers, reads)", r"asyncio/|selectors\.py|uvloop"),
+    ("threads: waiting for work", r"concurrent/futures/thread\.py|threading\.py|queue\.py"),
 ]
 _COMPILED = [(name, where, re.compile(rx)) for name, where, rx in CATEGORIES]
+_LAYERS = [(name, re.compile(rx)) for name, rx in LAYERS]
 
 
 def categorize(frames: Sequence[str]) -> str:
@@ -713,7 +717,11 @@ def categorize(frames: Sequence[str]) -> str:
                 return name
         elif any(rx.search(f) for f in frames):
             return name
-    return "other"
+    for frame in reversed(frames):
+        for name, rx in _LAYERS:
+            if rx.search(frame):
+                return name
+    return "other (incomplete stacks)"
 
 
 def summarize_collapsed(path: Path, top: int = 6) -> str:
