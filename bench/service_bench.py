@@ -4,6 +4,7 @@
     .venv/bin/python bench/service_bench.py                # full (~12 min): 1/10/50/200 clients
     .venv/bin/python bench/service_bench.py --write-docs   # full, then update docs/BENCHMARKS.md
     .venv/bin/python bench/service_bench.py --profile      # py-spy profiles under load instead
+    .venv/bin/python bench/service_bench.py --from-json bench/results/service.json --write-docs
     .venv/bin/python bench/service_bench.py --quick --serve-args='--no-access-log'  # experiments
 
 What runs, as subprocesses, each on a free port in a fresh temporary directory:
@@ -643,7 +644,7 @@ def plot(rows: Sequence[Row], order: Sequence[str], path: Path, note: str) -> No
         ys = [r.rate for r in mine]
         err = [[y - min(r.rates) for y, r in zip(ys, mine, strict=True)],
                [max(r.rates) - y for y, r in zip(ys, mine, strict=True)]]  # fmt: skip
-        style = "--" if name.startswith("ceiling") else "-"
+        style = "--" if name.startswith(("ceiling", "bare uvicorn")) else "-"
         ax.errorbar(xs, ys, yerr=err, fmt=style + "o", capsize=3, label=name)
     ax.set_xscale("log")
     clients = sorted({r.clients for r in rows})
@@ -838,7 +839,14 @@ def main() -> None:
     parser.add_argument("--serve-args", type=shlex.split, default=[],
                         help="extra `flowdecision serve` flags for experiments, given with '=': "
                         "--serve-args='--no-access-log'; recorded in the report")  # fmt: skip
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="no measuring: tables, plot (and --write-docs) from a saved "
+                        "service*.json")  # fmt: skip
     args = parser.parse_args()
+    if args.from_json:
+        samples, header, notes, order = from_json(args.from_json)
+        finish(samples, header, notes, order, args, "")
+        return
     args.seconds = args.seconds or (2 if args.quick else 5)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     args.clients = args.clients or ([50] if args.quick else [1, 10, 50, 200])
@@ -911,7 +919,6 @@ def main() -> None:
         template.unlink(missing_ok=True)
         raw.close()
 
-    rows = summarize(samples)
     loads = [s.load for s in samples]
     header.append(
         f"finished after {time.monotonic() - started:.0f} s; 1-min load average during the "
@@ -921,6 +928,22 @@ def main() -> None:
     if failed:
         notes.append(f"WARNING: {failed} runs saw unexpected statuses or socket errors "
                      f"(⚠ in the table); see {raw.file.name}.")  # fmt: skip
+    finish(samples, header, notes, order, args, suffix)
+
+
+def finish(
+    samples: Sequence[Sample],
+    header: Sequence[str],
+    notes: Sequence[str],
+    order: Sequence[str],
+    args: argparse.Namespace,
+    suffix: str,
+) -> None:
+    """Tables on stdout and in ``--out``; the plot; the docs block if asked."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarize(samples)
+    clients = sorted({s.clients for s in samples})
     report = "\n".join(
         [
             "```",
@@ -929,37 +952,48 @@ def main() -> None:
             "",
             "Medians of the rounds; `×` = ratio to the `ceiling` row at the same client "
             "count (1 worker); `server CPU ms/req` = CPU time (user + system) of the "
-            "server's processes and threads per answered request, which unlike requests/s "
-            "does not depend on what else runs on the machine (PostgreSQL's own CPU is not "
-            "included); `load` = median 1-min load average at the start of the measured "
-            "runs.",
+            "server's processes and threads per answered request (PostgreSQL's own "
+            "processes not included), which depends much less than requests/s on what "
+            "else runs on the machine; `load` = median 1-min load average at the start "
+            "of the measured runs.",
             "",
             table(rows, order),
             *(["", *notes] if notes else []),
         ]
     )
     print("\n" + report)
-    (out / f"service{suffix}.md").write_text(report + "\n")
-    (out / f"service{suffix}.json").write_text(
-        json.dumps(
-            {
-                "header": header,
-                "notes": notes,
-                "rows": [{**asdict(r), "rate": r.rate} for r in rows],
-                "samples": [{**asdict(s), "rate": s.rate} for s in samples],
-            },
-            indent=1,
+    if not args.from_json:
+        (out / f"service{suffix}.md").write_text(report + "\n")
+        (out / f"service{suffix}.json").write_text(
+            json.dumps(
+                {
+                    "header": list(header),
+                    "notes": list(notes),
+                    "order": list(order),
+                    "rows": [{**asdict(r), "rate": r.rate} for r in rows],
+                    "samples": [{**asdict(s), "rate": s.rate} for s in samples],
+                },
+                indent=1,
+            )
         )
-    )
-    shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
-    print(f"\nraw log, tables and samples: {shown}/service{suffix}.*")
-    plot_path = Path(args.plot) if args.plot else (PLOT if len(args.clients) > 1 else None)
-    if plot_path is not None and len(args.clients) > 1:
+        shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
+        print(f"\nraw log, tables and samples: {shown}/service{suffix}.*")
+    plot_path = Path(args.plot) if args.plot else PLOT
+    if len(clients) > 1:
         plot(rows, order, plot_path, header[-1])
         print(f"plot: {plot_path}")
     if args.write_docs:
         write_docs(report)
         print(f"wrote the generated block of {DOCS.relative_to(ROOT)}")
+
+
+def from_json(path: Path) -> tuple[list[Sample], list[str], list[str], list[str]]:
+    """Samples, header, notes and target order saved by an earlier run."""
+    data = json.loads(path.read_text())
+    samples = [Sample(**{k: v for k, v in d.items() if k != "rate"}) for d in data["samples"]]
+    # Round 1 runs the targets in their canonical order.
+    order = data.get("order") or list(dict.fromkeys(s.target for s in samples))
+    return samples, data["header"], data["notes"], order
 
 
 if __name__ == "__main__":
