@@ -230,13 +230,16 @@ def process_tree_cpu_s(pid: int) -> float:
 
 
 def git_revision() -> str:
+    """The last commit that changed ``src/`` (what is measured), and HEAD."""
+
     def git(*args: str) -> str:
         proc = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
         return proc.stdout.strip() if proc.returncode == 0 else ""
 
-    rev = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--", "src")
-    return f"{rev}{' + uncommitted changes in src/' if dirty else ''}"
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    src = git("log", "-1", "--format=%h", "--", "src") or "unknown"
+    dirty = " + uncommitted changes in src/" if git("status", "--porcelain", "--", "src") else ""
+    return f"src/ at {src}{dirty} (checkout {head})"
 
 
 # -- raw log ---------------------------------------------------------------------------
