@@ -1,7 +1,7 @@
 """Service benchmark: flowdecision's HTTP service against a bare app on the same server stack.
 
     .venv/bin/python bench/service_bench.py --quick        # ~1-2 min: 50 clients, 3 rounds
-    .venv/bin/python bench/service_bench.py                # full (~12 min): 1/10/50/200 clients
+    .venv/bin/python bench/service_bench.py                # full (7-12 min): 1/10/50/200 clients
     .venv/bin/python bench/service_bench.py --write-docs   # full, then update docs/BENCHMARKS.md
     .venv/bin/python bench/service_bench.py --profile      # py-spy profiles under load instead
     .venv/bin/python bench/service_bench.py --from-json bench/results/service.json --write-docs
@@ -9,6 +9,10 @@
 
 What runs, as subprocesses, each on a free port in a fresh temporary directory:
 
+* ``bare uvicorn``: a bare Starlette app under ``uvicorn.run`` with uvicorn's
+  defaults (``service_ceiling.py --plain-uvicorn``): a reference that does not
+  move when ``serve`` changes, so a flaw in ``serve``'s stack, which the
+  ``ceiling`` shares, still shows.
 * ``ceiling``: a bare Starlette app answering ``GET /healthz`` with a constant,
   served by ``flowdecision serve`` itself with the app swapped out
   (``bench/service_ceiling.py``): same socket binding, same uvicorn settings,
@@ -45,9 +49,11 @@ at these rates, and records every latency in an HDR histogram.
 Method: ``--rounds`` (at least 3) interleaved rounds; in each round every
 target runs once, the starting target rotating from round to round, so slow
 phases of a shared machine hit all targets alike. Tables give the median over
-rounds (requests/s also with its min-max), and the 1-minute load average
-(``os.getloadavg``) seen at the start of the measured runs, because on a
-shared machine every figure depends on it.
+rounds (requests/s also with its min-max), the server's CPU milliseconds per
+answered request (user + system time of its processes and threads, from /proc:
+much less sensitive than requests/s to other jobs on the machine), and the
+1-minute load average (``os.getloadavg``) seen at the start of the measured
+runs, because on a shared machine every rate depends on it.
 
 Output: tables on stdout; every wrk run's raw output, server log tails on
 failure and the load average before each run in ``bench/results/service*.log``;
@@ -55,10 +61,11 @@ medians and every sample in ``service*.json`` and ``service*.md``; the plot of
 requests/s against clients in ``docs/service_scaling.png`` (full mode).
 
 ``--profile`` runs one pass instead: each target at ``--profile-clients``
-under ``py-spy record`` (pip install py-spy, part of the ``bench`` extra),
-writes the collapsed stacks and a top-functions summary per target under
-``bench/results/profile/`` (the rates measured while profiling are lower:
-py-spy samples the process).
+under ``py-spy record --idle --threads`` (pip install py-spy, part of the
+``bench`` extra), and writes the collapsed stacks and a per-thread summary of
+where the wall-clock time goes (:data:`CATEGORIES`) under
+``bench/results/profile/`` (rates measured while profiling are lower: py-spy
+samples the process).
 """
 
 from __future__ import annotations
