@@ -190,7 +190,7 @@ async def test_serve_with_a_dbos_sink_url(tmp_path: Path) -> None:
         "--sink",
         dbos_url(system_db, workflow=WORKFLOW),
     ) as service:
-        async with httpx.AsyncClient(base_url=service.url) as client:
+        async with httpx.AsyncClient(base_url=service.url, headers=service.headers) as client:
             first = await client.post("/v1/decisions", content=sent.to_json())
             again = await client.post("/v1/decisions", content=sent.to_json())
     assert (first.status_code, again.status_code) == (201, 200), first.text

@@ -317,7 +317,7 @@ async def test_serve_with_a_procrastinate_sink_url(
     with ServiceProcess(
         tmp_path, "--ledger", f"sqlite:///{tmp_path / 'ledger.db'}", "--sink", url
     ) as service:
-        async with httpx.AsyncClient(base_url=service.url) as client:
+        async with httpx.AsyncClient(base_url=service.url, headers=service.headers) as client:
             first = await client.post("/v1/decisions", content=sent.to_json())
             again = await client.post("/v1/decisions", content=sent.to_json())
     assert (first.status_code, again.status_code) == (201, 200), first.text

@@ -152,10 +152,6 @@ class Settings:
         return sum(len(token.decode("utf-8")) < MIN_TOKEN_CHARS for token in self.tokens())
 
     def _validate_transport(self) -> None:
-        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
-            value = getattr(self, name)
-            if not (value > 0 and math.isfinite(value)):
-                raise ConfigError(f"{name} must be a positive number of seconds, got {value}")
         if self.max_connections < 1:
             raise ConfigError(f"max_connections must be at least 1, got {self.max_connections}")
         if self.http not in HTTP_IMPLEMENTATIONS:

@@ -148,6 +148,9 @@ HTTP_ERRORS: dict[str, HttpError] = {
         "the decision ledger's schema does not match this version of the service; "
         "an operator must migrate it",
     ),
+    "store_missing": HttpError(
+        503, "the decision ledger does not exist; an operator must create or restore it"
+    ),
     "shutting_down": HttpError(
         503,
         "the service is shutting down; retry (on another replica)",

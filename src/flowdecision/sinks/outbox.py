@@ -83,6 +83,8 @@ class OutboxSchemaError(OutboxError):
 class OutboxMissingError(OutboxError, StoreMissingError):
     """Opened with ``create=False``, the store does not exist or holds no outbox."""
 
+    code: ClassVar[str] = "outbox_missing"
+
 
 class OutboxConflictError(OutboxError):
     """A delivery reused a decision id whose stored row has different content."""
