@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
 from ..jsonwire import encode_json
-from .base import Ledger, Operation, PruneProgress
+from .base import Operation, PruneProgress, StoredLedger
 from .machine import ClaimRecord, is_prunable
 
 __all__ = [
@@ -86,7 +86,7 @@ def encode_ledger(records: dict[str, ClaimRecord]) -> bytes:
     return encode_json({"schema_version": SCHEMA_VERSION, "records": body})
 
 
-class JsonFileLedger(Ledger):
+class JsonFileLedger(StoredLedger):
     """Seed-compatible file ledger, safe across processes on one host.
 
     Each mutation holds an exclusive ``flock`` on ``root/.flow-decisions.lock``

@@ -45,7 +45,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
 from ..migrations import load_migrations, split_statements
-from .base import Ledger, Operation, PruneProgress, wall_clock_ms
+from .base import Operation, PruneProgress, StoredLedger, wall_clock_ms
 from .batching import copy_error, settle
 from .machine import ClaimRecord
 from .rows import DecodedRecords, encode_row
@@ -165,7 +165,7 @@ def describe_dsn(dsn: str) -> str:
         return "<unparseable PostgreSQL URL>"
 
 
-class PostgresLedger(Ledger):
+class PostgresLedger(StoredLedger):
     """Claim ledger in PostgreSQL, shared by any number of hosts.
 
     ``PostgresLedger(dsn)`` does no I/O: the pool is created, and the schema

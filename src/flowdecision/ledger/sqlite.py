@@ -40,7 +40,7 @@ from typing import Any, Literal, TypeVar
 from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
 from ..migrations import load_migrations, split_statements
 from ..sqlite_wal import connect_wal
-from .base import Ledger, Operation, PruneProgress
+from .base import Operation, PruneProgress, StoredLedger
 from .batching import copy_error, settle
 from .machine import ClaimRecord, is_prunable
 from .rows import I64_MAX, DecodedRecords, encode_row
@@ -113,7 +113,7 @@ class _Slot:
 _STOP = object()
 
 
-class SqliteLedger(Ledger):
+class SqliteLedger(StoredLedger):
     """Claim ledger in one SQLite file (default ``./.flowdecision/ledger.db``).
 
     ``SqliteLedger(path)`` does no I/O: the database is opened, created and
