@@ -111,3 +111,22 @@ def test_migrate_then_inspect_postgres_and_sqlite(pg_empty_url: str, tmp_path: P
     lite = flowdecision("migrate", "--ledger", f"sqlite:///{tmp_path}/l.db")
     assert lite.returncode == 0 and "ledger schema at version" in lite.stdout
     assert (tmp_path / "l.db").exists()
+
+
+def test_migrate_json_reports_nothing_migrated_on_an_up_to_date_store(
+    pg_empty_url: str, tmp_path: Path
+) -> None:
+    for url in (pg_empty_url, f"sqlite:///{tmp_path}/l.db"):
+        first = flowdecision("migrate", "--ledger", url, "--json")
+        assert first.returncode == 0, first.stderr
+        assert json.loads(first.stdout)["migrated"] is True
+        version = json.loads(first.stdout)["version_after"]
+        again = flowdecision("migrate", "--ledger", url, "--json")
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout) == {
+            "migrated": False,
+            "version_before": version,
+            "version_after": version,
+        }
+        text = flowdecision("migrate", "--ledger", url)
+        assert "already up to date" in text.stdout

@@ -20,6 +20,7 @@ from .errors import (
     LedgerSchemaError,
     LedgerUnavailableError,
     SinkError,
+    StoreMissingError,
     UnauthorizedBranchError,
 )
 from .health import HealthSnapshot, HealthStatus
@@ -128,6 +129,7 @@ __all__ = [
     "Sink",
     "SinkError",
     "SqliteLedger",
+    "StoreMissingError",
     "UnauthorizedBranchError",
     "Unavailable",
     "decision_receipt",

@@ -21,6 +21,7 @@ __all__ = [
     "LedgerSchemaError",
     "LedgerUnavailableError",
     "SinkError",
+    "StoreMissingError",
     "UnauthorizedBranchError",
 ]
 
@@ -57,6 +58,13 @@ class LedgerUnavailableError(LedgerError):
     """The store cannot be reached, opened or written (I/O, network, permissions)."""
 
     code: ClassVar[str] = "ledger_unavailable"
+
+
+class StoreMissingError(LedgerError):
+    """The store does not exist (or holds no flowdecision data) and was opened with
+    ``create=False``: nothing was created or changed."""
+
+    code: ClassVar[str] = "store_missing"
 
 
 class DispatchError(FlowDecisionError):

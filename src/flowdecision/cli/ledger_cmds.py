@@ -130,7 +130,7 @@ def prune_cmd(
 def migrate_cmd(ledger_url: str, as_json: bool) -> None:
     """Create or upgrade the ledger schema (SQLite and PostgreSQL)."""
 
-    async def go() -> tuple[int | None, int] | None:
+    async def go() -> tuple[int, int] | None:
         kind, target = parse_ledger_url(ledger_url)
         if kind == "postgresql":
             from ..ledger.postgres import PostgresLedger
@@ -145,8 +145,7 @@ def migrate_cmd(ledger_url: str, as_json: bool) -> None:
 
             lite = SqliteLedger(target)
             try:
-                await lite.start()  # SQLite migrates itself on open
-                return None, await lite.schema_version()
+                return await lite.migrate()
             finally:
                 await lite.close()
         return None
@@ -158,7 +157,7 @@ def migrate_cmd(ledger_url: str, as_json: bool) -> None:
         return
     before, after = result
     if as_json:
-        emit_json({"migrated": True, "version_before": before, "version_after": after})
+        emit_json({"migrated": after != before, "version_before": before, "version_after": after})
     else:
-        was = "" if before is None else f" (was {before})"
+        was = f" (was {before})" if after != before else " (already up to date)"
         click.echo(f"ledger schema at version {after}{was}")

@@ -20,7 +20,13 @@ import uuid
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
+from ..errors import (
+    LedgerCorruptError,
+    LedgerError,
+    LedgerSchemaError,
+    LedgerUnavailableError,
+    StoreMissingError,
+)
 from ..jsonwire import encode_json
 from .base import Operation, PruneProgress, StoredLedger
 from .machine import ClaimRecord, is_prunable
@@ -93,10 +99,15 @@ class JsonFileLedger(StoredLedger):
     (plus an in-process lock) for the whole read-modify-write, and publishes
     the new generation with write-temp, fsync, rename, fsync-directory. All
     blocking file work runs in a worker thread so the event loop keeps going.
+
+    ``create=False`` uses an existing ledger only: the directory is never
+    created, and a directory holding neither the ledger file nor its lock file
+    raises :class:`~flowdecision.errors.StoreMissingError`.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
         self.root = Path(root)
+        self.create = bool(create)
         self.path = self.root / DATA_FILE
         self._lock_path = self.root / LOCK_FILE
         self._process_lock = asyncio.Lock()
@@ -138,9 +149,21 @@ class JsonFileLedger(StoredLedger):
 
     # -- blocking helpers (run in a worker thread) --------------------------
 
+    def _require_store(self) -> None:
+        """With ``create=False``: refuse a directory that holds no ledger."""
+        if self.create or self.path.exists() or self._lock_path.exists():
+            return
+        if self.root.is_dir():
+            what = f"holds no {DATA_FILE}"
+        else:
+            what = "is not a directory" if self.root.exists() else "does not exist"
+        raise StoreMissingError(f"decision ledger `{self.root}` {what} (nothing was created)")
+
     def _locked_mutation(self, mutate: Any) -> Any:
+        self._require_store()
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            if self.create:
+                self.root.mkdir(parents=True, exist_ok=True)
             lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as error:
             raise LedgerUnavailableError(
@@ -172,6 +195,7 @@ class JsonFileLedger(StoredLedger):
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
+            self._require_store()
             return {}
         except OSError as error:
             raise LedgerUnavailableError(

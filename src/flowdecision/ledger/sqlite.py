@@ -37,7 +37,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
+from ..errors import (
+    LedgerCorruptError,
+    LedgerError,
+    LedgerSchemaError,
+    LedgerUnavailableError,
+    StoreMissingError,
+)
 from ..migrations import load_migrations, split_statements
 from ..sqlite_wal import connect_wal
 from .base import Operation, PruneProgress, StoredLedger
@@ -118,7 +124,14 @@ class SqliteLedger(StoredLedger):
 
     ``SqliteLedger(path)`` does no I/O: the database is opened, created and
     migrated by the first operation, or eagerly by :meth:`start` /
-    ``await SqliteLedger.open(path)``. Parent directories are created.
+    ``await SqliteLedger.open(path)``. Parent directories are created, and a
+    new database file is created ``0600``.
+
+    ``create=False`` opens an existing ledger only: nothing is created or
+    migrated, a missing file (or one holding no ledger) raises
+    :class:`~flowdecision.errors.StoreMissingError`, and a ledger whose schema
+    is older than this code raises :class:`LedgerSchemaError` (run
+    :meth:`migrate`). Operators' read commands open ledgers this way.
 
     ``synchronous`` picks SQLite's durability (``FULL``: a committed claim
     survives power loss; ``NORMAL``: it may roll back on power loss but never
@@ -142,6 +155,7 @@ class SqliteLedger(StoredLedger):
         max_batch: int = 64,
         max_wait_ms: float = 0.0,
         cache_kib: int = 16_384,
+        create: bool = True,
     ) -> None:
         sync = str(synchronous).upper()
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
@@ -161,6 +175,9 @@ class SqliteLedger(StoredLedger):
         self.max_batch = max_batch if self.group_commit else 1
         self.max_wait_ms = float(max_wait_ms) if self.group_commit else 0.0
         self.cache_kib = cache_kib
+        self.create = bool(create)
+        #: The schema version found when the database was opened (before migrating).
+        self.version_at_open: int | None = None
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -197,6 +214,16 @@ class SqliteLedger(StoredLedger):
     async def schema_version(self) -> int:
         """The schema version stored in the database."""
         return await self._run(_user_version)
+
+    async def migrate(self) -> tuple[int, int]:
+        """Create or upgrade the schema; returns ``(version_before, version_after)``.
+
+        Opening migrates already; this reports what opening found, so an
+        up-to-date ledger answers ``(n, n)``.
+        """
+        await self.start()
+        assert self.version_at_open is not None
+        return self.version_at_open, await self.schema_version()
 
     # -- primitives ---------------------------------------------------------
 
@@ -480,15 +507,26 @@ class SqliteLedger(StoredLedger):
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None:
             return self._conn
+        if self.create:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise LedgerUnavailableError(
+                    f"create directory for sqlite ledger `{self.path}`: {error.strerror or error}"
+                ) from error
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise LedgerUnavailableError(
-                f"create directory for sqlite ledger `{self.path}`: {error.strerror or error}"
-            ) from error
-        conn = connect_wal(
-            self.path, busy_timeout_ms=self.busy_timeout_ms, synchronous=self.synchronous
-        )
+            conn = connect_wal(
+                self.path,
+                busy_timeout_ms=self.busy_timeout_ms,
+                synchronous=self.synchronous,
+                create=self.create,
+            )
+        except sqlite3.OperationalError as error:
+            if not self.create and not self.path.exists():
+                raise StoreMissingError(
+                    f"sqlite ledger `{self.path}` does not exist (nothing was created)"
+                ) from error
+            raise
         try:
             conn.execute(f"PRAGMA cache_size = {-int(self.cache_kib)}")
             self._migrate(conn)
@@ -502,13 +540,18 @@ class SqliteLedger(StoredLedger):
         migrations = load_migrations("flowdecision.ledger", "sqlite")
         newest = len(migrations)
         current = _user_version(conn)
+        if self.version_at_open is None:
+            self.version_at_open = current
         if current == newest:
             return
         if current > newest:
             raise self._newer(current, newest)
+        if not self.create:
+            self._refuse_unmigrated(conn, current, newest)
         conn.execute("BEGIN IMMEDIATE")
         try:
             current = _user_version(conn)  # another process may have migrated meanwhile
+            self.version_at_open = current
             if current > newest:
                 raise self._newer(current, newest)
             if current == 0:
@@ -533,6 +576,22 @@ class SqliteLedger(StoredLedger):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+    def _refuse_unmigrated(self, conn: sqlite3.Connection, current: int, newest: int) -> None:
+        """Opened with ``create=False``: report what is missing instead of migrating."""
+        if current == 0:
+            has_table = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (_TABLE,)
+            ).fetchone()
+            if has_table is None:
+                raise StoreMissingError(
+                    f"sqlite ledger `{self.path}` holds no flowdecision ledger "
+                    "(nothing was created)"
+                )
+        raise LedgerSchemaError(
+            f"sqlite ledger `{self.path}` has schema version {current}, older than version "
+            f"{newest} this flowdecision needs: run `flowdecision migrate` against it first"
+        )
 
     def _newer(self, found: int, newest: int) -> LedgerSchemaError:
         return LedgerSchemaError(

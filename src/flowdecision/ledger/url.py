@@ -54,8 +54,14 @@ def sqlite_path(url: str) -> str:
     return path
 
 
-async def open_ledger(url: str) -> Ledger:
-    """Open (and for SQL stores, connect to) the ledger a URL names."""
+async def open_ledger(url: str, *, create: bool = True) -> Ledger:
+    """Open (and for SQL stores, connect to) the ledger a URL names.
+
+    ``create=False`` opens an existing ledger only, for tools that read or
+    prune one: no file or directory is created and no schema is migrated; a
+    missing store raises :class:`~flowdecision.errors.StoreMissingError`.
+    (PostgreSQL ledgers are never migrated on open: see ``flowdecision migrate``.)
+    """
     kind, target = parse_ledger_url(url)
     if kind == "memory":
         from .memory import MemoryLedger
@@ -64,11 +70,11 @@ async def open_ledger(url: str) -> Ledger:
     if kind == "file":
         from .jsonfile import JsonFileLedger
 
-        return JsonFileLedger(Path(target))
+        return JsonFileLedger(Path(target), create=create)
     if kind == "sqlite":
         from .sqlite import SqliteLedger
 
-        return await SqliteLedger.open(target)
+        return await SqliteLedger.open(target, create=create)
     from .postgres import PostgresLedger
 
     return await PostgresLedger.connect(target)

@@ -5,6 +5,7 @@ from .outbox import (
     OutboxConflictError,
     OutboxEntry,
     OutboxError,
+    OutboxMissingError,
     OutboxSchemaError,
     OutboxSink,
 )
@@ -13,6 +14,7 @@ __all__ = [
     "OutboxConflictError",
     "OutboxEntry",
     "OutboxError",
+    "OutboxMissingError",
     "OutboxSchemaError",
     "OutboxSink",
     "Sink",

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..errors import FlowDecisionError, LedgerError
+from ..errors import FlowDecisionError, LedgerError, StoreMissingError
 from ..migrations import load_migrations, split_statements
 from ..model import DecisionRequest
 from ..sqlite_wal import connect_wal
@@ -48,6 +48,7 @@ __all__ = [
     "OutboxConflictError",
     "OutboxEntry",
     "OutboxError",
+    "OutboxMissingError",
     "OutboxSchemaError",
     "OutboxSink",
     "load_outbox_migrations",
@@ -73,6 +74,10 @@ class OutboxError(FlowDecisionError):
 
 class OutboxSchemaError(OutboxError):
     """The outbox store has a schema this version cannot use."""
+
+
+class OutboxMissingError(OutboxError, StoreMissingError):
+    """Opened with ``create=False``, the store does not exist or holds no outbox."""
 
 
 class OutboxConflictError(OutboxError):
@@ -158,10 +163,16 @@ class OutboxSink:
 
     Open it with ``await sink.open()`` or ``async with OutboxSink(url) as sink``;
     :meth:`submit` opens it on first use too. Not thread-safe; one event loop.
+    A new SQLite outbox file is created ``0600`` (it holds full payloads).
+
+    ``create=False`` opens an existing outbox only (to read it): no file,
+    directory or table is created and no migration runs; a missing store, or
+    one without the outbox tables, raises :class:`OutboxMissingError`.
     """
 
-    def __init__(self, url: str, *, busy_timeout_ms: int = 30_000) -> None:
+    def __init__(self, url: str, *, busy_timeout_ms: int = 30_000, create: bool = True) -> None:
         self.url = url
+        self.create = bool(create)
         self.kind, self._target = _parse_url(url)
         self.busy_timeout_ms = busy_timeout_ms
         self._backend: _SqliteOutbox | _PostgresOutbox | None = None
@@ -209,9 +220,9 @@ class OutboxSink:
             if self._backend is None:
                 backend: _SqliteOutbox | _PostgresOutbox
                 if self.kind == "sqlite":
-                    backend = _SqliteOutbox(Path(self._target), self.busy_timeout_ms)
+                    backend = _SqliteOutbox(Path(self._target), self.busy_timeout_ms, self.create)
                 else:
-                    backend = _PostgresOutbox(self._target, self.where)
+                    backend = _PostgresOutbox(self._target, self.where, self.create)
                 try:
                     await backend.start()
                 except BaseException:
@@ -257,10 +268,32 @@ class OutboxSink:
 # ------------------------------------------------------------------------------- SQLite
 
 
+def _check_existing(where: str, newest: int, current: int | None, has_table: bool) -> None:
+    """``create=False``: refuse a store that is not a current outbox instead of migrating.
+
+    ``current`` is None when the version table is missing.
+    """
+    if current is None or not has_table:
+        raise OutboxMissingError(
+            f"{where} is not an outbox (no {OUTBOX_TABLE} tables; nothing was created)"
+        )
+    if current > newest:
+        raise OutboxSchemaError(
+            f"{where} has schema version {current}, newer than version {newest} that this "
+            "flowdecision supports; upgrade flowdecision"
+        )
+    if current < newest:
+        raise OutboxSchemaError(
+            f"{where} has schema version {current}, older than version {newest} this "
+            "flowdecision needs: open it once with a writer (e.g. the service) to upgrade it"
+        )
+
+
 class _SqliteOutbox:
-    def __init__(self, path: Path, busy_timeout_ms: int) -> None:
+    def __init__(self, path: Path, busy_timeout_ms: int, create: bool = True) -> None:
         self.path = path
         self.busy_timeout_ms = busy_timeout_ms
+        self.create = create
         self._conn: sqlite3.Connection | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="flowdecision-outbox"
@@ -280,19 +313,45 @@ class _SqliteOutbox:
             raise OutboxError(f"sqlite outbox `{self.path}`: {error}") from error
 
     def _connect(self) -> sqlite3.Connection:
+        if self.create:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise OutboxError(
+                    f"create directory for sqlite outbox `{self.path}`: {error.strerror or error}"
+                ) from error
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise OutboxError(
-                f"create directory for sqlite outbox `{self.path}`: {error.strerror or error}"
-            ) from error
-        conn = connect_wal(self.path, busy_timeout_ms=self.busy_timeout_ms)
+            conn = connect_wal(self.path, busy_timeout_ms=self.busy_timeout_ms, create=self.create)
+        except sqlite3.OperationalError as error:
+            if not self.create and not self.path.exists():
+                raise OutboxMissingError(
+                    f"sqlite outbox `{self.path}` does not exist (nothing was created)"
+                ) from error
+            raise
         try:
-            self._migrate(conn)
+            if self.create:
+                self._migrate(conn)
+            else:
+                self._check(conn)
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _check(self, conn: sqlite3.Connection) -> None:
+        def has(table: str) -> bool:
+            row = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+            ).fetchone()
+            return row is not None
+
+        current: int | None = None
+        if has(_VERSION_TABLE):
+            row = conn.execute(f"SELECT coalesce(max(version), 0) FROM {_VERSION_TABLE}").fetchone()
+            current = int(row[0]) if row else 0
+        _check_existing(
+            f"sqlite outbox `{self.path}`", OUTBOX_SCHEMA_VERSION, current, has(OUTBOX_TABLE)
+        )
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         migrations = load_outbox_migrations("sqlite")
@@ -411,9 +470,10 @@ _PG_CLOCK = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 
 class _PostgresOutbox:
-    def __init__(self, dsn: str, where: str) -> None:
+    def __init__(self, dsn: str, where: str, create: bool = True) -> None:
         self.dsn = dsn
         self.where = where
+        self.create = create
         self._pool: Any = None
 
     def _error(self, error: BaseException) -> OutboxError:
@@ -430,9 +490,25 @@ class _PostgresOutbox:
             ) from error
         try:
             self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=10)
-            await self._migrate()
+            if self.create:
+                await self._migrate()
+            else:
+                await self._check()
         except Exception as error:
             raise self._error(error) from error
+
+    async def _check(self) -> None:
+        async with self._pool.acquire() as conn:
+            current: int | None = None
+            if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", _VERSION_TABLE):
+                current = int(
+                    await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {_VERSION_TABLE}")
+                )
+            has_table = bool(
+                await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", OUTBOX_TABLE)
+            )
+        newest = len(load_outbox_migrations("postgres"))
+        _check_existing(f"PostgreSQL outbox {self.where}", newest, current, has_table)
 
     async def _migrate(self) -> None:
         migrations = load_outbox_migrations("postgres")
