@@ -152,6 +152,7 @@ class _Fleet:
 
 
 async def _prepare_stores(cfg: ChaosConfig) -> None:
+    """Create or upgrade both schemas before any worker starts."""
     kind, target = parse_ledger_url(cfg.ledger_url)
     if kind == "postgresql":
         ledger = PostgresLedger(target)
@@ -160,7 +161,11 @@ async def _prepare_stores(cfg: ChaosConfig) -> None:
         finally:
             await ledger.close()
     assert cfg.outbox_url is not None
-    await (await OutboxSink(cfg.outbox_url).open()).close()
+    outbox = OutboxSink(cfg.outbox_url)
+    try:
+        await outbox.migrate()
+    finally:
+        await outbox.close()
 
 
 def _every(period_ms: int, start: float) -> float:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import abc
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self, TypeVar
+from typing import TypeVar
 
 from ..identity import ExecutionIdentity, ResultReceipt
+from ..store.lifecycle import Closable
 from .machine import ClaimRecord
 from .states import ClaimOutcome, ClaimState
 
@@ -41,13 +41,14 @@ class LedgerEntry:
     result_receipt: ResultReceipt | None
 
 
-class Ledger(abc.ABC):
+class Ledger(Closable, abc.ABC):
     """Durable claim ledger: at most one live owner per decision, fenced completion.
 
     All times are Unix-epoch milliseconds; a time left as ``None`` means the
     ledger's own clock (:meth:`now_ms`). Failures raise
     :class:`~flowdecision.errors.LedgerError`. Use as an async context manager,
-    or call :meth:`close`. The rules behind each call are in ``docs/PROTOCOL.md``.
+    or call :meth:`close` (a no-op for ledgers that hold nothing). The rules
+    behind each call are in ``docs/PROTOCOL.md``.
     """
 
     @abc.abstractmethod
@@ -156,20 +157,6 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     def now_ms(self) -> int:
         """The ledger's clock, in Unix-epoch milliseconds."""
-
-    async def close(self) -> None:  # noqa: B027 - optional hook, many ledgers hold nothing
-        """Release connections and handles. The ledger is unusable afterwards."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 class DelegatingLedger(Ledger):
