@@ -18,8 +18,8 @@ run: $(STAMP)
 	$(BIN)/flowdecision serve
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -10,7 +10,9 @@ import pytest
 from flowdecision import (
     DecisionBusyError,
     DecisionConflictError,
+    DecisionTooLargeError,
     Dispatcher,
+    DispatchError,
     DispatchLedgerError,
     InvalidIdentityError,
     LeaseLostError,
@@ -67,11 +69,17 @@ async def test_a_decision_over_one_mib_fails_before_any_claim() -> None:
     sink = RecordingSink()
     dispatcher = Dispatcher("production", sink, ledger)
     huge = request(decision=Complete(output="x" * (1 << 20)))
-    with pytest.raises(DispatchLedgerError, match="exceeds 1048576 bytes"):
+    with pytest.raises(DecisionTooLargeError, match="exceeds 1048576 bytes") as caught:
         await dispatcher.dispatch(huge)
+    assert isinstance(caught.value, DispatchError) and isinstance(caught.value, ValueError)
+    assert caught.value.code == "decision_too_large"
+    assert (caught.value.size, caught.value.limit) == (len(huge.decision_json()), 1 << 20)
     assert await ledger.inspect(huge.decision_id, request_hash(huge)) == Missing()
     assert sink.calls == []
-    assert dispatcher.health().ledger_failures == 1
+    # A client error: counted as rejected; health stays healthy.
+    health = dispatcher.health()
+    assert (health.rejected, health.ledger_failures, health.failures) == (1, 0, 0)
+    assert health.status.value == "healthy"
 
 
 async def test_completion_stores_the_identity_bound_receipt() -> None:

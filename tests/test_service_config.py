@@ -57,6 +57,8 @@ def test_a_serve_table_in_toml_and_booleans(tmp_path: Path) -> None:
         ({}, {"FLOWDECISION_ACCESS_LOG": "maybe"}, "must be a boolean"),
         ({"host": "0.0.0.0"}, {}, "refusing to listen on `0.0.0.0` without a token"),
         ({"log_level": "loud"}, {}, "log_level"),
+        ({"production_branch": "b" * 1025}, {}, "production_branch is 1025 bytes"),
+        ({}, {"FLOWDECISION_PRODUCTION_BRANCH": "main\u0000"}, "control characters"),
     ],
 )
 def test_bad_settings_are_named(
@@ -64,6 +66,15 @@ def test_bad_settings_are_named(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         load_settings(flags, env=env)
+
+
+def test_lossy_numbers_is_off_unless_asked_for(tmp_path: Path) -> None:
+    assert load_settings({}, env={}).lossy_numbers is False
+    assert load_settings({"lossy_numbers": True}, env={}).lossy_numbers is True
+    assert load_settings({}, env={"FLOWDECISION_LOSSY_NUMBERS": "on"}).lossy_numbers is True
+    config = tmp_path / "c.toml"
+    config.write_text("[serve]\nlossy_numbers = true\n")
+    assert load_settings({}, env={}, config_file=str(config)).lossy_numbers is True
 
 
 def test_unknown_toml_keys_are_refused(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from .errors import (
     DispatchError,
     DispatchLedgerError,
     FlowDecisionError,
+    InvalidIdentifierError,
     InvalidIdentityError,
     LeaseLostError,
     LedgerCorruptError,
@@ -26,6 +27,7 @@ from .errors import (
 from .health import HealthSnapshot, HealthStatus
 from .identity import (
     DecisionTooLargeError,
+    ExecutionContractError,
     ExecutionIdentity,
     ExecutionIdentityError,
     ResultOutcome,
@@ -67,6 +69,7 @@ from .model import (
     request_hash,
 )
 from .sinks import (
+    InvalidSinkError,
     OutboxConflictError,
     OutboxEntry,
     OutboxError,
@@ -94,14 +97,17 @@ __all__ = [
     "DispatchError",
     "DispatchLedgerError",
     "Dispatcher",
+    "ExecutionContractError",
     "ExecutionIdentity",
     "ExecutionIdentityError",
     "Fail",
     "FlowDecisionError",
     "HealthSnapshot",
     "HealthStatus",
+    "InvalidIdentifierError",
     "InvalidIdentityError",
     "InvalidRequestError",
+    "InvalidSinkError",
     "JsonFileLedger",
     "LeaseLostError",
     "Ledger",

@@ -1,10 +1,11 @@
 """The dispatcher: submits each production decision to the sink exactly once.
 
 The sequence follows the newest upstream dispatcher (see ``docs/PROTOCOL.md``):
-branch check, id check, request hash, execution identity and result receipt
-prepared before the claim, claim, a heartbeat that renews the lease while the
-sink runs (cancelling the sink if the lease is lost), then completion with the
-receipt. A sink failure releases the claim so a retry can claim it at once.
+branch check, id check, identifier limits (:mod:`flowdecision.limits`),
+request hash, execution identity and result receipt prepared before the claim,
+claim, a heartbeat that renews the lease while the sink runs (cancelling the
+sink if the lease is lost), then completion with the receipt. A sink failure
+releases the claim so a retry can claim it at once.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .errors import (
     DecisionConflictError,
     DispatchError,
     DispatchLedgerError,
+    InvalidIdentifierError,
     InvalidIdentityError,
     LeaseLostError,
     LedgerError,
@@ -31,13 +33,24 @@ from .identity import DecisionTooLargeError, ExecutionIdentity, ResultReceipt, d
 from .ledger.base import Ledger
 from .ledger.memory import MemoryLedger
 from .ledger.states import AlreadyCompleted, Busy, Claimed, Conflict
+from .limits import check_identifier, check_identifiers
 from .model import DecisionRequest, request_hash
-from .sinks.base import Sink
+from .sinks.base import Sink, check_sink
 
 __all__ = ["DEFAULT_LEASE_MS", "Dispatcher"]
 
 DEFAULT_LEASE_MS = 30_000
 log = logging.getLogger("flowdecision.dispatcher")
+
+_OTHER_IDS = ("decision_id", "run_id", "causation_event_id")
+
+#: Errors caused by the request itself: counted as rejected, never degrading health.
+_REJECTED = (
+    UnauthorizedBranchError,
+    InvalidIdentityError,
+    InvalidIdentifierError,
+    DecisionTooLargeError,
+)
 
 
 @dataclass(slots=True)
@@ -133,6 +146,10 @@ class Dispatcher:
     raises a :class:`DispatchError`. Distinct decisions dispatch concurrently;
     concurrent dispatches of one decision id are serialized, so only one can
     reach the sink.
+
+    ``sink.submit`` must be a coroutine function (:class:`InvalidSinkError`
+    otherwise); ``production_branch_id`` and ``owner_id`` must be valid
+    identifiers (:class:`InvalidIdentifierError` otherwise).
     """
 
     def __init__(
@@ -146,11 +163,13 @@ class Dispatcher:
     ) -> None:
         if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 1:
             raise ValueError(f"lease_ms must be a positive integer, got {lease_ms!r}")
-        self.production_branch_id = production_branch_id
-        self.sink = sink
+        self.production_branch_id = check_identifier("production_branch_id", production_branch_id)
+        self.sink = check_sink(sink)
         self.ledger: Ledger = ledger if ledger is not None else MemoryLedger()
         self.lease_ms = lease_ms
-        self.owner_id = owner_id or f"decision-dispatcher-{uuid.uuid4()}"
+        self.owner_id = check_identifier(
+            "owner_id", owner_id or f"decision-dispatcher-{uuid.uuid4()}"
+        )
         self.metrics = HealthMetrics()
         self._heartbeat_s = max(lease_ms // 3, 1) / 1000
         self._gates: dict[str, _IdGate] = {}
@@ -190,7 +209,7 @@ class Dispatcher:
             metrics.busy += 1
         elif isinstance(error, DecisionConflictError):
             metrics.conflicts += 1
-        elif isinstance(error, UnauthorizedBranchError | InvalidIdentityError):
+        elif isinstance(error, _REJECTED):
             metrics.rejected += 1
         else:
             if isinstance(error, LeaseLostError):
@@ -202,16 +221,19 @@ class Dispatcher:
             metrics.record_failure()
 
     async def _dispatch(self, request: DecisionRequest) -> bool:
+        # A branch that breaks the identifier rules is refused as such, not
+        # echoed back in a branch error (the production branch never breaks them).
+        check_identifier("authority_branch_id", request.authority_branch_id)
         if request.authority_branch_id != self.production_branch_id:
             raise UnauthorizedBranchError(self.production_branch_id, request.authority_branch_id)
         decision_id = request.decision_id
         if not decision_id.strip() or not request.causation_event_id.strip():
             raise InvalidIdentityError()
+        # After the seed's checks (so blank ids answer as in the seed), before
+        # the claim: no store may see an over-long or control-character id.
+        check_identifiers(request, _OTHER_IDS)
         hash_ = request_hash(request)
-        try:
-            identity, receipt = decision_receipt(request)
-        except DecisionTooLargeError as error:
-            raise DispatchLedgerError(str(error)) from error
+        identity, receipt = decision_receipt(request)  # DecisionTooLargeError: rejected
 
         gate = self._gates.get(decision_id)
         if gate is None:

@@ -6,7 +6,7 @@ the same text from a Python host and a Rust host sharing one ledger.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "DecisionBusyError",
@@ -14,6 +14,7 @@ __all__ = [
     "DispatchError",
     "DispatchLedgerError",
     "FlowDecisionError",
+    "InvalidIdentifierError",
     "InvalidIdentityError",
     "LeaseLostError",
     "LedgerCorruptError",
@@ -94,6 +95,28 @@ class InvalidIdentityError(DispatchError):
 
     def __init__(self) -> None:
         super().__init__("decision_id and causation_event_id must be non-empty")
+
+
+class InvalidIdentifierError(DispatchError, LedgerError):
+    """An identifier breaks the identifier rules (see :mod:`flowdecision.limits`).
+
+    ``field`` names it (``decision_id``, ``run_id``, ``authority_branch_id``,
+    ``causation_event_id``, ``owner_id``, ...); ``problem`` says what is wrong:
+    over :data:`~flowdecision.limits.IDENTIFIER_MAX_BYTES` bytes of UTF-8, or a
+    control character. The dispatcher raises it before claiming; the ledger
+    raises the same error for direct calls, hence it is a :class:`LedgerError`
+    too. Nothing was stored either way.
+    """
+
+    code: ClassVar[str] = "invalid_identifier"
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"invalid identifier: `{field}` {problem}")
+        self.field = field
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.field, self.problem))
 
 
 class DecisionConflictError(DispatchError):

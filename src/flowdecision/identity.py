@@ -18,10 +18,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
+from flowdecision.errors import DispatchError, FlowDecisionError
 from flowdecision.jsonwire import JsonWireError, duplicate_keys, encode_json, parse_json
-from flowdecision.model import U64_MAX, DecisionRequest
+from flowdecision.limits import RESULT_RECEIPT_MAX_BYTES, U64_MAX
+from flowdecision.model import DecisionRequest
 
 __all__ = [
     "DECISION_IDENTITY_DOMAIN",
@@ -49,7 +51,6 @@ DECISION_IDENTITY_DOMAIN: Final = "a3s.code.flow-decision.identity.v1"
 EVIDENCE_DOMAIN: Final = "a3s.code.flow-decision.evidence.v1"
 RESULT_DOMAIN: Final = "a3s.code.flow-decision.result.v1"
 #: Largest ``result_bytes`` a receipt may carry (1 MiB).
-RESULT_RECEIPT_MAX_BYTES: Final = 1_048_576
 
 _DOMAIN_INVALID: Final = "execution identity domain is empty or invalid"
 _DIGEST_INVALID: Final = "execution identity digest is invalid"
@@ -70,20 +71,31 @@ _RECEIPT_FIELDS: Final = (
 )
 
 
-class ExecutionContractError(ValueError):
+class ExecutionContractError(FlowDecisionError, ValueError):
     """Base class of identity and receipt errors."""
+
+    code: ClassVar[str] = "execution_contract"
 
 
 class ExecutionIdentityError(ExecutionContractError):
     """An execution identity that is malformed or cannot be derived."""
 
+    code: ClassVar[str] = "invalid_execution_identity"
+
 
 class ResultReceiptError(ExecutionContractError):
     """A result receipt that is malformed or breaks the receipt rules."""
 
+    code: ClassVar[str] = "invalid_result_receipt"
 
-class DecisionTooLargeError(ValueError):
-    """A decision whose JSON exceeds :data:`RESULT_RECEIPT_MAX_BYTES` (raised before claiming)."""
+
+class DecisionTooLargeError(DispatchError, ValueError):
+    """A decision whose JSON exceeds :data:`RESULT_RECEIPT_MAX_BYTES` (raised before claiming).
+
+    The dispatcher raises it as it is: a client error, counted as rejected.
+    """
+
+    code: ClassVar[str] = "decision_too_large"
 
     def __init__(self, decision_id: str, size: int, limit: int = RESULT_RECEIPT_MAX_BYTES) -> None:
         self.decision_id = decision_id

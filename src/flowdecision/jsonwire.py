@@ -9,6 +9,8 @@ accelerators do the heavy lifting here; this module only patches the gaps:
   becomes ``-0.0``, ``NaN``/``Infinity``/overflowing numbers, lone surrogate
   escapes and nesting of 128 containers or more are rejected, and bytes must be
   UTF-8 (``json.loads`` would sniff UTF-16/32);
+* optionally (``exact_numbers=True``, not serde's behaviour): numbers the model
+  cannot keep exactly are rejected instead of rounded, naming their path;
 * encoding: floats use Ryu's layout (``1e16``, ``0.00001``) instead of
   ``repr``'s (``1e+16``, ``1e-05``), and non-finite floats are rejected.
 
@@ -24,7 +26,11 @@ import json
 import json.encoder
 import re
 from collections.abc import Callable
-from typing import Any, Final
+from decimal import Decimal
+from typing import Any, ClassVar, Final
+
+from .errors import FlowDecisionError
+from .limits import I64_MIN, JSON_MAX_DEPTH, U64_MAX
 
 __all__ = [
     "MAX_DEPTH",
@@ -36,30 +42,42 @@ __all__ = [
     "encode_json_text",
     "encode_str",
     "format_float",
+    "key_segment",
     "parse_json",
 ]
 
-#: Deepest container nesting serde_json accepts by default (its recursion
-#: budget is 128 and the 128th nested container exhausts it).
-MAX_DEPTH: Final = 127
+#: Deepest container nesting serde_json accepts by default (re-exported).
+MAX_DEPTH: Final = JSON_MAX_DEPTH
 
-_I64_MIN: Final = -(1 << 63)
-_U64_MAX: Final = (1 << 64) - 1
 _INF: Final = float("inf")
+_MIN_NORMAL: Final = 2.2250738585072014e-308
 
 
-class JsonWireError(ValueError):
+class JsonWireError(FlowDecisionError, ValueError):
     """JSON text or value that serde_json would reject (or could not produce).
 
     ``message`` is the bare problem; ``line``/``column`` (1-based) locate it in
     the input text when known.
     """
 
-    def __init__(self, message: str, *, line: int | None = None, column: int | None = None):
+    code: ClassVar[str] = "invalid_json"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        line: int | None = None,
+        column: int | None = None,
+        path: str | None = None,
+    ):
         self.message = message
         self.line = line
         self.column = column
+        #: Where in the parsed value the problem sits (``decision.step.input.n``), when known.
+        self.path = path
         where = f" at line {line} column {column}" if line is not None else ""
+        if path is not None:
+            where += f" at `{path}`"
         super().__init__(f"{message}{where}")
 
 
@@ -112,7 +130,7 @@ def _parse_int(text: str) -> int | float:
         return int(text)
     if len(text) <= 21:
         value = int(text)
-        if _I64_MIN <= value <= _U64_MAX:
+        if I64_MIN <= value <= U64_MAX:
             return value
     # Beyond i64/u64 serde_json falls back to f64 (and fails on overflow).
     return _parse_float(text)
@@ -201,6 +219,103 @@ def _depth_exceeds(raw: bytes, limit: int) -> bool:
     return bool(shape)
 
 
+# -- exact numbers: refuse what serde_json would round ------------------------------
+
+
+class _Inexact:
+    """A number that would lose precision; raised (exact mode) or left as a marker."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+
+class _InexactNumber(Exception):
+    def __init__(self, inexact: _Inexact) -> None:
+        super().__init__(inexact.problem)
+        self.inexact = inexact
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _inexact_int(text: str) -> _Inexact | None:
+    if len(text) < 19 or (len(text) <= 21 and I64_MIN <= int(text) <= U64_MAX):
+        return None
+    return _Inexact(
+        f"integer `{_shown(text)}` is outside the 64-bit range ({I64_MIN}..{U64_MAX}) "
+        "and would be rounded to a float"
+    )
+
+
+def _inexact_float(text: str, value: float) -> _Inexact | None:
+    shortest = repr(value)
+    # The shortest repr round-trips to `value`; the text is kept exactly when it
+    # names the same decimal number (`1.50`, `1e3` and `1000.0` all do).
+    if shortest == text or Decimal(text) == Decimal(shortest):
+        return None
+    return _Inexact(
+        f"number `{_shown(text)}` cannot be held exactly by a 64-bit float "
+        f"(it would become `{format_float(value)}`)"
+    )
+
+
+def _exact_int(text: str) -> int | float:
+    if len(text) < 19:  # the common case, as in _parse_int
+        return -0.0 if text == "-0" else int(text)
+    inexact = _inexact_int(text)
+    if inexact is not None:
+        raise _InexactNumber(inexact)
+    return _parse_int(text)
+
+
+def _exact_float(text: str) -> float:
+    value = _parse_float(text)
+    # At most 15 significant digits (DBL_DIG) in the normal range always print
+    # back as the same number: no need to compare decimals.
+    if len(text) <= 15 and abs(value) >= _MIN_NORMAL:
+        return value
+    inexact = _inexact_float(text, value)
+    if inexact is not None:
+        raise _InexactNumber(inexact)
+    return value
+
+
+def _marked_int(text: str) -> int | float | _Inexact:
+    return _inexact_int(text) or _parse_int(text)
+
+
+def _marked_float(text: str) -> float | _Inexact:
+    value = _parse_float(text)
+    return _inexact_float(text, value) or value
+
+
+def key_segment(key: str) -> str:
+    """The path segment for an object key: ``.key``, or ``["key"]`` if it is no identifier."""
+    if key.isidentifier():
+        return f".{key}"
+    return f"[{encode_str(key)}]"
+
+
+def _find_inexact(value: Any, path: str) -> tuple[str, _Inexact] | None:
+    """The first inexact-number marker in document order, with its path."""
+    if isinstance(value, _Inexact):
+        return path, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _find_inexact(item, f"{path}{key_segment(key)}")
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _find_inexact(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
 # The number hooks cost less than any regex pre-scan that could avoid them.
 _DECODER: Final = json.JSONDecoder(
     object_pairs_hook=_object_pairs,
@@ -208,10 +323,26 @@ _DECODER: Final = json.JSONDecoder(
     parse_int=_parse_int,
     parse_float=_parse_float,
 )
+_EXACT_DECODER: Final = json.JSONDecoder(
+    object_pairs_hook=_object_pairs,
+    parse_constant=_reject_constant,
+    parse_int=_exact_int,
+    parse_float=_exact_float,
+)
+# Only used to locate an inexact number once the exact decoder has found one.
+_MARKING_DECODER: Final = json.JSONDecoder(
+    object_pairs_hook=_object_pairs,
+    parse_constant=_reject_constant,
+    parse_int=_marked_int,
+    parse_float=_marked_float,
+)
 
 
 def parse_json(
-    data: bytes | bytearray | memoryview | str, *, max_depth: int | None = MAX_DEPTH
+    data: bytes | bytearray | memoryview | str,
+    *,
+    max_depth: int | None = MAX_DEPTH,
+    exact_numbers: bool = False,
 ) -> Any:
     """Parse one JSON document the way ``serde_json::from_slice`` into ``Value`` would.
 
@@ -222,6 +353,13 @@ def parse_json(
     syntax errors, trailing characters or commas, ``NaN``/``Infinity``, numbers
     that overflow ``f64``, lone surrogate escapes, and more than ``max_depth``
     nested containers (``None`` disables that limit).
+
+    With ``exact_numbers`` (stricter than serde_json) a number that would not be
+    kept exactly is an error too, whose ``path`` names where it sits: an integer
+    outside i64/u64 (serde_json would round it to a float), or a decimal that
+    no 64-bit float holds exactly enough to print it back as written (a float
+    round-trips when its shortest form names the same number: ``0.1``,
+    ``1.50`` and ``1e3`` do; ``0.10000000000000000001`` and ``1e-400`` do not).
     """
     if isinstance(data, str):
         text = data
@@ -235,7 +373,9 @@ def parse_json(
         except UnicodeDecodeError as exc:
             raise JsonWireError(f"invalid UTF-8 at byte offset {exc.start}") from None
     try:
-        value = _DECODER.decode(text)
+        value = (_EXACT_DECODER if exact_numbers else _DECODER).decode(text)
+    except _InexactNumber as exc:
+        raise _locate_inexact(text, exc.inexact) from None
     except json.JSONDecodeError as exc:
         raise JsonWireError(
             _describe_decode_error(exc), line=exc.lineno, column=exc.colno
@@ -247,6 +387,15 @@ def parse_json(
         if _depth_exceeds(text.encode("utf-8") if raw is None else raw, max_depth):
             raise JsonWireError(f"recursion limit exceeded (more than {max_depth} nested levels)")
     return value
+
+
+def _locate_inexact(text: str, first: _Inexact) -> JsonWireError:
+    # Rare path: decode again, marking instead of raising, to name the path.
+    found = _find_inexact(_MARKING_DECODER.decode(text), "")
+    if found is None:  # it sat under a repeated key whose last value won
+        return JsonWireError(first.problem)
+    path, inexact = found
+    return JsonWireError(inexact.problem, path=path.removeprefix("."))
 
 
 def _describe_decode_error(exc: json.JSONDecodeError) -> str:

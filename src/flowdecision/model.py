@@ -29,8 +29,9 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
+from flowdecision.errors import FlowDecisionError
 from flowdecision.jsonwire import (
     JsonWireError,
     canonicalize,
@@ -38,8 +39,10 @@ from flowdecision.jsonwire import (
     encode_json_text,
     encode_str,
     format_float,
+    key_segment,
     parse_json,
 )
+from flowdecision.limits import I64_MIN, U32_MAX, U64_MAX
 
 __all__ = [
     "DEFAULT_RETRY_POLICY",
@@ -63,21 +66,19 @@ __all__ = [
 Backoff: TypeAlias = Literal["fixed", "exponential"]
 OnExhausted: TypeAlias = Literal["fail_run", "continue_workflow"]
 
-U32_MAX: Final = (1 << 32) - 1
-U64_MAX: Final = (1 << 64) - 1
-_I64_MIN: Final = -(1 << 63)
-
 _T = TypeVar("_T")
 _MISSING: Final = object()
 
 
-class InvalidRequestError(ValueError):
+class InvalidRequestError(FlowDecisionError, ValueError):
     """A decision request that the Rust original would refuse to deserialize.
 
     ``field`` is a dotted path such as ``decision.steps[1].retry.max_attempts``
     (``""`` when the problem is the JSON text itself or the top-level value);
     ``problem`` describes what is wrong.
     """
+
+    code: ClassVar[str] = "invalid_request"
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
@@ -89,8 +90,10 @@ class InvalidRequestError(ValueError):
         return (type(self), (self.field, self.problem))
 
 
-class RetryPolicyError(ValueError):
+class RetryPolicyError(FlowDecisionError, ValueError):
     """A retry policy that breaks A3S Flow's rules (see :meth:`RetryPolicy.validate`)."""
+
+    code: ClassVar[str] = "invalid_retry_policy"
 
 
 # ------------------------------------------------------------------ validation helpers
@@ -98,12 +101,6 @@ class RetryPolicyError(ValueError):
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
-
-
-def _key_segment(key: str) -> str:
-    if key.isidentifier():
-        return f".{key}"
-    return f"[{encode_str(key)}]"
 
 
 def _describe(value: object) -> str:
@@ -224,7 +221,7 @@ def _copy_value(value: object) -> Any:
         return value
     if kind is int:
         assert isinstance(value, int)
-        if not _I64_MIN <= value <= U64_MAX:
+        if not I64_MIN <= value <= U64_MAX:
             raise _ValueProblem(f"integer `{value}` is outside the i64/u64 range JSON values hold")
         return value
     if kind is float:
@@ -241,7 +238,7 @@ def _copy_value(value: object) -> Any:
             try:
                 copied[key] = _copy_value(item)
             except _ValueProblem as problem:
-                problem.segments.append(_key_segment(key))
+                problem.segments.append(key_segment(key))
                 raise
         return copied
     if isinstance(value, (list, tuple)):
@@ -701,20 +698,32 @@ class DecisionRequest:
 
     @classmethod
     def parse(
-        cls, data: bytes | bytearray | memoryview | str | Mapping[str, Any]
+        cls,
+        data: bytes | bytearray | memoryview | str | Mapping[str, Any],
+        *,
+        exact_numbers: bool = False,
     ) -> DecisionRequest:
         """Parse JSON text (as ``serde_json::from_slice`` would) or validate a mapping.
 
         Raises :class:`InvalidRequestError` for JSON syntax errors (``field`` is
         ``""``) and for anything the Rust types would refuse.
+
+        ``exact_numbers=True`` is stricter than the Rust original: a number in
+        the text that the model cannot keep exactly (an integer outside
+        i64/u64, which serde_json turns into a float, or a decimal no 64-bit
+        float holds as written) is an :class:`InvalidRequestError` naming its
+        path, instead of being rounded. A mapping holds Python numbers, which
+        are kept exactly or refused anyway.
         """
         if isinstance(data, Mapping):
             return cls.from_dict(data)
         if not isinstance(data, (bytes, bytearray, memoryview, str)):
             raise TypeError(f"expected JSON text or a mapping, got {type(data).__qualname__}")
         try:
-            value = parse_json(data)
+            value = parse_json(data, exact_numbers=exact_numbers)
         except JsonWireError as exc:
+            if exc.path is not None:
+                raise InvalidRequestError(exc.path, exc.message) from exc
             raise InvalidRequestError("", str(exc)) from exc
         # Values straight from parse_json are already valid JSON data that
         # nothing else references, so they are adopted without a copy.

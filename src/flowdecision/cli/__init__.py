@@ -12,6 +12,7 @@ from .chaos import chaos
 from .demo import demo
 from .ledger_cmds import inspect_cmd, migrate_cmd, prune_cmd
 from .serve import outbox, serve_cmd
+from .submit import submit_cmd
 
 __all__ = ["cli", "main"]
 
@@ -29,6 +30,7 @@ cli.add_command(demo)
 cli.add_command(chaos)
 cli.add_command(serve_cmd)
 cli.add_command(outbox)
+cli.add_command(submit_cmd)
 
 
 def main() -> None:

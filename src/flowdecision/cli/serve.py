@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from ..errors import FlowDecisionError
+from ..limits import OUTBOX_FETCH_MAX
 from .common import EXIT_ERROR, EXIT_USAGE, run, table
 
 __all__ = ["outbox", "serve_cmd"]
@@ -36,6 +37,11 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 @_flag("--production-branch", help="The branch allowed to submit.  [default: production]")
 @_flag("--lease-ms", type=int, help="Claim lease in milliseconds.  [default: 30000]")
 @_flag("--max-body-bytes", type=int, help="Request size limit.  [default: 2097152]")
+@_flag(
+    "--lossy-numbers/--no-lossy-numbers",
+    help="Round numbers JSON cannot keep exactly, as the Rust original does, "
+    "instead of answering 422.  [default: off]",
+)
 @_flag("--token-file", type=click.Path(dir_okay=False), help="File of accepted bearer tokens.")
 @_flag("--auth-healthz/--no-auth-healthz", help="Require the token on /healthz too.")
 @_flag("--allow-no-auth/--no-allow-no-auth", help="Allow no token on a non-loopback address.")
@@ -111,7 +117,7 @@ def _when(ms: int) -> str:
 )
 @click.option("--after", type=click.IntRange(min=0), default=0, show_default=True,
               help="Start after this seq cursor.")  # fmt: skip
-@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True,
+@click.option("--limit", type=click.IntRange(1, OUTBOX_FETCH_MAX), default=100, show_default=True,
               help="Rows per page (without --follow: rows in all).")  # fmt: skip
 @click.option("--follow", "-f", is_flag=True, help="Keep polling for new rows until Ctrl-C.")
 @click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,

@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
+from ..limits import IDENTIFIER_FIELDS, check_identifier
 from . import machine
 from .machine import ClaimRecord, Transition, check_u64
 from .protocol import Ledger, LedgerEntry, PruneProgress
@@ -48,6 +49,10 @@ def _check_texts(**values: object) -> None:
     for name, value in values.items():
         if not isinstance(value, str):
             raise LedgerError(f"`{name}` must be a string, got {type(value).__name__}")
+        if name in IDENTIFIER_FIELDS:
+            # Same limit on every backend (PostgreSQL's index would refuse huge ids).
+            check_identifier(name, value)
+            continue
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:

@@ -28,6 +28,7 @@ from ..errors import (
     StoreMissingError,
 )
 from ..jsonwire import encode_json
+from ..limits import JSON_LEDGER_MAX_BYTES
 from .base import Operation, PruneProgress, StoredLedger
 from .machine import ClaimRecord, is_prunable
 
@@ -43,7 +44,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-MAX_DECISION_LEDGER_BYTES = 16 * 1024 * 1024
+MAX_DECISION_LEDGER_BYTES = JSON_LEDGER_MAX_BYTES
 SCHEMA_VERSION = 1
 DATA_FILE = "flow-decisions.json"
 LOCK_FILE = ".flow-decisions.lock"

@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import LedgerCorruptError, LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
+from ..limits import U32_MAX, U64_MAX
 from .states import (
     AlreadyCompleted,
     Busy,
@@ -46,9 +47,6 @@ __all__ = [
     "release",
     "renew",
 ]
-
-U64_MAX = (1 << 64) - 1
-U32_MAX = (1 << 32) - 1
 
 T = TypeVar("T")
 

@@ -46,7 +46,10 @@ class Ledger(Closable, abc.ABC):
 
     All times are Unix-epoch milliseconds; a time left as ``None`` means the
     ledger's own clock (:meth:`now_ms`). Failures raise
-    :class:`~flowdecision.errors.LedgerError`. Use as an async context manager,
+    :class:`~flowdecision.errors.LedgerError`; a ``decision_id`` or
+    ``owner_id`` that breaks the identifier rule (:mod:`flowdecision.limits`)
+    raises :class:`~flowdecision.errors.InvalidIdentifierError`, a
+    :class:`LedgerError` too, before the store is touched. Use as an async context manager,
     or call :meth:`close` (a no-op for ledgers that hold nothing). The rules
     behind each call are in ``docs/PROTOCOL.md``.
     """

@@ -18,6 +18,7 @@ from ..errors import (
     StoreMissingError,
 )
 from ..jsonwire import encode_json_text
+from ..limits import I64_MAX
 from ..store.component import Component, ErrorKinds
 from .machine import ClaimRecord, ClaimStatus
 
@@ -45,9 +46,8 @@ LEDGER = Component(
     refuse_foreign=True,
 )
 
-#: SQLite integers and PostgreSQL's index column are signed 64-bit; larger
-#: completion times are clamped in the index copy (the record keeps the truth).
-I64_MAX = (1 << 63) - 1
+# SQLite integers and PostgreSQL's index column are signed 64-bit (I64_MAX);
+# larger completion times are clamped in the index copy (the record keeps the truth).
 
 
 def encode_row(

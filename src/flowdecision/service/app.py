@@ -36,7 +36,7 @@ from ..errors import (
     DecisionBusyError,
     DecisionConflictError,
     DispatchError,
-    DispatchLedgerError,
+    InvalidIdentifierError,
     InvalidIdentityError,
     LeaseLostError,
     LedgerError,
@@ -44,10 +44,11 @@ from ..errors import (
     UnauthorizedBranchError,
 )
 from ..health import HealthSnapshot
-from ..identity import RESULT_RECEIPT_MAX_BYTES, DecisionTooLargeError, decision_receipt
+from ..identity import DecisionTooLargeError, decision_receipt
 from ..ledger.base import Ledger, LedgerEntry
 from ..ledger.states import Completed, Pending
 from ..ledger.url import open_ledger
+from ..limits import I64_MAX, RESULT_RECEIPT_MAX_BYTES
 from ..model import DecisionRequest, InvalidRequestError
 from ..sinks.base import Sink
 from ..sinks.loader import WebhookOptions, close_sink, open_sink
@@ -250,6 +251,18 @@ def _entry_body(entry: LedgerEntry) -> dict[str, Any]:
     return body
 
 
+def _invalid_field(field: str, problem: str, message: str | None = None) -> Response:
+    """422 ``invalid_request`` naming ``field`` (a dotted path) and its ``problem``."""
+    return error_response(
+        422,
+        "invalid_request",
+        message or f"invalid decision request: field `{field}`: {problem}",
+        field=field,
+        problem=problem,
+        fields=[{"field": field, "problem": problem}],
+    )
+
+
 def _too_large(error: DecisionTooLargeError) -> Response:
     return error_response(
         413,
@@ -315,16 +328,9 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
                 limit_bytes=settings.max_body_bytes,
             )
         try:
-            decision = DecisionRequest.parse(body)
+            decision = DecisionRequest.parse(body, exact_numbers=not settings.lossy_numbers)
         except InvalidRequestError as error:
-            return error_response(
-                422,
-                "invalid_request",
-                str(error),
-                field=error.field,
-                problem=error.problem,
-                fields=[{"field": error.field, "problem": error.problem}],
-            )
+            return _invalid_field(error.field, error.problem, str(error))
         if len(decision.decision_json()) > RESULT_RECEIPT_MAX_BYTES:
             # A client error: answered here so it does not count as a ledger failure.
             too_large = DecisionTooLargeError(decision.decision_id, len(decision.decision_json()))
@@ -407,16 +413,14 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
             return "conflict"
         if isinstance(error, UnauthorizedBranchError):
             return "forbidden_branch"
-        if isinstance(error, InvalidIdentityError):
+        if isinstance(error, InvalidIdentityError | InvalidIdentifierError):
             return "invalid_request"
+        if isinstance(error, DecisionTooLargeError):
+            return "decision_too_large"
         if isinstance(error, SinkError):
             return "sink_failed"
         if isinstance(error, LeaseLostError):
             return "lease_lost"
-        if isinstance(error, DispatchLedgerError) and isinstance(
-            error.__cause__, DecisionTooLargeError
-        ):
-            return "decision_too_large"
         return "ledger_unavailable"
 
     def _dispatch_error(
@@ -446,23 +450,15 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
             )
         if isinstance(error, InvalidIdentityError):
             name = "decision_id" if not decision.decision_id.strip() else "causation_event_id"
-            problem = "must be non-empty (after trimming whitespace)"
-            return error_response(
-                422,
-                "invalid_request",
-                f"invalid decision request: field `{name}`: {problem}",
-                field=name,
-                problem=problem,
-                fields=[{"field": name, "problem": problem}],
-            )
+            return _invalid_field(name, "must be non-empty (after trimming whitespace)")
+        if isinstance(error, InvalidIdentifierError):
+            return _invalid_field(error.field, error.problem)
+        if isinstance(error, DecisionTooLargeError):
+            return _too_large(error)
         if isinstance(error, SinkError):
             return error_response(502, "sink_failed", message)
         if isinstance(error, LeaseLostError):
             return error_response(503, "lease_lost", message, headers={"Retry-After": "1"})
-        if isinstance(error, DispatchLedgerError) and isinstance(
-            error.__cause__, DecisionTooLargeError
-        ):
-            return _too_large(error.__cause__)
         return error_response(503, "ledger_unavailable", message, headers={"Retry-After": "1"})
 
     async def get_decision(request: Request) -> Response:
@@ -470,6 +466,8 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
         decision_id = request.path_params["decision_id"]
         try:
             entry = await service.ledger.lookup(decision_id)
+        except InvalidIdentifierError as error:  # before LedgerError: the caller's mistake
+            return _invalid_field(error.field, error.problem)
         except LedgerError as error:
             return error_response(
                 503, "ledger_unavailable", f"Flow decision ledger failed: {error}"
@@ -519,7 +517,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
                 "use a sqlite:/// or postgresql:// sink to pull decisions",
             )
         try:
-            after = _int_param(request, "after", 0, 0, 2**63 - 1)
+            after = _int_param(request, "after", 0, 0, I64_MAX)
             limit = _int_param(request, "limit", 100, 1, OUTBOX_MAX_LIMIT)
         except _BadParam as bad:
             return error_response(

@@ -15,11 +15,12 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..dispatcher import DEFAULT_LEASE_MS
 from ..errors import FlowDecisionError
+from ..limits import identifier_problem
 
 __all__ = [
     "DEFAULT_LEDGER_URL",
@@ -39,6 +40,8 @@ DEFAULT_SINK_URL = "sqlite:///.flowdecision/outbox.db"
 class ConfigError(FlowDecisionError):
     """A setting is missing, malformed or inconsistent; the message names it."""
 
+    code: ClassVar[str] = "config_invalid"
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -51,6 +54,7 @@ class Settings:
     production_branch: str = "production"
     lease_ms: int = DEFAULT_LEASE_MS
     max_body_bytes: int = 2 * 1024 * 1024
+    lossy_numbers: bool = False
     token: str | None = field(default=None, repr=False)
     token_file: str | None = None
     auth_healthz: bool = False
@@ -96,6 +100,9 @@ class Settings:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.production_branch.strip():
             raise ConfigError("production_branch must not be empty")
+        problem = identifier_problem(self.production_branch)
+        if problem is not None:
+            raise ConfigError(f"production_branch {problem}")
         if self.log_level.lower() not in ("critical", "error", "warning", "info", "debug"):
             raise ConfigError("log_level must be debug, info, warning, error or critical")
         if not self.tokens() and not self.allow_no_auth and not _is_loopback(self.host):
@@ -159,6 +166,7 @@ _TYPES: dict[str, type] = {
     "production_branch": str,
     "lease_ms": int,
     "max_body_bytes": int,
+    "lossy_numbers": bool,
     "token": str,
     "token_file": str,
     "auth_healthz": bool,

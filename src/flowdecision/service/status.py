@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -10,12 +11,32 @@ from html import escape
 from ..health import HealthSnapshot, HealthStatus
 from .metrics import HEALTH_COUNTERS
 
-__all__ = ["RecentDecision", "render_status_page"]
+__all__ = ["SHOWN_ID_MAX_CHARS", "RecentDecision", "render_status_page", "shown_text"]
+
+#: Characters of an id the status page shows (and keeps); longer ones end in "…".
+SHOWN_ID_MAX_CHARS = 96
+
+# C0 controls, DEL, C1 controls, lone surrogates: never sent to the browser raw.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def shown_text(text: str, limit: int = SHOWN_ID_MAX_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, control characters shown as ``\\uXXXX``.
+
+    The page shows what a client sent, including what the service refused (an
+    over-long id, a NUL byte), so it must stay small and printable.
+    """
+    clipped = text if len(text) <= limit else text[:limit] + "…"
+    return _UNPRINTABLE.sub(lambda match: f"\\u{ord(match.group()):04x}", clipped)
 
 
 @dataclass(frozen=True, slots=True)
 class RecentDecision:
-    """One ``POST /v1/decisions`` outcome, kept for the status page (never the owner)."""
+    """One ``POST /v1/decisions`` outcome, kept for the status page (never the owner).
+
+    Ids are kept as :func:`shown_text` shows them, so fifty 1 MB ids do not
+    stay in memory.
+    """
 
     at_ms: int
     decision_id: str
@@ -24,6 +45,10 @@ class RecentDecision:
     status: int
     attempt: int | None
     duration_ms: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decision_id", shown_text(self.decision_id))
+        object.__setattr__(self, "run_id", shown_text(self.run_id))
 
 
 _CSS = """

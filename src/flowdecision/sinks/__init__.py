@@ -1,6 +1,6 @@
 """Sinks: the boundary where accepted decisions leave for the workflow engine."""
 
-from .base import Sink
+from .base import InvalidSinkError, Sink
 from .outbox import (
     OutboxConflictError,
     OutboxEntry,
@@ -11,6 +11,7 @@ from .outbox import (
 )
 
 __all__ = [
+    "InvalidSinkError",
     "OutboxConflictError",
     "OutboxEntry",
     "OutboxError",

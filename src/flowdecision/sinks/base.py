@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import inspect
+from typing import ClassVar, Protocol, cast, runtime_checkable
 
+from ..errors import FlowDecisionError
 from ..model import DecisionRequest
 
-__all__ = ["Sink"]
+__all__ = ["InvalidSinkError", "Sink", "check_sink", "has_async_submit"]
 
 
 @runtime_checkable
@@ -24,3 +26,36 @@ class Sink(Protocol):
     async def submit(self, request: DecisionRequest, attempt: int) -> None:
         """Deliver ``request``; return only once the engine has accepted it."""
         ...
+
+
+class InvalidSinkError(FlowDecisionError, TypeError):
+    """An object handed in as a sink has no ``async def submit(request, attempt)``."""
+
+    code: ClassVar[str] = "invalid_sink"
+
+
+def has_async_submit(sink: object) -> bool:
+    """True if ``sink.submit`` is a coroutine function (or an object with an async ``__call__``)."""
+    submit = getattr(sink, "submit", None)
+    if submit is None:
+        return False
+    return inspect.iscoroutinefunction(submit) or inspect.iscoroutinefunction(
+        getattr(submit, "__call__", None)  # noqa: B004 - an object with an async __call__
+    )
+
+
+def check_sink(sink: object) -> Sink:
+    """Return ``sink`` if it has an ``async def submit``; raise :class:`InvalidSinkError` if not.
+
+    A plain ``def submit`` would be called, and its side effect would happen,
+    before the dispatcher found it could not await the result: the claim would
+    then be released and every retry would submit again.
+    """
+    if not has_async_submit(sink):
+        submit = getattr(sink, "submit", None)
+        found = "missing" if submit is None else f"a plain {type(submit).__name__}"
+        raise InvalidSinkError(
+            f"sink `{type(sink).__qualname__}` must define `async def submit(request, attempt)`, "
+            f"but its `submit` is {found}"
+        )
+    return cast(Sink, sink)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 from urllib.parse import urlsplit
 
 from ..errors import FlowDecisionError
-from .base import Sink
+from .base import Sink, has_async_submit
 
 __all__ = ["SINK_SCHEMES", "SinkConfigError", "WebhookOptions", "close_sink", "open_sink"]
 
@@ -27,6 +27,8 @@ SINK_SCHEMES = ("sqlite:///path", "postgresql://...", "http(s)://...", "python:m
 
 class SinkConfigError(FlowDecisionError):
     """The sink URL is malformed, names an unknown scheme, or loads something unusable."""
+
+    code: ClassVar[str] = "sink_config"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +104,7 @@ async def _load_python(url: str) -> Sink:
             raise SinkConfigError(f"custom sink `{url}`: creating it failed: {error}") from error
         if inspect.isawaitable(target):
             target = await target
-    submit = getattr(target, "submit", None)
-    if submit is None or not inspect.iscoroutinefunction(submit):
+    if not has_async_submit(target):
         raise SinkConfigError(
             f"custom sink `{url}` must provide `async def submit(request, attempt)`, "
             f"got {type(target).__qualname__}"

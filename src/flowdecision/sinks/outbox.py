@@ -36,9 +36,10 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from ..errors import FlowDecisionError, StoreMissingError
+from ..limits import OUTBOX_FETCH_MAX
 from ..model import DecisionRequest
 from ..store.component import Component, ErrorKinds
 from ..store.lifecycle import Closable, started
@@ -64,7 +65,6 @@ __all__ = [
 OUTBOX_TABLE = "flow_decision_outbox"
 #: pg_advisory_xact_lock key serializing new rows so seq order is commit order ("fdoutbox").
 _INSERT_LOCK = 0x66646F7574626F78
-_MAX_FETCH = 10_000
 _COLUMNS = (
     "seq, decision_id, request_json, request_hash, first_attempt, highest_attempt, accepted_at_ms"
 )
@@ -73,17 +73,25 @@ _COLUMNS = (
 class OutboxError(FlowDecisionError):
     """The outbox store failed (cannot open, read or write); the message names the store."""
 
+    code: ClassVar[str] = "outbox_error"
+
 
 class OutboxSchemaError(OutboxError):
     """The outbox store has a schema this version cannot use."""
+
+    code: ClassVar[str] = "outbox_schema"
 
 
 class OutboxMissingError(OutboxError, StoreMissingError):
     """Opened with ``create=False``, the store does not exist or holds no outbox."""
 
+    code: ClassVar[str] = "outbox_missing"
+
 
 class OutboxConflictError(OutboxError):
     """A delivery reused a decision id whose stored row has different content."""
+
+    code: ClassVar[str] = "outbox_conflict"
 
     def __init__(self, decision_id: str, stored_hash: str, offered_hash: str) -> None:
         super().__init__(
@@ -273,8 +281,12 @@ class OutboxSink(Closable):
         """Rows with ``seq > after``, ordered by ``seq``, at most ``limit`` (<= 10000)."""
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise ValueError(f"after must be a non-negative integer, got {after!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_FETCH:
-            raise ValueError(f"limit must be an integer in 1..={_MAX_FETCH}, got {limit!r}")
+        if (
+            isinstance(limit, bool)
+            or not isinstance(limit, int)
+            or not 1 <= limit <= OUTBOX_FETCH_MAX
+        ):
+            raise ValueError(f"limit must be an integer in 1..={OUTBOX_FETCH_MAX}, got {limit!r}")
         return await (await self._ready()).fetch(after, limit)
 
     async def get(self, decision_id: str) -> OutboxEntry | None:

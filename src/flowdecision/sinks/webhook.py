@@ -20,14 +20,15 @@ is safe only because the receiver deduplicates on ``Idempotency-Key``.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import random
-import time
 from types import TracebackType
+from typing import ClassVar
 
 import httpx
 
+from ..backoff import parse_retry_after
+from ..errors import FlowDecisionError
 from ..model import DecisionRequest
 
 __all__ = [
@@ -50,8 +51,10 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
-class WebhookError(Exception):
+class WebhookError(FlowDecisionError):
     """The webhook did not accept the decision; ``tries`` says how many POSTs were made."""
+
+    code: ClassVar[str] = "webhook_failed"
 
     def __init__(self, message: str, *, status: int | None = None, tries: int = 1) -> None:
         super().__init__(message)
@@ -62,22 +65,7 @@ class WebhookError(Exception):
 class WebhookRejectedError(WebhookError):
     """The receiver answered with a non-retryable status (3xx or 4xx other than 429)."""
 
-
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date)."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(int(value))
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    current = time.time() if now is None else now
-    return max(float(when.timestamp()) - current, 0.0)
+    code: ClassVar[str] = "webhook_rejected"
 
 
 class WebhookSink:

@@ -30,7 +30,9 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import FlowDecisionError
 
 if TYPE_CHECKING:
     from .component import Component
@@ -50,8 +52,10 @@ __all__ = [
 ]
 
 
-class MigrationError(ValueError):
+class MigrationError(FlowDecisionError, ValueError):
     """The shipped migrations are malformed (a packaging bug, not user data)."""
+
+    code: ClassVar[str] = "migration_invalid"
 
 
 @functools.cache

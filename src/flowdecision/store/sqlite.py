@@ -21,6 +21,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import quote
 
 from ..errors import FlowDecisionError
@@ -39,8 +40,14 @@ __all__ = [
 STORE_FILE_MODE = 0o600
 
 
-class WalUnavailableError(sqlite3.OperationalError):
-    """The database refused WAL mode (e.g. an in-memory or read-only database)."""
+class WalUnavailableError(FlowDecisionError, sqlite3.OperationalError):
+    """The database refused WAL mode (e.g. an in-memory or read-only database).
+
+    Still a :class:`sqlite3.OperationalError`, so callers translating SQLite
+    errors into their own see it as one.
+    """
+
+    code: ClassVar[str] = "wal_unavailable"
 
 
 def create_private_file(path: Path) -> None:

@@ -1,0 +1,263 @@
+"""``submit``: post decisions to a running decision service (the client, from a shell).
+
+The input is one decision (a JSON document, which may span lines) or a stream
+of JSON lines (one decision per line). It is told apart by its first non-blank
+line: if that line is a JSON value on its own, the input is JSON lines.
+Decisions are sent one at a time, in order, with their bytes unchanged; the
+first failure that is not a duplicate stops the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import IO, TYPE_CHECKING, Any, NoReturn
+
+import click
+
+from ..errors import FlowDecisionError
+from .common import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from ..client import SubmitResult, SyncDecisionClient
+
+__all__ = ["submit_cmd"]
+
+#: Exit code for a decision the service refused: its id is bound to other content
+#: (409 conflict) or it comes from a forked branch (403). The same code as a
+#: missing or conflicting decision in `inspect`.
+EXIT_REFUSED = EXIT_NOT_FOUND
+
+
+class _InputError(Exception):
+    """The input is not a decision or a JSON-lines stream of decisions."""
+
+
+def _decisions(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """``(line number, JSON bytes)`` per decision: one document, or one per line."""
+    number = 0
+    for raw in stream:
+        number += 1
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            json.loads(line)
+        except ValueError:
+            # Not a JSON value on its own line: the whole input is one document.
+            document = raw + stream.read()
+            try:
+                json.loads(document)
+            except ValueError as error:
+                raise _InputError(
+                    f"not a JSON document nor JSON lines (line {number}: {error})"
+                ) from None
+            yield number, document.strip()
+            return
+        yield number, line
+        break
+    else:
+        return
+    for raw in stream:
+        number += 1
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            json.loads(line)
+        except ValueError as error:
+            raise _InputError(f"line {number} is not JSON: {error}") from None
+        yield number, line
+
+
+def _count_lines(stream: IO[bytes]) -> int | None:
+    """Non-blank lines of a regular file (then rewound), or None for a pipe."""
+    try:
+        if not stream.seekable():
+            return None
+        start = stream.tell()
+        total = sum(1 for raw in stream if raw.strip())
+        stream.seek(start)
+    except OSError:
+        return None
+    return total
+
+
+def _result_json(number: int, result: SubmitResult) -> dict[str, Any]:
+    return {
+        "line": number,
+        "outcome": result.outcome.value,
+        "decision_id": result.decision_id,
+        "attempt": result.attempt,
+        "receipt": result.receipt.to_dict() if result.receipt else None,
+        "request_id": result.request_id,
+    }
+
+
+def _exit_code(error: Exception) -> int:
+    from ..client import (
+        ServiceAuthError,
+        ServiceBranchError,
+        ServiceConflictError,
+        ServiceInvalidRequestError,
+        ServiceTooLargeError,
+    )
+
+    if isinstance(error, ServiceConflictError | ServiceBranchError):
+        return EXIT_REFUSED
+    if isinstance(error, ServiceInvalidRequestError | ServiceTooLargeError | ServiceAuthError):
+        return EXIT_USAGE
+    return EXIT_ERROR
+
+
+def _fail(number: int, error: Exception, as_json: bool) -> NoReturn:
+    from ..client import ServiceError
+
+    code = _exit_code(error)
+    if as_json:
+        detail: dict[str, Any] = {"message": str(error)}
+        if isinstance(error, ServiceError):
+            detail = {
+                "status": error.status,
+                "code": error.error_code,
+                "message": error.message,
+                "request_id": error.request_id,
+                **dict(error.details),
+            }
+        else:
+            detail["code"] = getattr(error, "code", "error")
+        click.echo(json.dumps({"line": number, "error": detail}, ensure_ascii=False))
+    click.echo(f"error: line {number}: {error}", err=True)
+    sys.exit(code)
+
+
+def _open_client(
+    url: str, token_file: str | None, timeout: float, retries: int, wait_s: float | None
+) -> SyncDecisionClient:
+    try:
+        from ..client import RetryOptions, SyncDecisionClient, read_token_file
+    except ImportError as error:  # httpx is an optional dependency
+        click.echo(
+            f"error: `flowdecision submit` needs httpx ({error}); "
+            "install it with: pip install 'flowdecision[client]'",
+            err=True,
+        )
+        sys.exit(EXIT_USAGE)
+    try:
+        token = read_token_file(token_file) if token_file else os.environ.get("FLOWDECISION_TOKEN")
+        return SyncDecisionClient(
+            url,
+            token=token or None,
+            timeout=timeout,
+            retry=RetryOptions(max_tries=retries + 1),
+            wait_s=wait_s,
+        )
+    except ValueError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(EXIT_USAGE)
+
+
+@click.command("submit")
+@click.argument("source", metavar="FILE|-", type=click.File("rb"))
+@click.option(
+    "--url",
+    default="http://127.0.0.1:8080",
+    show_default=True,
+    envvar="FLOWDECISION_URL",
+    help="Base URL of the decision service.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    help="File whose first line is the bearer token (default: $FLOWDECISION_TOKEN).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per result.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bar on stderr for a JSON-lines stream.  [default: when stderr is a terminal]",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    help="Ask the service to wait up to N seconds for another owner's answer (Prefer: wait=N).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds per HTTP request.",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=4,
+    show_default=True,
+    help="Retries per decision on busy, 503 and connection failures.",
+)
+def submit_cmd(
+    source: IO[bytes],
+    url: str,
+    token_file: str | None,
+    as_json: bool,
+    progress: bool | None,
+    wait_s: float | None,
+    timeout: float,
+    retries: int,
+) -> None:
+    """Submit one decision (a JSON file) or a JSON-lines stream (FILE, or - for stdin).
+
+    Prints one line per result: `submitted` or `duplicate` (both mean the
+    decision is in), the decision id and the attempt; --json prints JSON lines
+    with the receipt. Stops at the first failure that is not a duplicate.
+
+    Exit codes: 0 every decision is in; 1 the service failed or could not be
+    reached; 2 bad input, usage or token; 3 refused (conflict or forked branch).
+    """
+    client = _open_client(url, token_file, timeout, retries, wait_s)
+    total = _count_lines(source)
+    show = progress if progress is not None else sys.stderr.isatty()
+    number = 0
+    try:
+        decisions = _decisions(source)
+        first = next(decisions, None)
+        if first is None:
+            click.echo("error: no decision in the input", err=True)
+            sys.exit(EXIT_USAGE)
+
+        def stream() -> Iterator[tuple[int, bytes]]:
+            yield first
+            yield from decisions
+
+        # A bar only for a stream: one decision needs none.
+        one_document = (total is not None and total <= 1) or b"\n" in first[1]
+        with click.progressbar(
+            stream(),
+            length=total,
+            label="submitting",
+            show_pos=True,
+            file=sys.stderr,
+            hidden=not show or one_document,
+        ) as bar:
+            for number, body in bar:
+                result = client.submit(body)
+                if as_json:
+                    click.echo(json.dumps(_result_json(number, result), ensure_ascii=False))
+                else:
+                    click.echo(
+                        f"{result.outcome.value} {result.decision_id} attempt {result.attempt}"
+                    )
+    except _InputError as error:
+        if as_json:
+            detail = {"code": "invalid_input", "message": str(error)}
+            click.echo(json.dumps({"line": None, "error": detail}, ensure_ascii=False))
+        click.echo(f"error: {error}", err=True)
+        sys.exit(EXIT_USAGE)
+    except FlowDecisionError as error:
+        _fail(number, error, as_json)
+    finally:
+        client.close()
