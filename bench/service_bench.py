@@ -192,7 +192,7 @@ def run_backend(name: str, work: Path, args: argparse.Namespace, url: str | None
     extra: list[str] = []
     if url is not None:
         subprocess.run(
-            [sys.executable, "-m", "flowdecision.cli", "migrate", "--ledger", url],
+            [sys.executable, "-m", "flowdecision.cli", "migrate", "--ledger", url, "--outbox", url],
             check=True,
             env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
             capture_output=True,

@@ -138,7 +138,9 @@ class SqliteThread:
             with self._thread_lock:
                 if self._thread is None:
                     thread = threading.Thread(
-                        target=self._serve, name="flowdecision-sqlite", daemon=True
+                        target=self._serve,
+                        name=f"flowdecision-sqlite-{self.opener.component.name}",
+                        daemon=True,
                     )
                     thread.start()
                     self._thread = thread
