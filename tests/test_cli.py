@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import click
+import pytest
 
 from flowdecision.ledger import JsonFileLedger
 
@@ -130,3 +134,167 @@ def test_migrate_json_reports_nothing_migrated_on_an_up_to_date_store(
         }
         text = flowdecision("migrate", "--ledger", url)
         assert "already up to date" in text.stdout
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    files = sorted(path for path in root.rglob("*") if path.is_file())
+    return {str(path.relative_to(root)): path.read_bytes() for path in files}
+
+
+def test_read_commands_report_a_missing_store_with_exit_4_and_create_nothing(
+    tmp_path: Path,
+) -> None:
+    typo_db = f"sqlite:///{tmp_path / 'nonexist' / 'typo.db'}"
+    typo_dir = str(tmp_path / "x")
+    commands = [
+        ("inspect", "--ledger", typo_db, "dec-1"),
+        ("inspect", "--ledger", typo_dir, "dec-1"),
+        ("inspect", "--ledger", f"file://{typo_dir}", "dec-1", "--json"),
+        ("prune", "--ledger", typo_db, "--before", "5"),
+        ("prune", "--ledger", typo_dir, "--older-than", "7d"),
+        ("outbox", "tail", "--sink", f"sqlite:///{tmp_path / 'nonexist' / 'outbox.db'}"),
+    ]
+    for command in commands:
+        result = flowdecision(*command)
+        assert result.returncode == 4, (command, result.stderr)
+        assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, command
+        assert "does not exist (nothing was created)" in result.stderr, command
+        assert list(tmp_path.iterdir()) == [], command
+
+
+def test_outbox_tail_on_a_ledger_database_adds_no_tables(tmp_path: Path) -> None:
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert flowdecision("migrate", "--ledger", ledger).returncode == 0
+    before = _tree(tmp_path)
+    result = flowdecision("outbox", "tail", "--sink", ledger)
+    assert result.returncode == 4, result.stderr
+    assert "is not an outbox" in result.stderr and "Traceback" not in result.stderr
+    assert _tree(tmp_path) == before
+    inspect_outbox = flowdecision("inspect", "--ledger", f"sqlite:///{tmp_path / 'o.db'}", "d")
+    assert inspect_outbox.returncode == 4 and list(tmp_path.iterdir()) == [tmp_path / "ledger.db"]
+
+
+def test_a_negative_prune_cutoff_is_a_usage_error(tmp_path: Path) -> None:
+    result = flowdecision("prune", "--ledger", str(tmp_path), "--before", "-1")
+    assert result.returncode == 2, result.stderr
+    assert "--before" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_in_an_unwritable_directory_is_one_clean_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    targets = [blocker / "demo"]
+    if os.geteuid() != 0:  # chmod does not stop root; a file in the way stops everyone
+        read_only = tmp_path / "ro"
+        read_only.mkdir(mode=0o555)
+        targets.append(read_only)
+    for target in targets:
+        result = flowdecision("demo", "--dir", str(target))
+        assert result.returncode == 1, result.stderr
+        assert "Traceback" not in result.stderr
+        assert result.stderr.startswith(f"error: cannot write the demo ledger in `{target}`")
+        assert result.stderr.count("\n") == 1
+
+
+def test_store_errors_are_one_line(tmp_path: Path) -> None:
+    # A directory where a SQLite file is expected: the driver's error, on one line.
+    (tmp_path / "dir.db").mkdir()
+    for url in (f"sqlite:///{tmp_path / 'dir.db'}", "sqlite:///a%00b", "file:///a%00b"):
+        for command in (("inspect", "--ledger", url, "d"), ("migrate", "--ledger", url)):
+            result = flowdecision(*command)
+            assert result.returncode == 1, (command, result.stderr)
+            assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, command
+            assert "Traceback" not in result.stderr
+
+
+def test_an_unexpected_error_is_one_line_unless_debugging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from click.testing import CliRunner
+
+    from flowdecision.cli.common import CleanErrorsGroup
+
+    @click.group(cls=CleanErrorsGroup)
+    def group() -> None:
+        pass
+
+    @group.command()
+    def broken() -> None:
+        raise RuntimeError("a bug\nover two lines")
+
+    monkeypatch.delenv("FLOWDECISION_DEBUG", raising=False)
+    result = CliRunner().invoke(group, ["broken"])
+    assert result.exit_code == 1
+    assert result.output == (
+        "error: unexpected RuntimeError: a bug over two lines "
+        "(set FLOWDECISION_DEBUG=1 for the traceback)\n"
+    )
+    monkeypatch.setenv("FLOWDECISION_DEBUG", "1")
+    debugging = CliRunner().invoke(group, ["broken"])
+    assert isinstance(debugging.exception, RuntimeError)
+
+
+_BLOCK_SERVICE_EXTRA = """
+import sys
+
+class BlockServiceExtra:
+    # Behaves as if `pip install flowdecision` ran without the service extra.
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"starlette", "uvicorn", "httpx", "prometheus_client"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, BlockServiceExtra())
+for loaded in [m for m in sys.modules if m.split(".")[0] in {"starlette", "uvicorn"}]:
+    del sys.modules[loaded]
+from flowdecision.cli import main
+sys.argv = ["flowdecision", *sys.argv[1:]]
+main()
+"""
+
+
+def test_serve_without_the_service_extra_says_what_to_install(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _BLOCK_SERVICE_EXTRA, "serve", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "pip install 'flowdecision[service]'" in result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_chaos_refuses_a_ledger_that_holds_decisions_unless_forced(tmp_path: Path) -> None:
+    tiny = ["--workers", "2", "--decisions", "5", "--kill-every-ms", "0", "--pause-every-ms", "0"]
+
+    async def seed() -> None:
+        await JsonFileLedger(tmp_path / "prod").claim("real-1", "h", "o", lease_ms=60_000)
+
+    asyncio.run(seed())
+    before = _tree(tmp_path / "prod")
+    refused = flowdecision("chaos", "--ledger", f"file://{tmp_path / 'prod'}", *tiny)
+    assert refused.returncode == 2, refused.stderr
+    assert "already holds decisions" in refused.stderr and "--force" in refused.stderr
+    assert _tree(tmp_path / "prod") == before
+    lite = f"sqlite:///{tmp_path / 'l.db'}"
+    fresh = flowdecision("chaos", "--ledger", lite, *tiny, "--json")  # a new ledger: fine
+    assert fresh.returncode == 0, fresh.stderr
+    again = flowdecision("chaos", "--ledger", lite, *tiny)
+    assert again.returncode == 2 and "already holds decisions" in again.stderr
+    forced = flowdecision("chaos", "--ledger", f"file://{tmp_path / 'prod'}", *tiny, "--force")
+    assert forced.returncode == 0, forced.stderr
+    records = asyncio.run(JsonFileLedger(tmp_path / "prod").records())
+    assert "real-1" in records and len(records) == 6
+
+
+def test_chaos_refuses_a_postgres_ledger_that_holds_decisions(pg_empty_url: str) -> None:
+    tiny = ["--workers", "2", "--decisions", "3", "--kill-every-ms", "0", "--pause-every-ms", "0"]
+    fresh = flowdecision("chaos", "--ledger", pg_empty_url, *tiny)  # never migrated: fine
+    assert fresh.returncode == 0, fresh.stderr
+    refused = flowdecision("chaos", "--ledger", pg_empty_url, *tiny)
+    assert refused.returncode == 2, refused.stderr
+    assert "already holds decisions" in refused.stderr
+    assert pg_empty_url not in refused.stderr  # the URL may hold a password

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from flowdecision.service.config import ConfigError, Settings, load_settings, redact_url
+from flowdecision.service.config import (
+    MIN_TOKEN_CHARS,
+    ConfigError,
+    Settings,
+    load_settings,
+    redact_url,
+)
 from flowdecision.sinks.loader import SinkConfigError, close_sink, open_sink, sink_kind
 from flowdecision.sinks.outbox import OutboxSink
 from flowdecision.sinks.webhook import WebhookSink
@@ -86,9 +92,9 @@ def test_unknown_toml_keys_are_refused(tmp_path: Path) -> None:
 
 def test_public_bind_with_a_token_or_an_explicit_opt_out(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
-    tokens.write_text("old-token\n\nnew-token\n")
+    tokens.write_text("old-token-0123456789\n\nnew-token-0123456789\n")
     settings = load_settings({"host": "0.0.0.0", "token_file": str(tokens)}, env={})
-    assert settings.tokens() == (b"old-token", b"new-token")
+    assert settings.tokens() == (b"old-token-0123456789", b"new-token-0123456789")
     assert load_settings({"host": "0.0.0.0", "allow_no_auth": True}, env={}).tokens() == ()
     env_token = load_settings({}, env={"FLOWDECISION_TOKEN": "t0"})
     assert env_token.tokens() == (b"t0",)
@@ -200,3 +206,50 @@ async def test_a_decision_arriving_during_shutdown_gets_503_not_a_closed_ledger(
     assert response.json()["error"]["code"] == "shutting_down"
     assert response.headers["Retry-After"] == "1"
     assert service.dispatcher.health().attempted == 0
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "0", "-1"])
+@pytest.mark.parametrize("name", ["shutdown_grace_s", "webhook_timeout_s"])
+def test_float_settings_must_be_finite_and_positive(name: str, value: str, tmp_path: Path) -> None:
+    expected = f"{name} must be a finite positive number"
+    with pytest.raises(ConfigError, match=expected):
+        load_settings({name: value}, env={})
+    with pytest.raises(ConfigError, match=expected):
+        load_settings({}, env={f"FLOWDECISION_{name.upper()}": value})
+    config = tmp_path / "c.toml"
+    config.write_text(f"{name} = {value.lower()}\n")  # TOML spells nan and inf natively
+    with pytest.raises(ConfigError, match=expected):
+        load_settings({}, env={}, config_file=str(config))
+
+
+def test_a_short_token_is_refused_off_loopback_and_allowed_on_it() -> None:
+    short = "x" * (MIN_TOKEN_CHARS - 1)
+    with pytest.raises(ConfigError, match=f"shorter than {MIN_TOKEN_CHARS} characters"):
+        load_settings({"host": "0.0.0.0"}, env={"FLOWDECISION_TOKEN": "x"})
+    with pytest.raises(ConfigError, match="shorter than"):
+        load_settings({"host": "0.0.0.0"}, env={"FLOWDECISION_TOKEN": short})
+    long_enough = load_settings({"host": "0.0.0.0"}, env={"FLOWDECISION_TOKEN": short + "y"})
+    assert long_enough.short_token_count() == 0
+    loopback = load_settings({"host": "127.0.0.1"}, env={"FLOWDECISION_TOKEN": "x"})
+    assert loopback.short_token_count() == 1
+
+
+def test_serve_warns_about_a_short_token_on_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from click.testing import CliRunner
+
+    from flowdecision.cli import cli
+
+    for name in ("FLOWDECISION_TOKEN_FILE", "FLOWDECISION_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLOWDECISION_TOKEN", "x")
+    with socket.socket() as taken:  # serve stops at the bind, after its warnings
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["serve", "--host", "127.0.0.1", "--port", str(port)])
+    assert result.exit_code == 1
+    assert f"warning: a bearer token is shorter than {MIN_TOKEN_CHARS} characters" in (
+        result.output
+    )

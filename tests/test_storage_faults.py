@@ -141,7 +141,13 @@ async def test_newer_schema_is_refused_untouched_and_works_once_downgraded(tmp_p
 
 
 def _as_unprivileged(work: Any, queue: Any, drop: bool) -> None:
-    """In a forked child: drop to `nobody` when root (chmod does not stop root)."""
+    """In a forked child: drop to `nobody` when root (chmod does not stop root).
+
+    The child reads nothing from the checkout: the package was imported and its
+    migrations read (they are cached per process) before the fork, so this
+    works when the checkout sits where `nobody` cannot read (root's home, a
+    0700 ``mktemp -d``); see test_migrations_are_read_once_per_process.
+    """
     try:
         if drop and os.geteuid() == 0:
             nobody = pwd.getpwnam("nobody")
@@ -220,6 +226,60 @@ def test_sqlite_ledger_in_a_read_only_directory(shared_dir: Path) -> None:
     os.chmod(directory, 0o777)  # the fault is removed
     assert _in_child(claim) == ("ok", "Claimed(attempt=1)")
     assert _integrity(path) == "ok" and _count(path) == 6
+
+
+_WITHOUT_SQL_FILES = """
+import asyncio, shutil, sys
+from pathlib import Path
+
+import flowdecision
+from flowdecision.ledger import SqliteLedger
+from flowdecision.model import Complete, DecisionRequest
+from flowdecision.sinks import OutboxSink
+
+# The installed files vanish or become unreadable after import (an upgrade in
+# place, dropped privileges): stores still open and migrate with the SQL of the
+# code that is running.
+shutil.rmtree(Path(flowdecision.__file__).parent / "ledger" / "sql")
+shutil.rmtree(Path(flowdecision.__file__).parent / "sinks" / "sql")
+
+async def main() -> None:
+    work = Path(sys.argv[1])
+    async with await SqliteLedger.open(work / "ledger.db") as ledger:
+        print(await ledger.claim("d", "h" * 64, "o", lease_ms=5))
+    async with OutboxSink(f"sqlite:///{work / 'outbox.db'}") as outbox:
+        decision = DecisionRequest(
+            decision_id="d",
+            run_id="r",
+            authority_branch_id="production",
+            causation_event_id="e",
+            decision=Complete(output={}),
+        )
+        print(await outbox.deliver(decision, 1))
+
+asyncio.run(main())
+"""
+
+
+def test_migrations_are_read_once_per_process(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    import flowdecision
+
+    copy = tmp_path / "site"
+    shutil.copytree(Path(flowdecision.__file__).parent, copy / "flowdecision")
+    # -S: only the copy and the standard library (no editable install of the checkout).
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", _WITHOUT_SQL_FILES, str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": str(copy)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["Claimed(attempt=1)", "True"]
 
 
 async def _claim_once(path: Path) -> object:

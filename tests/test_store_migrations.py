@@ -109,6 +109,7 @@ def _two_step_component(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Comp
         errors=LEDGER.errors,
         migrate_hint="migrate it",
         legacy_user_version=True,
+        dialects=("sqlite",),
     )
 
 

@@ -1,7 +1,9 @@
 """The ``flowdecision`` command line.
 
 Exit codes: 0 success, 1 a ledger/store error, 2 bad usage, 3 the decision is
-missing or conflicts with what was asked.
+missing or conflicts with what was asked, 4 the store does not exist (commands
+that read or prune a store never create one). Errors are one ``error: ...`` line
+on stderr, never a traceback (``FLOWDECISION_DEBUG=1`` shows one for a bug).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import click
 
 from .chaos import chaos
+from .common import CleanErrorsGroup
 from .demo import demo
 from .ledger_cmds import inspect_cmd, migrate_cmd, prune_cmd
 from .serve import outbox, serve_cmd
@@ -17,7 +20,7 @@ from .submit import submit_cmd
 __all__ = ["cli", "main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=CleanErrorsGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="flowdecision")
 def cli() -> None:
     """Submit workflow decisions exactly once, and operate the ledger behind it."""

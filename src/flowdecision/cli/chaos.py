@@ -2,12 +2,82 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
+from pathlib import Path
 
 import click
 
 from ..chaos import ChaosConfig, cleanup, run_chaos, summary_rows
-from .common import emit_json, table
+from ..errors import LedgerUnavailableError, StoreMissingError
+from ..ledger.url import parse_ledger_url
+from .common import EXIT_USAGE, emit_json, fail, run, table
+
+#: The table both SQL ledgers keep their claims in (ledger/sql/*/0001_init.sql).
+_CLAIMS_TABLE = "flowdecision_claims"
+
+
+async def ledger_holds_records(url: str) -> bool:
+    """Whether the ledger ``url`` names exists and holds at least one record.
+
+    Reads only: nothing is created, migrated or changed.
+    """
+    kind, target = parse_ledger_url(url)
+    if kind == "file":
+        from ..ledger.jsonfile import JsonFileLedger
+
+        try:
+            return bool(await JsonFileLedger(target, create=False).records())
+        except StoreMissingError:
+            return False
+    if kind == "sqlite":
+        return await asyncio.to_thread(_sqlite_holds_records, Path(target))
+    if kind == "postgresql":
+        return await _postgres_holds_records(target)
+    return False  # memory: a new, empty ledger per process
+
+
+def _sqlite_holds_records(path: Path) -> bool:
+    import sqlite3
+
+    from ..store.sqlite import connect_wal
+
+    if not path.exists():
+        return False
+    try:
+        conn = connect_wal(path, busy_timeout_ms=5_000, create=False)
+        try:
+            table = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (_CLAIMS_TABLE,)
+            ).fetchone()
+            if table is None:
+                return False
+            row = conn.execute(f"SELECT EXISTS (SELECT 1 FROM {_CLAIMS_TABLE})").fetchone()
+            return bool(row and row[0])
+        finally:
+            conn.close()
+    except sqlite3.Error as error:
+        raise LedgerUnavailableError(f"sqlite ledger `{path}`: {error}") from error
+
+
+async def _postgres_holds_records(dsn: str) -> bool:
+    from ..ledger.postgres import describe_dsn
+
+    try:
+        import asyncpg
+
+        conn = await asyncpg.connect(dsn)
+        try:
+            if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", _CLAIMS_TABLE):
+                return False
+            return bool(await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {_CLAIMS_TABLE})"))
+        finally:
+            await conn.close()
+    except Exception as error:
+        raise LedgerUnavailableError(
+            f"PostgreSQL ledger {describe_dsn(dsn)}: {type(error).__name__}: {error}"
+        ) from error
+
 
 __all__ = ["chaos"]
 
@@ -51,6 +121,11 @@ __all__ = ["chaos"]
 @click.option("--keep", is_flag=True, help="Keep the temporary work directory.")
 @click.option("--timeout", "timeout_s", default=900.0, show_default=True, help="Seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Run even if the ledger already holds decisions (chaos adds thousands of its own).",
+)
 def chaos(
     ledger_url: str,
     outbox_url: str | None,
@@ -70,11 +145,19 @@ def chaos(
     keep: bool,
     timeout_s: float,
     as_json: bool,
+    force: bool,
 ) -> None:
     """Kill, pause and restart real dispatcher processes, then verify exactly once.
 
-    Exit code 0 when every check passes, 1 otherwise.
+    Exit code 0 when every check passes, 1 otherwise. A ledger that already
+    holds decisions is refused (exit 2) unless --force: point chaos at a new one.
     """
+    if not force and run(lambda: ledger_holds_records(ledger_url)):
+        fail(
+            "the --ledger store already holds decisions and chaos would add thousands of "
+            "test decisions to it; point --ledger at a new ledger, or pass --force",
+            EXIT_USAGE,
+        )
     try:
         cfg = ChaosConfig(
             ledger_url=ledger_url,

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
-from ..errors import FlowDecisionError
+from ..errors import FlowDecisionError, StoreMissingError
 
 T = TypeVar("T")
 
@@ -21,6 +22,13 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
+EXIT_STORE_MISSING = 4
+
+#: Set to show the traceback of an unexpected error instead of one line.
+DEBUG_ENV = "FLOWDECISION_DEBUG"
+
+#: Top-level modules that only the ``service`` extra installs.
+SERVICE_MODULES = frozenset({"starlette", "uvicorn", "httpx", "prometheus_client"})
 
 ledger_option = click.option(
     "--ledger",
@@ -33,13 +41,58 @@ ledger_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
+def one_line(text: object) -> str:
+    """``text`` on one line (error messages may embed driver output with newlines)."""
+    return " ".join(str(text).split())
+
+
+def fail(message: object, code: int = EXIT_ERROR) -> NoReturn:
+    """Print ``error: message`` as one line on stderr and exit with ``code``."""
+    click.echo(f"error: {one_line(message)}", err=True)
+    sys.exit(code)
+
+
+def fail_for(error: BaseException) -> NoReturn:
+    """Report any exception as one clean line with the exit code its kind maps to.
+
+    A missing store exits 4; other flowdecision and OS errors exit 1 with their
+    message; anything else (a bug) names its type too, and ``FLOWDECISION_DEBUG=1``
+    re-raises it for the traceback.
+    """
+    if isinstance(error, StoreMissingError):
+        fail(error, EXIT_STORE_MISSING)
+    if isinstance(error, ModuleNotFoundError) and (error.name or "").split(".")[0] in (
+        SERVICE_MODULES
+    ):
+        fail(
+            f"this command needs the service extra (module `{error.name}` is missing): "
+            "pip install 'flowdecision[service]'"
+        )
+    if isinstance(error, FlowDecisionError | OSError):
+        fail(error)
+    if os.environ.get(DEBUG_ENV):
+        raise error
+    fail(f"unexpected {type(error).__name__}: {error} (set {DEBUG_ENV}=1 for the traceback)")
+
+
 def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine; turn flowdecision errors into a clean message and exit 1."""
+    """Run a coroutine; turn flowdecision errors into a clean message and exit code."""
     try:
         return asyncio.run(_call(coro_fn))
     except FlowDecisionError as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(EXIT_ERROR)
+        fail_for(error)
+
+
+class CleanErrorsGroup(click.Group):
+    """A command group whose commands never print a traceback (see :func:`fail_for`)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # click reports these itself, with their own exit codes
+        except Exception as error:
+            fail_for(error)
 
 
 async def _call(coro_fn: Callable[[], Awaitable[T]]) -> T:

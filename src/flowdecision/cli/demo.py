@@ -14,7 +14,7 @@ from ..dispatcher import Dispatcher
 from ..errors import DispatchError
 from ..ledger import JsonFileLedger
 from ..model import Complete, DecisionRequest, DecisionStep, Fail, ScheduleStep, request_hash
-from .common import table
+from .common import fail, run, table
 
 __all__ = ["demo", "run_demo"]
 
@@ -148,7 +148,19 @@ async def run_demo(root: Path, echo: Callable[[str], None]) -> list[tuple[str, s
 def demo(directory: Path | None) -> None:
     """Show submission, duplicate, fork, conflict, retry, race and takeover."""
     if directory is not None:
-        asyncio.run(run_demo(directory, click.echo))
+        _check_writable(directory)
+        run(lambda: run_demo(directory, click.echo))
         return
     with tempfile.TemporaryDirectory(prefix="flowdecision-demo-") as tmp:
-        asyncio.run(run_demo(Path(tmp), click.echo))
+        run(lambda: run_demo(Path(tmp), click.echo))
+
+
+def _check_writable(directory: Path) -> None:
+    """Fail with one line before any scenario runs if the demo cannot write there
+    (otherwise every scenario would report the same ledger failure)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        fail(f"cannot write the demo ledger in `{directory}`: {error.strerror or error}")

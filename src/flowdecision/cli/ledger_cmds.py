@@ -15,6 +15,7 @@ from .common import (
     EXIT_NOT_FOUND,
     EXIT_USAGE,
     emit_json,
+    fail,
     json_option,
     ledger_option,
     parse_duration_ms,
@@ -45,10 +46,13 @@ def _entry_dict(entry: LedgerEntry) -> dict[str, object]:
 )
 @json_option
 def inspect_cmd(ledger_url: str, decision_id: str, request_hash: str | None, as_json: bool) -> None:
-    """Show one decision's claim state (never its owner)."""
+    """Show one decision's claim state (never its owner).
+
+    Reads only: a missing ledger is reported (exit 4), never created.
+    """
 
     async def go() -> LedgerEntry | None:
-        ledger = await open_ledger(ledger_url)
+        ledger = await open_ledger(ledger_url, create=False)
         try:
             entry = await ledger.lookup(decision_id)
             if entry is not None and request_hash is not None:
@@ -87,16 +91,23 @@ def inspect_cmd(ledger_url: str, decision_id: str, request_hash: str | None, as_
 
 @click.command("prune")
 @ledger_option
-@click.option("--before", "before_ms", type=int, help="Prune completions before this epoch ms.")
+@click.option(
+    "--before",
+    "before_ms",
+    type=click.IntRange(min=0),
+    help="Prune completions before this epoch ms.",
+)
 @click.option("--older-than", help="Prune completions older than this age, e.g. 7d, 12h.")
 @json_option
 def prune_cmd(
     ledger_url: str, before_ms: int | None, older_than: str | None, as_json: bool
 ) -> None:
-    """Remove completed records older than a cutoff (pending claims are kept)."""
+    """Remove completed records older than a cutoff (pending claims are kept).
+
+    A missing ledger is reported (exit 4), never created.
+    """
     if (before_ms is None) == (older_than is None):
-        click.echo("error: give exactly one of --before MS or --older-than AGE", err=True)
-        sys.exit(EXIT_USAGE)
+        fail("give exactly one of --before MS or --older-than AGE", EXIT_USAGE)
 
     def show(total: int) -> None:
         # A live counter on stderr, one update per committed batch (scripts read stdout).
@@ -104,7 +115,7 @@ def prune_cmd(
             click.echo(f"\rpruning... {total} removed", nl=False, err=True)
 
     async def go() -> tuple[int, int]:
-        ledger: Ledger = await open_ledger(ledger_url)
+        ledger: Ledger = await open_ledger(ledger_url, create=False)
         try:
             cutoff = before_ms
             if cutoff is None:

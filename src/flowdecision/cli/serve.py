@@ -13,7 +13,7 @@ import click
 
 from ..errors import FlowDecisionError
 from ..limits import OUTBOX_FETCH_MAX
-from .common import EXIT_ERROR, EXIT_USAGE, run, table
+from .common import EXIT_ERROR, EXIT_USAGE, fail, run, table
 
 __all__ = ["outbox", "serve_cmd"]
 
@@ -59,21 +59,25 @@ def serve_cmd(config_file: str | None, **flags: Any) -> None:
     then the TOML file (--config or FLOWDECISION_CONFIG), then the defaults.
     The bearer token is read from FLOWDECISION_TOKEN or --token-file, never a flag.
     """
-    from ..service.config import ConfigError, load_settings, redact_url
+    from ..service.config import MIN_TOKEN_CHARS, ConfigError, load_settings, redact_url
     from ..service.logs import configure_logging
     from ..service.server import bind_socket, curl_example, serve
 
     try:
         settings = load_settings(flags, config_file=config_file)
     except ConfigError as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(EXIT_USAGE)
+        fail(error, EXIT_USAGE)
     configure_logging(settings.log_level)
+    if settings.short_token_count():  # refused off loopback; on loopback a warning
+        click.echo(
+            f"warning: a bearer token is shorter than {MIN_TOKEN_CHARS} characters; "
+            "use a long random one before serving beyond this machine",
+            err=True,
+        )
     try:
         sock = bind_socket(settings.host, settings.port)
     except OSError as error:
-        click.echo(f"error: cannot listen on {settings.host}:{settings.port}: {error}", err=True)
-        sys.exit(EXIT_ERROR)
+        fail(f"cannot listen on {settings.host}:{settings.port}: {error}")
 
     def ready(url: str) -> None:
         click.echo(f"flowdecision serving on {url}")
@@ -130,18 +134,17 @@ def tail_cmd(
 
     JSON lines carry seq, decision_id, request_hash, first_attempt,
     highest_attempt, accepted_at_ms and the request itself. Resume with
-    --after <last seq>.
+    --after <last seq>. Reads only: a missing outbox, or a database without
+    outbox tables, is reported (exit 4), never created.
     """
     from ..sinks.loader import sink_kind
 
     try:
         kind = sink_kind(sink_url)
     except FlowDecisionError as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(EXIT_USAGE)
+        fail(error, EXIT_USAGE)
     if kind != "outbox":
-        click.echo(f"error: `{sink_url}` is not an outbox (sqlite:/// or postgresql://)", err=True)
-        sys.exit(EXIT_USAGE)
+        fail(f"`{sink_url}` is not an outbox (sqlite:/// or postgresql://)", EXIT_USAGE)
 
     def show(entries: list[Any]) -> None:
         if as_json:
@@ -176,7 +179,8 @@ def tail_cmd(
         from ..sinks.outbox import OutboxSink
 
         cursor = after
-        async with OutboxSink(sink_url) as sink:
+        # Read only: a missing store, or one without outbox tables, is reported (exit 4).
+        async with OutboxSink(sink_url, create=False) as sink:
             while True:
                 entries = await sink.fetch(after=cursor, limit=limit)
                 if entries:

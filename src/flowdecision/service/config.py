@@ -10,6 +10,7 @@ the name with dashes (``--lease-ms``). The bearer token itself is never a flag
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ __all__ = [
     "DEFAULT_LEDGER_URL",
     "DEFAULT_SINK_URL",
     "ENV_PREFIX",
+    "MIN_TOKEN_CHARS",
     "ConfigError",
     "Settings",
     "load_settings",
@@ -33,6 +35,8 @@ __all__ = [
 ]
 
 ENV_PREFIX = "FLOWDECISION_"
+#: Shortest bearer token accepted on a non-loopback address (``serve`` warns on loopback).
+MIN_TOKEN_CHARS = 16
 DEFAULT_LEDGER_URL = "sqlite:///.flowdecision/ledger.db"
 DEFAULT_SINK_URL = "sqlite:///.flowdecision/outbox.db"
 
@@ -95,9 +99,12 @@ class Settings:
         for name in ("lease_ms", "max_body_bytes", "recent_limit", "webhook_max_attempts"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("shutdown_grace_s", "webhook_timeout_s", "status_refresh_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        floats = [name for name, kind in _TYPES.items() if kind is float]
+        for name in (*floats, "status_refresh_s"):
+            value = getattr(self, name)
+            # `not value > 0` also refuses nan; inf would make timeouts never fire.
+            if not value > 0 or not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite positive number, got {value}")
         if not self.production_branch.strip():
             raise ConfigError("production_branch must not be empty")
         problem = identifier_problem(self.production_branch)
@@ -105,12 +112,25 @@ class Settings:
             raise ConfigError(f"production_branch {problem}")
         if self.log_level.lower() not in ("critical", "error", "warning", "info", "debug"):
             raise ConfigError("log_level must be debug, info, warning, error or critical")
-        if not self.tokens() and not self.allow_no_auth and not _is_loopback(self.host):
-            raise ConfigError(
-                f"refusing to listen on `{self.host}` without a token: set FLOWDECISION_TOKEN "
-                "or token_file, or set allow_no_auth = true to serve unauthenticated"
-            )
+        tokens = self.tokens()
+        if not _is_loopback(self.host):
+            if not tokens and not self.allow_no_auth:
+                raise ConfigError(
+                    f"refusing to listen on `{self.host}` without a token: set "
+                    "FLOWDECISION_TOKEN or token_file, or set allow_no_auth = true to serve "
+                    "unauthenticated"
+                )
+            if self.short_token_count():
+                raise ConfigError(
+                    f"refusing to listen on `{self.host}` with a token shorter than "
+                    f"{MIN_TOKEN_CHARS} characters: use a long random one "
+                    "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+                )
         return self
+
+    def short_token_count(self) -> int:
+        """How many accepted tokens are shorter than :data:`MIN_TOKEN_CHARS` characters."""
+        return sum(len(token.decode("utf-8")) < MIN_TOKEN_CHARS for token in self.tokens())
 
 
 def _is_loopback(host: str) -> bool:

@@ -164,9 +164,9 @@ OUTBOX = Component(
 )
 
 
-def load_outbox_migrations(dialect: str) -> list[tuple[int, str, str]]:
+def load_outbox_migrations(dialect: str) -> tuple[tuple[int, str, str], ...]:
     """The ``(version, name, sql)`` outbox migrations shipped for ``dialect``, in order."""
-    return list(OUTBOX.migrations(dialect))
+    return OUTBOX.migrations(dialect)
 
 
 OUTBOX_SCHEMA_VERSION = OUTBOX.newest("sqlite")

@@ -54,6 +54,16 @@ class Component:
     legacy_user_version: bool = False
     #: SQLite only: refuse to create the schema in a database holding other tables
     refuse_foreign: bool = False
+    #: the dialects it ships migrations for
+    dialects: tuple[str, ...] = ("sqlite", "postgres")
+
+    def __post_init__(self) -> None:
+        # Read every migration once, now (at import for the shipped components):
+        # a running process then applies the SQL of the code it runs, even if the
+        # installed files are later replaced by an upgrade or become unreadable to
+        # it (a process that dropped privileges, a checkout in a private directory).
+        for dialect in self.dialects:
+            load_migrations(self.package, dialect)
 
     def migrations(self, dialect: str) -> tuple[tuple[int, str, str], ...]:
         """The ``(version, name, sql)`` migrations shipped for ``dialect``, in order."""

@@ -60,7 +60,10 @@ class MigrationError(FlowDecisionError, ValueError):
 
 @functools.cache
 def load_migrations(package: str, dialect: str) -> tuple[tuple[int, str, str], ...]:
-    """The ``(version, name, sql)`` migrations in ``package``/sql/``dialect``, in order."""
+    """The ``(version, name, sql)`` migrations in ``package``/sql/``dialect``, in order.
+
+    Read once per process and kept (see :class:`~.component.Component`).
+    """
     folder = resources.files(package).joinpath("sql", dialect)
     found: list[tuple[int, str, str]] = []
     for entry in folder.iterdir():

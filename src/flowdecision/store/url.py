@@ -25,19 +25,26 @@ def parse_store_url(url: str, *, what: str, error: type[FlowDecisionError]) -> t
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "":
-        return "file", url
+        return "file", _no_nul(url, url, what, error)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise error(f"{what} URL `{url}`: file URLs must name a local path")
-        return "file", unquote(parts.path)
+        return "file", _no_nul(unquote(parts.path), url, what, error)
     if scheme == "sqlite":
-        return "sqlite", sqlite_path(url, what=what, error=error)
+        return "sqlite", _no_nul(sqlite_path(url, what=what, error=error), url, what, error)
     if scheme in ("postgres", "postgresql"):
         return "postgresql", url
     raise error(
         f"unsupported {what} URL scheme `{parts.scheme}` in `{url}`: "
         f"expected one of {', '.join(SCHEMES)}"
     )
+
+
+def _no_nul(path: str, url: str, what: str, error: type[FlowDecisionError]) -> str:
+    # The OS cannot name such a file; say so instead of failing deep in os.open.
+    if "\x00" in path:
+        raise error(f"{what} URL `{url}`: the path contains a NUL character")
+    return path
 
 
 def sqlite_path(url: str, *, what: str, error: type[FlowDecisionError]) -> str:
