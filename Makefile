@@ -47,6 +47,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/suite.py
 	@if [ -f bench/service_bench.py ]; then $(BIN)/python bench/service_bench.py; fi
+	$(BIN)/python bench/engine_sinks_bench.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

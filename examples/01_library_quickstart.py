@@ -22,13 +22,15 @@ async def main(directory: Path) -> None:
         b'"causation_event_id":"evt-1","decision":{"type":"complete","output":{"ok":true}}}'
     )
     try:
-        print(await dispatcher.dispatch(request))  # True: submitted
-        print(await dispatcher.dispatch(request))  # False: duplicate, not submitted again
+        first = await dispatcher.dispatch(request)  # a DispatchOutcome
+        print(first.outcome, first.attempt)  # submitted 1
+        again = await dispatcher.dispatch(request)
+        print(again.outcome, bool(again))  # duplicate False: not submitted again
         print(dispatcher.health().to_dict())
     finally:
         await ledger.close()
 
 
 if __name__ == "__main__":
-    # A fresh directory each run; pass one to keep the ledger (a rerun then prints False twice).
+    # A fresh directory each run; pass one to keep the ledger (a rerun then prints two duplicates).
     asyncio.run(main(Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp())))

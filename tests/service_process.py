@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ class ServiceProcess:
         *args: str,
         token: str | None = None,
         env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         self.cwd = cwd
         self.token = token
@@ -69,6 +71,7 @@ class ServiceProcess:
             env=full_env,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
+            preexec_fn=preexec_fn,
         )
         self.stdout_lines: list[str] = []
         self.url = self._wait_ready()
@@ -102,7 +105,11 @@ class ServiceProcess:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        """What a well-behaved client sends: the JSON content type and the token, if any."""
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
 
     def log_text(self) -> str:
         if not self._stderr.closed:

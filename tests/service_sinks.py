@@ -35,3 +35,29 @@ def make_gate_sink() -> GateSink:
 class NotASink:
     def submit(self, request: DecisionRequest, attempt: int) -> None:  # not async
         return None
+
+
+class SecretFailingSink:
+    """Always fails with an exception whose text holds a secret (it must stay in the log)."""
+
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        raise RuntimeError(
+            "engine refused: token=sk-live-SECRET-42 at /srv/engine/private.sock db.internal:5432"
+        )
+
+
+class SlowSink:
+    """Takes 0.2-1.5 s per decision: ``dec-slow-N`` (N in 0..19) takes 0.2 + 1.3 * N / 19 s.
+
+    Appends the decision id to ``$FLOWDECISION_TEST_DIR/entered`` when a
+    submission starts, so a test knows how many are in flight.
+    """
+
+    def __init__(self) -> None:
+        self.entered = Path(os.environ["FLOWDECISION_TEST_DIR"]) / "entered"
+
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        with open(self.entered, "a") as handle:
+            handle.write(request.decision_id + "\n")
+        index = int(request.decision_id.rsplit("-", 1)[-1]) % 20
+        await asyncio.sleep(0.2 + 1.3 * index / 19)

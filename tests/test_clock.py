@@ -58,9 +58,9 @@ async def test_postgres_dispatcher_running_ahead_cannot_take_over_a_live_lease(
         assert skewed.health().busy == 1 and skewed.health().takeovers == 0
 
         sink.finish.set()
-        assert await owner is True  # the honest owner completes under its own lease
+        assert (await owner).submitted is True  # the honest owner completes under its own lease
         assert sink.calls == 1
-        assert await skewed.dispatch(req) is False
+        assert (await skewed.dispatch(req)).submitted is False
 
 
 async def test_sqlite_trusts_the_host_clock_so_it_needs_one_host(
@@ -79,7 +79,7 @@ async def test_sqlite_trusts_the_host_clock_so_it_needs_one_host(
         _run_ahead(monkeypatch)
         other_sink = RecordingSink()
         skewed = Dispatcher("production", other_sink, skewed_ledger, lease_ms=LEASE_MS)
-        assert await skewed.dispatch(req) is True  # took over a lease that was live
+        assert (await skewed.dispatch(req)).submitted is True  # took over a lease that was live
         assert other_sink.calls == [(req.decision_id, 2)]
         record = await honest_ledger.read_record(req.decision_id)
         assert record is not None and record.owner_id == skewed.owner_id

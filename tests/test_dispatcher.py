@@ -118,7 +118,7 @@ async def test_distinct_decisions_dispatch_concurrently() -> None:
     results = await asyncio.wait_for(
         asyncio.gather(*(dispatcher.dispatch(r) for r in requests)), timeout=10
     )
-    assert results == [True] * 20
+    assert [outcome.submitted for outcome in results] == [True] * 20
     assert sink.peak == 20
     assert dispatcher.health().completed == 20
 
@@ -132,8 +132,8 @@ async def test_same_decision_in_one_dispatcher_reaches_the_sink_once() -> None:
     await asyncio.sleep(0.01)
     assert sink.calls == 1  # the second waits behind the first, not Busy
     sink.finish.set()
-    assert await first is True
-    assert await second is False  # as if it ran after the first: a duplicate
+    assert (await first).submitted is True
+    assert (await second).submitted is False  # as if it ran after the first: a duplicate
     health = dispatcher.health()
     assert (health.completed, health.duplicates, health.busy, health.in_flight) == (1, 1, 0, 0)
     assert dispatcher._gates == {}  # per-id gates do not leak

@@ -38,11 +38,14 @@ def test_every_example_is_listed() -> None:
 
 def test_01_library_quickstart(tmp_path: Path) -> None:
     lines = _run("01_library_quickstart.py", str(tmp_path), cwd=tmp_path)
-    assert lines[:3] == ["engine accepted dec-1 attempt 1", "True", "False"]
+    assert lines[:3] == ["engine accepted dec-1 attempt 1", "submitted 1", "duplicate False"]
     assert "'completed': 1" in lines[3] and "'duplicates': 1" in lines[3]
     assert (tmp_path / "ledger.db").exists()
     # The ledger is durable: a second run (a restart) submits nothing again.
-    assert _run("01_library_quickstart.py", str(tmp_path), cwd=tmp_path)[:2] == ["False", "False"]
+    assert _run("01_library_quickstart.py", str(tmp_path), cwd=tmp_path)[:2] == [
+        "duplicate False",
+        "duplicate False",
+    ]
 
 
 def test_02_two_processes_one_killed(tmp_path: Path) -> None:

@@ -148,8 +148,8 @@ async def test_the_dispatcher_refuses_bad_request_identifiers_before_the_claim(
     assert (health.ledger_failures, health.failures, health.status.value) == (0, 0, "healthy")
     # An id of exactly the limit goes through, and a repeat is a duplicate.
     ok = request(decision_id=AT_LIMIT, run_id=AT_LIMIT, causation_event_id=AT_LIMIT)
-    assert await dispatcher.dispatch(ok) is True
-    assert await dispatcher.dispatch(ok) is False
+    assert (await dispatcher.dispatch(ok)).submitted is True
+    assert (await dispatcher.dispatch(ok)).submitted is False
     entry = await ledger.lookup(AT_LIMIT)
     assert entry is not None and entry.result_receipt == decision_receipt(ok)[1]
 

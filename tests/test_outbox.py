@@ -120,7 +120,7 @@ async def test_dispatcher_replay_after_a_crash_has_no_second_effect(
         hash_ = request_hash(decision)
         await ledger.claim("crashy", hash_, "dead-owner", lease_ms=1, now_ms=1)
         dispatcher = Dispatcher("production", sink, ledger, lease_ms=5_000)
-        assert await dispatcher.dispatch(decision) is True  # takeover, attempt 2
+        assert (await dispatcher.dispatch(decision)).submitted is True  # takeover, attempt 2
         entry = await sink.get("crashy")
         assert entry is not None and (entry.first_attempt, entry.highest_attempt) == (1, 2)
         assert await sink.count() == 1

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from flowdecision.dispatcher import Dispatcher
+from flowdecision.dispatcher import Dispatcher, DispatchOutcome
 from flowdecision.errors import (
     DecisionBusyError,
     DecisionConflictError,
@@ -34,8 +34,8 @@ from .ledgers import ClaimFailingLedger, LeaseLosingLedger, RenewalNotifyingLedg
 async def test_submits_once_and_rejects_fork_branches() -> None:
     sink = RecordingSink()
     dispatcher = Dispatcher("production", sink)
-    assert await dispatcher.dispatch(request("production")) is True
-    assert await dispatcher.dispatch(request("production")) is False
+    assert (await dispatcher.dispatch(request("production"))).submitted is True
+    assert (await dispatcher.dispatch(request("production"))).submitted is False
     assert sink.ids == ["decision-1"]
     with pytest.raises(UnauthorizedBranchError):
         await dispatcher.dispatch(request("fork"))
@@ -54,9 +54,9 @@ async def test_completed_receipt_survives_dispatcher_restart() -> None:
     sink = RecordingSink()
     ledger = MemoryLedger()
     first = Dispatcher("production", sink, ledger)
-    assert await first.dispatch(request()) is True
+    assert (await first.dispatch(request())).submitted is True
     restarted = Dispatcher("production", sink, ledger)
-    assert await restarted.dispatch(request()) is False
+    assert (await restarted.dispatch(request())).submitted is False
     assert len(sink.calls) == 1
     assert await ledger.completed_receipt("decision-1") is not None
 
@@ -76,7 +76,7 @@ async def test_sink_failure_releases_claim_for_retry() -> None:
     with pytest.raises(SinkError) as failure:
         await dispatcher.dispatch(request())
     assert isinstance(failure.value.__cause__, OSError)
-    assert await dispatcher.dispatch(request()) is True
+    assert (await dispatcher.dispatch(request())).submitted is True
     assert sink.calls == 2
     health = dispatcher.health()
     assert health.status is HealthStatus.HEALTHY
@@ -92,7 +92,7 @@ async def test_competing_file_backed_dispatchers_submit_to_sink_once(tmp_path) -
     results = await asyncio.gather(
         left.dispatch(request()), right.dispatch(request()), return_exceptions=True
     )
-    assert sum(1 for r in results if r is True) == 1
+    assert sum(1 for r in results if isinstance(r, DispatchOutcome) and r.submitted) == 1
     assert sum(1 for r in results if isinstance(r, DecisionBusyError)) == 1
     assert sink.calls == 1
 
@@ -107,7 +107,7 @@ async def test_heartbeat_prevents_takeover_while_sink_is_running() -> None:
     with pytest.raises(DecisionBusyError):
         await right.dispatch(request())
     sink.finish.set()
-    assert await left_task is True
+    assert (await left_task).submitted is True
     assert sink.calls == 1
     left_health = left.health()
     assert left_health.completed == 1
@@ -126,7 +126,7 @@ async def test_dispatcher_health_counts_expired_claim_takeover() -> None:
         now_ms=wall_clock_ms() - 10,
     )
     dispatcher = Dispatcher("production", RecordingSink(), ledger)
-    assert await dispatcher.dispatch(req) is True
+    assert (await dispatcher.dispatch(req)).submitted is True
     health = dispatcher.health()
     assert health.claimed == 1
     assert health.takeovers == 1

@@ -193,12 +193,12 @@ async def test_a_decision_arriving_during_shutdown_gets_503_not_a_closed_ledger(
     settings = Settings(ledger="memory:", sink="python:tests.helpers:RecordingSink")
     service = Service(settings, MemoryLedger(), RecordingSink())
     app = create_app(settings, service=service)
-    app.state.service = service
     service.closed = True
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         response = await client.post(
             "/v1/decisions",
+            headers={"Content-Type": "application/json"},
             content=b'{"decision_id":"d","run_id":"r","authority_branch_id":"production",'
             b'"causation_event_id":"e","decision":{"type":"fail","error":"x"}}',
         )

@@ -6,12 +6,14 @@ and hosts at most one live owner submits a decision, a completed decision is
 never submitted again, and a stale owner can never record completion.
 """
 
-from .dispatcher import DEFAULT_LEASE_MS, Dispatcher
+from .dispatcher import DEFAULT_LEASE_MS, Dispatcher, DispatchOutcome
 from .errors import (
     DecisionBusyError,
     DecisionConflictError,
     DispatchError,
+    DispatchLedgerCorruptError,
     DispatchLedgerError,
+    DispatchLedgerSchemaError,
     FlowDecisionError,
     InvalidIdentifierError,
     InvalidIdentityError,
@@ -95,7 +97,10 @@ __all__ = [
     "DecisionStep",
     "DecisionTooLargeError",
     "DispatchError",
+    "DispatchLedgerCorruptError",
     "DispatchLedgerError",
+    "DispatchLedgerSchemaError",
+    "DispatchOutcome",
     "Dispatcher",
     "ExecutionContractError",
     "ExecutionIdentity",

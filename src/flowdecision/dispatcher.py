@@ -6,30 +6,36 @@ request hash, execution identity and result receipt prepared before the claim,
 claim, a heartbeat that renews the lease while the sink runs (cancelling the
 sink if the lease is lost), then completion with the receipt. A sink failure
 releases the claim so a retry can claim it at once.
+
+``dispatch`` returns a :class:`DispatchOutcome` (submitted or duplicate, the
+attempt, the receipt); every failure is a :class:`DispatchError`, whose
+``code`` is classified once, in :data:`ERROR_CLASSES`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from .errors import (
     DecisionBusyError,
     DecisionConflictError,
     DispatchError,
     DispatchLedgerError,
-    InvalidIdentifierError,
     InvalidIdentityError,
     LeaseLostError,
     LedgerError,
     SinkError,
     UnauthorizedBranchError,
+    classify,
 )
 from .health import HealthMetrics, HealthSnapshot
-from .identity import DecisionTooLargeError, ExecutionIdentity, ResultReceipt, decision_receipt
+from .identity import ExecutionIdentity, ResultReceipt, decision_receipt
 from .ledger.base import Ledger
 from .ledger.memory import MemoryLedger
 from .ledger.states import AlreadyCompleted, Busy, Claimed, Conflict
@@ -37,20 +43,94 @@ from .limits import check_identifier, check_identifiers
 from .model import DecisionRequest, request_hash
 from .sinks.base import Sink, check_sink
 
-__all__ = ["DEFAULT_LEASE_MS", "Dispatcher"]
+__all__ = ["DEFAULT_LEASE_MS", "ERROR_CLASSES", "DispatchOutcome", "Dispatcher", "ErrorClass"]
 
 DEFAULT_LEASE_MS = 30_000
 log = logging.getLogger("flowdecision.dispatcher")
 
 _OTHER_IDS = ("decision_id", "run_id", "causation_event_id")
 
-#: Errors caused by the request itself: counted as rejected, never degrading health.
-_REJECTED = (
-    UnauthorizedBranchError,
-    InvalidIdentityError,
-    InvalidIdentifierError,
-    DecisionTooLargeError,
-)
+
+@dataclass(frozen=True, slots=True)
+class DispatchOutcome:
+    """What one successful :meth:`Dispatcher.dispatch` did.
+
+    ``submitted`` is True when this call delivered the decision to the sink and
+    recorded completion, False for a duplicate of an already-completed decision
+    (nothing was delivered). ``attempt`` is the claim's fencing token: the
+    attempt that submitted, or for a duplicate the attempts stored in the
+    ledger. ``receipt`` is the result receipt: the one just recorded, or the
+    one stored with the completed decision (None only for legacy records).
+
+    The seed returned a bare bool; an outcome keeps that easy: ``bool(outcome)``
+    is ``outcome.submitted``, so ``if await dispatcher.dispatch(request):``
+    still reads "if newly submitted".
+    """
+
+    submitted: bool
+    decision_id: str
+    attempt: int | None
+    receipt: ResultReceipt | None
+
+    def __bool__(self) -> bool:
+        return self.submitted
+
+    @property
+    def outcome(self) -> Literal["submitted", "duplicate"]:
+        """``"submitted"`` or ``"duplicate"``, as the service reports it."""
+        return "submitted" if self.submitted else "duplicate"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The service's JSON body: ``outcome``, ``decision_id``, ``attempt``, ``receipt``."""
+        return {
+            "outcome": self.outcome,
+            "decision_id": self.decision_id,
+            "attempt": self.attempt,
+            "receipt": self.receipt.to_dict() if self.receipt is not None else None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorClass:
+    """How the dispatcher accounts for one kind of :class:`DispatchError`.
+
+    ``counter`` is the :class:`HealthMetrics` counter it increments; ``failure``
+    says whether it is a failure of the dispatcher's own parts (ledger, sink,
+    lease), which degrades health and counts in the error-rate window, rather
+    than a refusal of the request itself; ``retryable`` says whether
+    :meth:`Dispatcher.dispatch_until_done` tries again.
+    """
+
+    counter: str | None
+    failure: bool
+    retryable: bool = False
+
+
+#: Every dispatch error code, classified once (looked up with :func:`errors.classify`).
+ERROR_CLASSES: dict[str, ErrorClass] = {
+    "busy": ErrorClass("busy", failure=False, retryable=True),
+    "conflict": ErrorClass("conflicts", failure=False),
+    "forbidden_branch": ErrorClass("rejected", failure=False),
+    "invalid_request": ErrorClass("rejected", failure=False),
+    "invalid_identifier": ErrorClass("rejected", failure=False),
+    "decision_too_large": ErrorClass("rejected", failure=False),
+    "lease_lost": ErrorClass("lease_lost", failure=True, retryable=True),
+    "ledger_unavailable": ErrorClass("ledger_failures", failure=True, retryable=True),
+    "ledger_corrupt": ErrorClass("ledger_failures", failure=True),
+    "ledger_schema": ErrorClass("ledger_failures", failure=True),
+    "sink_failed": ErrorClass("sink_failures", failure=True),
+}
+#: Anything else (a DispatchError subclass without a row): a failure, not retried.
+_UNCLASSIFIED = ErrorClass(None, failure=True)
+
+#: Backoff of :meth:`Dispatcher.dispatch_until_done`: first delay, growth, ceiling.
+RETRY_BASE_S = 0.05
+RETRY_FACTOR = 2.0
+RETRY_MAX_S = 1.0
+
+
+def _error_class(error: BaseException) -> ErrorClass:
+    return classify(error, ERROR_CLASSES) or _UNCLASSIFIED
 
 
 @dataclass(slots=True)
@@ -106,9 +186,7 @@ class _Heartbeat:
         except Exception as error:
             # Not only LedgerError: a custom ledger or an OS error that escaped must
             # still stop the sink, or it would run on without a lease.
-            failure = DispatchLedgerError(str(error) or type(error).__name__)
-            failure.__cause__ = error
-            self._fail(failure)
+            self._fail(DispatchLedgerError.wrap(error))
             return
         if self._renewal is None:  # stopped while renewing: the sink already finished
             return
@@ -141,11 +219,11 @@ class _Heartbeat:
 class Dispatcher:
     """Submits production-branch decisions to ``sink`` under ledger leases.
 
-    ``await dispatch(request)`` returns True when the sink accepted a new
-    decision and False for a duplicate of a completed one; everything else
-    raises a :class:`DispatchError`. Distinct decisions dispatch concurrently;
-    concurrent dispatches of one decision id are serialized, so only one can
-    reach the sink.
+    ``await dispatch(request)`` returns a :class:`DispatchOutcome` (truthy when
+    the sink accepted a new decision, falsy for a duplicate of a completed
+    one); everything else raises a :class:`DispatchError`. Distinct decisions
+    dispatch concurrently; concurrent dispatches of one decision id are
+    serialized, so only one can reach the sink.
 
     ``sink.submit`` must be a coroutine function (:class:`InvalidSinkError`
     otherwise); ``production_branch_id`` and ``owner_id`` must be valid
@@ -174,18 +252,23 @@ class Dispatcher:
         self._heartbeat_s = max(lease_ms // 3, 1) / 1000
         self._gates: dict[str, _IdGate] = {}
 
+    @property
+    def heartbeat_s(self) -> float:
+        """How often a live lease is renewed while the sink runs (a third of the lease)."""
+        return self._heartbeat_s
+
     def health(self) -> HealthSnapshot:
         """The current health snapshot."""
         return self.metrics.snapshot()
 
-    async def dispatch(self, request: DecisionRequest) -> bool:
-        """Submit ``request`` exactly once; True if newly accepted, False if a duplicate."""
+    async def dispatch(self, request: DecisionRequest) -> DispatchOutcome:
+        """Submit ``request`` exactly once; see :class:`DispatchOutcome` for the result."""
         metrics = self.metrics
         metrics.attempted += 1
         metrics.in_flight += 1
         started = time.perf_counter_ns()
         try:
-            submitted = await self._dispatch(request)
+            outcome = await self._dispatch(request)
         except DispatchError as error:
             self._record_error(error)
             raise
@@ -197,38 +280,84 @@ class Dispatcher:
             metrics.record_failure()
             raise
         else:
-            metrics.record_success(duplicate=not submitted)
-            return submitted
+            metrics.record_success(duplicate=not outcome.submitted)
+            return outcome
         finally:
             metrics.in_flight -= 1
             metrics.record_elapsed((time.perf_counter_ns() - started) // 1000)
 
+    async def dispatch_until_done(
+        self,
+        request: DecisionRequest,
+        *,
+        deadline_s: float = 30.0,
+        retry_failures: bool = True,
+        max_backoff_s: float = RETRY_MAX_S,
+    ) -> DispatchOutcome:
+        """Dispatch, trying again until the decision is completed or ``deadline_s`` passes.
+
+        Retried: :class:`DecisionBusyError` (another owner holds the decision:
+        its final answer, a duplicate, arrives once it completes, or this
+        dispatcher takes over once its lease expires) and, with
+        ``retry_failures`` (the default), a lost lease and a transient ledger
+        failure (:class:`DispatchLedgerError` itself, not its permanent
+        subclasses). Everything else is raised at once: a conflict, a rejected
+        request, a sink failure (which may be the decision's own fault) and a
+        corrupt or newer-schema ledger.
+
+        Between tries it sleeps with exponential backoff (from
+        :data:`RETRY_BASE_S`, doubling, at most ``max_backoff_s``) and jitter
+        (each sleep is between half and all of the current delay), never past
+        the deadline, and never past the busy owner's lease expiry. When the
+        deadline passes, the last error is raised. The deadline bounds the
+        waiting, not a try in progress: a slow sink is never cancelled. Every
+        try counts in :meth:`health` as a dispatch.
+        """
+        if not deadline_s >= 0:  # also refuses NaN
+            raise ValueError(f"deadline_s must be a non-negative number, got {deadline_s!r}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
+        delay = RETRY_BASE_S
+        while True:
+            try:
+                return await self.dispatch(request)
+            except DispatchError as error:
+                if not _error_class(error).retryable:
+                    raise
+                if not retry_failures and not isinstance(error, DecisionBusyError):
+                    raise
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise
+                sleep = min(delay * random.uniform(0.5, 1.0), left)
+                if isinstance(error, DecisionBusyError):
+                    # Past the owner's lease this dispatcher can take over: no longer wait.
+                    until_expiry = (error.lease_expires_at_ms - self.ledger.now_ms()) / 1000
+                    sleep = min(sleep, max(until_expiry, 0.0) + 0.005)
+                await asyncio.sleep(sleep)
+                delay = min(delay * RETRY_FACTOR, max_backoff_s)
+
     def _record_error(self, error: DispatchError) -> None:
         metrics = self.metrics
-        if isinstance(error, DecisionBusyError):
-            metrics.busy += 1
-        elif isinstance(error, DecisionConflictError):
-            metrics.conflicts += 1
-        elif isinstance(error, _REJECTED):
-            metrics.rejected += 1
-        else:
-            if isinstance(error, LeaseLostError):
-                metrics.lease_lost += 1
-            elif isinstance(error, DispatchLedgerError):
-                metrics.ledger_failures += 1
-            elif isinstance(error, SinkError):
-                metrics.sink_failures += 1
+        kind = _error_class(error)
+        if kind.counter is not None:
+            setattr(metrics, kind.counter, getattr(metrics, kind.counter) + 1)
+        if kind.failure:
             metrics.record_failure()
+        else:
+            metrics.record_refusal()
 
-    async def _dispatch(self, request: DecisionRequest) -> bool:
+    async def _dispatch(self, request: DecisionRequest) -> DispatchOutcome:
         # A branch that breaks the identifier rules is refused as such, not
         # echoed back in a branch error (the production branch never breaks them).
         check_identifier("authority_branch_id", request.authority_branch_id)
         if request.authority_branch_id != self.production_branch_id:
             raise UnauthorizedBranchError(self.production_branch_id, request.authority_branch_id)
         decision_id = request.decision_id
-        if not decision_id.strip() or not request.causation_event_id.strip():
-            raise InvalidIdentityError()
+        if not decision_id.strip():
+            raise InvalidIdentityError("decision_id")
+        if not request.causation_event_id.strip():
+            raise InvalidIdentityError("causation_event_id")
         # After the seed's checks (so blank ids answer as in the seed), before
         # the claim: no store may see an over-long or control-character id.
         check_identifiers(request, _OTHER_IDS)
@@ -253,7 +382,7 @@ class Dispatcher:
         hash_: str,
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
-    ) -> bool:
+    ) -> DispatchOutcome:
         decision_id = request.decision_id
         ledger = self.ledger
         try:
@@ -261,9 +390,9 @@ class Dispatcher:
                 decision_id, hash_, self.owner_id, lease_ms=self.lease_ms, identity=identity
             )
         except LedgerError as error:
-            raise DispatchLedgerError(str(error)) from error
+            raise DispatchLedgerError.wrap(error) from error
         if isinstance(outcome, AlreadyCompleted):
-            return False
+            return await self._duplicate(decision_id, outcome)
         if isinstance(outcome, Busy):
             raise DecisionBusyError(outcome.lease_expires_at_ms)
         if isinstance(outcome, Conflict):
@@ -280,12 +409,23 @@ class Dispatcher:
                 decision_id, hash_, self.owner_id, identity=identity, receipt=receipt
             )
         except LedgerError as error:
-            raise DispatchLedgerError(str(error)) from error
+            raise DispatchLedgerError.wrap(error) from error
         if not ours:
             # Another owner took over and completed while this one was stalled (a
             # pause longer than the lease): our delivery was a late duplicate.
             raise LeaseLostError(decision_id)
-        return True
+        return DispatchOutcome(True, decision_id, outcome.attempt, receipt)
+
+    async def _duplicate(self, decision_id: str, done: AlreadyCompleted) -> DispatchOutcome:
+        if done.attempts is not None:  # every built-in ledger says what it stored
+            return DispatchOutcome(False, decision_id, done.attempts, done.receipt)
+        try:  # a ledger that does not: one read
+            entry = await self.ledger.lookup(decision_id)
+        except LedgerError as error:
+            raise DispatchLedgerError.wrap(error) from error
+        if entry is None:  # pruned in between
+            return DispatchOutcome(False, decision_id, None, None)
+        return DispatchOutcome(False, decision_id, entry.attempts, entry.result_receipt)
 
     async def _submit(
         self, request: DecisionRequest, attempt: int, args: tuple[str, str, ExecutionIdentity]

@@ -6,13 +6,16 @@ the same text from a Python host and a Rust host sharing one ledger.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
 
 __all__ = [
     "DecisionBusyError",
     "DecisionConflictError",
     "DispatchError",
+    "DispatchLedgerCorruptError",
     "DispatchLedgerError",
+    "DispatchLedgerSchemaError",
     "FlowDecisionError",
     "InvalidIdentifierError",
     "InvalidIdentityError",
@@ -24,7 +27,11 @@ __all__ = [
     "SinkError",
     "StoreMissingError",
     "UnauthorizedBranchError",
+    "classified_code",
+    "classify",
 ]
+
+T = TypeVar("T")
 
 
 class FlowDecisionError(Exception):
@@ -89,12 +96,18 @@ class UnauthorizedBranchError(DispatchError):
 
 
 class InvalidIdentityError(DispatchError):
-    """`decision_id` or `causation_event_id` is empty after trimming."""
+    """`decision_id` or `causation_event_id` is empty after trimming.
+
+    ``field`` names the empty one and ``problem`` says what is wrong; the
+    message stays the seed's.
+    """
 
     code: ClassVar[str] = "invalid_request"
 
-    def __init__(self) -> None:
+    def __init__(self, field: str = "decision_id") -> None:
         super().__init__("decision_id and causation_event_id must be non-empty")
+        self.field = field
+        self.problem = "must be non-empty (after trimming whitespace)"
 
 
 class InvalidIdentifierError(DispatchError, LedgerError):
@@ -154,13 +167,46 @@ class LeaseLostError(DispatchError):
 
 
 class DispatchLedgerError(DispatchError):
-    """The ledger failed; the original :class:`LedgerError` is chained as ``__cause__``."""
+    """The ledger failed; the original :class:`LedgerError` is chained as ``__cause__``.
+
+    This class itself means a transient failure (retrying may succeed); the
+    permanent ones are its subclasses :class:`DispatchLedgerCorruptError` and
+    :class:`DispatchLedgerSchemaError`. :meth:`wrap` picks the right one.
+    """
 
     code: ClassVar[str] = "ledger_unavailable"
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"Flow decision ledger failed: {detail}")
         self.detail = detail
+
+    @staticmethod
+    def wrap(error: BaseException) -> DispatchLedgerError:
+        """The dispatch error for the ledger failure ``error``, chained to it.
+
+        A corrupt store and a schema mismatch are permanent (an operator must
+        act) and get their own subclass, hence their own ``code``.
+        """
+        kind: type[DispatchLedgerError] = DispatchLedgerError
+        if isinstance(error, LedgerCorruptError):
+            kind = DispatchLedgerCorruptError
+        elif isinstance(error, LedgerSchemaError):
+            kind = DispatchLedgerSchemaError
+        wrapped = kind(str(error) or type(error).__name__)
+        wrapped.__cause__ = error
+        return wrapped
+
+
+class DispatchLedgerCorruptError(DispatchLedgerError):
+    """The ledger's stored data is corrupt: permanent until an operator repairs it."""
+
+    code: ClassVar[str] = "ledger_corrupt"
+
+
+class DispatchLedgerSchemaError(DispatchLedgerError):
+    """The ledger's schema is newer (or older) than this version: permanent."""
+
+    code: ClassVar[str] = "ledger_schema"
 
 
 class SinkError(DispatchError):
@@ -171,3 +217,28 @@ class SinkError(DispatchError):
     def __init__(self, detail: str) -> None:
         super().__init__(f"Flow decision sink failed: {detail}")
         self.detail = detail
+
+
+def classified_code(error: BaseException, table: Mapping[str, object]) -> str | None:
+    """The code under which ``table`` classifies ``error``.
+
+    That is ``error``'s own :attr:`~FlowDecisionError.code` when the table has
+    a row for it, else its nearest base class's code that has one, so a new
+    subclass is classified like its parent until it gets a row. None when
+    nothing matches (e.g. an exception that is not a :class:`FlowDecisionError`).
+    """
+    for cls in type(error).__mro__:
+        code = cls.__dict__.get("code")
+        if isinstance(code, str) and code in table:
+            return code
+    return None
+
+
+def classify(error: BaseException, table: Mapping[str, T]) -> T | None:
+    """The row of ``table`` for ``error`` (see :func:`classified_code`), or None.
+
+    Every classification of errors (health counters, HTTP answers) is a table
+    keyed by ``code`` and looked up here.
+    """
+    code = classified_code(error, table)
+    return None if code is None else table[code]

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["HealthMetrics", "HealthSnapshot", "HealthStatus"]
+__all__ = [
+    "ERROR_WINDOW_S",
+    "ErrorRate",
+    "ErrorWindow",
+    "HealthMetrics",
+    "HealthSnapshot",
+    "HealthStatus",
+]
+
+#: Span of the recent-error window behind :meth:`HealthMetrics.error_rate`.
+ERROR_WINDOW_S = 60
 
 
 class HealthStatus(StrEnum):
@@ -48,6 +60,62 @@ class HealthSnapshot:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class ErrorRate:
+    """Dispatch outcomes over the last ``window_s`` seconds.
+
+    ``failures`` are failures of the dispatcher's own parts (ledger, sink, lost
+    lease, cancellation); ``dispatches`` also counts successes, duplicates and
+    refusals of bad requests (busy, conflict, rejected), which are not failures.
+    """
+
+    window_s: int
+    dispatches: int
+    failures: int
+
+    @property
+    def rate(self) -> float:
+        """``failures / dispatches`` (0.0 without dispatches)."""
+        return self.failures / self.dispatches if self.dispatches else 0.0
+
+
+class ErrorWindow:
+    """Counts outcomes in one-second buckets and forgets those older than ``window_s``."""
+
+    __slots__ = ("_buckets", "_clock", "window_s")
+
+    def __init__(
+        self, window_s: int = ERROR_WINDOW_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        # [second, dispatches, failures], oldest first; at most window_s entries.
+        self._buckets: deque[list[int]] = deque()
+
+    def _trim(self, now: int) -> None:
+        buckets = self._buckets
+        while buckets and buckets[0][0] <= now - self.window_s:
+            buckets.popleft()
+
+    def record(self, *, failed: bool) -> None:
+        now = int(self._clock())
+        buckets = self._buckets
+        if not buckets or buckets[-1][0] != now:
+            self._trim(now)
+            buckets.append([now, 0, 0])
+        bucket = buckets[-1]
+        bucket[1] += 1
+        bucket[2] += failed
+
+    def rate(self) -> ErrorRate:
+        self._trim(int(self._clock()))
+        return ErrorRate(
+            window_s=self.window_s,
+            dispatches=sum(bucket[1] for bucket in self._buckets),
+            failures=sum(bucket[2] for bucket in self._buckets),
+        )
+
+
 class HealthMetrics:
     """Mutable counters behind :class:`HealthSnapshot`.
 
@@ -75,6 +143,7 @@ class HealthMetrics:
         "sink_failures",
         "takeovers",
         "total_dispatch_micros",
+        "window",
     )
 
     def __init__(self) -> None:
@@ -85,6 +154,7 @@ class HealthMetrics:
         self.total_dispatch_micros = self.max_dispatch_micros = 0
         self.last_success_at_ms = self.last_failure_at_ms = 0
         self.degraded = False
+        self.window = ErrorWindow()
 
     def record_elapsed(self, micros: int) -> None:
         self.total_dispatch_micros += micros
@@ -99,12 +169,22 @@ class HealthMetrics:
             self.completed += 1
         self.degraded = False
         self.last_success_at_ms = time.time_ns() // 1_000_000
+        self.window.record(failed=False)
+
+    def record_refusal(self) -> None:
+        """A request refused for itself (busy, conflict, rejected): no failure, no success."""
+        self.window.record(failed=False)
 
     def record_failure(self) -> None:
         """Lost leases, ledger and sink failures, cancellations: set degraded."""
         self.failures += 1
         self.degraded = True
         self.last_failure_at_ms = time.time_ns() // 1_000_000
+        self.window.record(failed=True)
+
+    def error_rate(self) -> ErrorRate:
+        """Failures among the dispatches of the last :data:`ERROR_WINDOW_S` seconds."""
+        return self.window.rate()
 
     def snapshot(self) -> HealthSnapshot:
         attempted = self.attempted

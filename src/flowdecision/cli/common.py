@@ -75,10 +75,18 @@ def fail_for(error: BaseException) -> NoReturn:
     fail(f"unexpected {type(error).__name__}: {error} (set {DEBUG_ENV}=1 for the traceback)")
 
 
-def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine; turn flowdecision errors into a clean message and exit code."""
+def run(
+    coro_fn: Callable[[], Awaitable[T]],
+    *,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> T:
+    """Run a coroutine; turn flowdecision errors into a clean message and exit 1.
+
+    ``loop_factory`` picks the event loop (``serve`` uses uvloop when installed).
+    """
     try:
-        return asyncio.run(_call(coro_fn))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(_call(coro_fn))
     except FlowDecisionError as error:
         fail_for(error)
 

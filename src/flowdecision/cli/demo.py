@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..dispatcher import Dispatcher
+from ..dispatcher import Dispatcher, DispatchOutcome
 from ..errors import DispatchError
 from ..ledger import JsonFileLedger
 from ..model import Complete, DecisionRequest, DecisionStep, Fail, ScheduleStep, request_hash
@@ -63,9 +63,16 @@ async def run_demo(root: Path, echo: Callable[[str], None]) -> list[tuple[str, s
     main = Dispatcher("production", sink, ledger, owner_id="demo-main")
     fates: list[tuple[str, str, str]] = []
 
-    async def attempt(decision_id: str, scenario: str, call: Callable[[], Awaitable[bool]]) -> None:
+    async def attempt(
+        decision_id: str, scenario: str, call: Callable[[], Awaitable[DispatchOutcome]]
+    ) -> None:
         try:
-            fate = "submitted" if await call() else "duplicate (not resubmitted)"
+            outcome = await call()
+            fate = (
+                f"submitted (attempt {outcome.attempt})"
+                if outcome.submitted
+                else "duplicate (not resubmitted)"
+            )
         except DispatchError as error:
             fate = f"{type(error).__name__}: {error}"
         fates.append((decision_id, scenario, fate))

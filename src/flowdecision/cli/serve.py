@@ -52,6 +52,16 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 @_flag("--webhook-max-attempts", type=int, help="Webhook tries per delivery.  [default: 4]")
 @_flag("--log-level", help="debug, info, warning, error.  [default: info]")
 @_flag("--access-log/--no-access-log", help="Write a structured access log.  [default: on]")
+@_flag(
+    "--allowed-origins", help="Comma-separated browser origins allowed to call.  [default: none]"
+)
+@_flag("--allowed-hosts", help="Comma-separated extra Host names accepted.  [default: none]")
+@_flag("--header-timeout-s", type=float, help="Time to send request headers.  [default: 10]")
+@_flag("--body-timeout-s", type=float, help="Time to send a request body.  [default: 30]")
+@_flag("--keep-alive-timeout-s", type=float, help="Idle keep-alive timeout.  [default: 5]")
+@_flag("--max-connections", type=int, help="Open connection cap.  [default: 1000]")
+@_flag("--http", help="HTTP parser: auto, httptools, h11.  [default: auto]")
+@_flag("--loop", help="Event loop: auto, uvloop, asyncio.  [default: auto]")
 def serve_cmd(config_file: str | None, **flags: Any) -> None:
     """Run the HTTP decision service (POST /v1/decisions, status page at /).
 
@@ -61,10 +71,18 @@ def serve_cmd(config_file: str | None, **flags: Any) -> None:
     """
     from ..service.config import MIN_TOKEN_CHARS, ConfigError, load_settings, redact_url
     from ..service.logs import configure_logging
-    from ..service.server import bind_socket, curl_example, serve
+    from ..service.server import (
+        bind_socket,
+        curl_example,
+        event_loop_factory,
+        http_protocol_class,
+        serve,
+    )
 
     try:
         settings = load_settings(flags, config_file=config_file)
+        loop_factory = event_loop_factory(settings)
+        http_protocol_class(settings)  # fails early when the chosen parser is missing
     except ConfigError as error:
         fail(error, EXIT_USAGE)
     configure_logging(settings.log_level)
@@ -88,7 +106,7 @@ def serve_cmd(config_file: str | None, **flags: Any) -> None:
         sys.stdout.flush()
 
     try:
-        run(lambda: serve(settings, sock, ready))
+        run(lambda: serve(settings, sock, ready), loop_factory=loop_factory)
     except KeyboardInterrupt:  # a second Ctrl-C during shutdown
         sys.exit(EXIT_ERROR)
     finally:

@@ -245,11 +245,10 @@ def claim(
     if record.request_hash != request_hash or _identity_conflicts(record, identity):
         return Transition(record, Conflict(), False)
     if record.status is ClaimStatus.COMPLETED:
+        done = AlreadyCompleted(attempts=record.attempts, receipt=record.result_receipt)
         if record.execution_identity is None and identity is not None:
-            return Transition(
-                replace(record, execution_identity=identity), AlreadyCompleted(), True
-            )
-        return Transition(record, AlreadyCompleted(), False)
+            return Transition(replace(record, execution_identity=identity), done, True)
+        return Transition(record, done, False)
     if record.lease_expires_at_ms > now_ms and record.owner_id != owner_id:
         return Transition(record, Busy(record.lease_expires_at_ms), False)
     attempts = min(record.attempts + 1, U32_MAX)

@@ -6,8 +6,10 @@ operator-facing diagnostic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from ..identity import ResultReceipt
 
 __all__ = [
     "AlreadyCompleted",
@@ -32,7 +34,15 @@ class Claimed:
 
 @dataclass(frozen=True, slots=True)
 class AlreadyCompleted:
-    """The decision was already completed; it must not be submitted again."""
+    """The decision was already completed; it must not be submitted again.
+
+    ``attempts`` and ``receipt`` are what the stored record holds (the receipt
+    is None for legacy records); None for both when a ledger does not say.
+    They do not take part in equality: every ``AlreadyCompleted`` is equal.
+    """
+
+    attempts: int | None = field(default=None, compare=False)
+    receipt: ResultReceipt | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,14 +27,23 @@ __all__ = [
     "DEFAULT_LEDGER_URL",
     "DEFAULT_SINK_URL",
     "ENV_PREFIX",
+    "EVENT_LOOPS",
+    "HTTP_IMPLEMENTATIONS",
     "MIN_TOKEN_CHARS",
     "ConfigError",
     "Settings",
+    "is_loopback",
     "load_settings",
+    "normalize_host_name",
+    "normalize_origin",
     "redact_url",
 ]
 
 ENV_PREFIX = "FLOWDECISION_"
+#: ``http`` values: uvicorn's HTTP/1.1 parsers (``auto`` is httptools when installed).
+HTTP_IMPLEMENTATIONS = ("auto", "httptools", "h11")
+#: ``loop`` values (``auto`` is uvloop when installed).
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 #: Shortest bearer token accepted on a non-loopback address (``serve`` warns on loopback).
 MIN_TOKEN_CHARS = 16
 DEFAULT_LEDGER_URL = "sqlite:///.flowdecision/ledger.db"
@@ -71,6 +80,15 @@ class Settings:
     webhook_token: str | None = field(default=None, repr=False)
     log_level: str = "info"
     access_log: bool = True
+    # -- transport edge (docs/SERVICE.md, "Safety limits") ---------------------------
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_timeout_s: float = 5.0
+    max_connections: int = 1000
+    http: str = "auto"
+    loop: str = "auto"
 
     # -- derived -----------------------------------------------------------------
 
@@ -105,6 +123,7 @@ class Settings:
             # `not value > 0` also refuses nan; inf would make timeouts never fire.
             if not value > 0 or not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite positive number, got {value}")
+        self._validate_transport()
         if not self.production_branch.strip():
             raise ConfigError("production_branch must not be empty")
         problem = identifier_problem(self.production_branch)
@@ -113,7 +132,7 @@ class Settings:
         if self.log_level.lower() not in ("critical", "error", "warning", "info", "debug"):
             raise ConfigError("log_level must be debug, info, warning, error or critical")
         tokens = self.tokens()
-        if not _is_loopback(self.host):
+        if not is_loopback(self.host):
             if not tokens and not self.allow_no_auth:
                 raise ConfigError(
                     f"refusing to listen on `{self.host}` without a token: set "
@@ -132,12 +151,90 @@ class Settings:
         """How many accepted tokens are shorter than :data:`MIN_TOKEN_CHARS` characters."""
         return sum(len(token.decode("utf-8")) < MIN_TOKEN_CHARS for token in self.tokens())
 
+    def _validate_transport(self) -> None:
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value}")
+        if self.max_connections < 1:
+            raise ConfigError(f"max_connections must be at least 1, got {self.max_connections}")
+        if self.http not in HTTP_IMPLEMENTATIONS:
+            raise ConfigError(
+                f"http must be one of {', '.join(HTTP_IMPLEMENTATIONS)}, got {self.http!r}"
+            )
+        if self.loop not in EVENT_LOOPS:
+            raise ConfigError(f"loop must be one of {', '.join(EVENT_LOOPS)}, got {self.loop!r}")
+        for origin in self.allowed_origins:
+            normalize_origin(origin, setting="allowed_origins")
+        for name in self.allowed_hosts:
+            normalize_host_name(name, setting="allowed_hosts")
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an IP literal, IPv6 with or without brackets) is loopback."""
+    if host.lower().rstrip(".") == "localhost":
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def normalize_origin(origin: str, *, setting: str | None = None) -> str:
+    """``origin`` as a browser writes it in an ``Origin`` header: ``scheme://host[:port]``.
+
+    Lower-cases scheme and host and drops a default port, so a configured
+    ``HTTPS://App.Example:443`` matches the header ``https://app.example``.
+    With ``setting`` a malformed value raises :class:`ConfigError` naming it;
+    without, it returns ``""`` (an incoming header that can match nothing).
+    """
+    text = origin.strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if (
+        parts is None
+        or parts.scheme.lower() not in _DEFAULT_PORTS
+        or not parts.hostname
+        or parts.username is not None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+    ):
+        if setting is None:
+            return ""
+        raise ConfigError(
+            f"{setting}: `{origin}` is not an origin; write it as scheme://host[:port], "
+            "e.g. https://app.example.com"
+        )
+    scheme = parts.scheme.lower()
+    host = parts.hostname.lower()
+    shown = f"[{host}]" if ":" in host else host
+    if port is None or port == _DEFAULT_PORTS[scheme]:
+        return f"{scheme}://{shown}"
+    return f"{scheme}://{shown}:{port}"
+
+
+def normalize_host_name(name: str, *, setting: str) -> str:
+    """A configured host name, lower-cased, without IPv6 brackets or a trailing dot."""
+    text = name.strip().lower().rstrip(".")
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if not bare or any(c in bare for c in "/@?# ") or (":" in bare and not _is_ipv6(bare)):
+        raise ConfigError(
+            f"{setting}: `{name}` is not a host name; give the name alone, without scheme, "
+            "port or path (e.g. flow.internal)"
+        )
+    return bare
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 6
     except ValueError:
         return False
 
@@ -199,6 +296,14 @@ _TYPES: dict[str, type] = {
     "webhook_token": str,
     "log_level": str,
     "access_log": bool,
+    "allowed_origins": tuple,
+    "allowed_hosts": tuple,
+    "header_timeout_s": float,
+    "body_timeout_s": float,
+    "keep_alive_timeout_s": float,
+    "max_connections": int,
+    "http": str,
+    "loop": str,
 }
 assert set(_TYPES) == set(_FIELDS)
 
@@ -209,6 +314,12 @@ _FALSE = ("0", "false", "no", "off")
 def _coerce(name: str, value: Any, source: str) -> Any:
     kind = _TYPES[name]
     where = f"{source}: `{name}`"
+    if kind is tuple:
+        # A TOML array, or a comma-separated string (flags and environment).
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"{where} must be a list of strings, got {value!r}")
+        return tuple(item.strip() for item in items if item.strip())
     if kind is bool:
         if isinstance(value, bool):
             return value

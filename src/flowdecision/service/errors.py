@@ -1,14 +1,45 @@
-"""The one JSON error shape every endpoint uses: ``{"error": {"code", "message", ...}}``."""
+"""Errors to clients: one JSON shape, and one table from error code to HTTP answer.
+
+Every error response is ``{"error": {"code", "message", "request_id", ...}}``
+with an ``X-Request-Id`` header carrying the same id. :data:`HTTP_ERRORS` maps
+each :attr:`~flowdecision.errors.FlowDecisionError.code` to its status, the
+message a client sees and its ``Retry-After`` policy; it is the only place the
+service classifies an exception (looked up with :func:`flowdecision.errors.classify`).
+
+What reaches a client is chosen, never passed through: errors about the
+client's own request (403, 409, 413, 422) say what is wrong with it; failures
+of the service's parts (5xx) get a fixed, generic message. Their detail (sink
+exception text, file paths, database hosts, driver exception names) goes to
+the log, under the same request id.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-__all__ = ["error_response", "http_exception_handler", "unhandled_exception_handler"]
+from ..errors import classified_code
+from .logs import current_request_id
+
+__all__ = [
+    "HTTP_ERRORS",
+    "INTERNAL",
+    "ErrorContext",
+    "HttpError",
+    "RetryAfter",
+    "busy_retry_after_s",
+    "error_code_for",
+    "error_response",
+    "http_exception_handler",
+    "response_for_error",
+    "static_error",
+]
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -19,6 +50,116 @@ _HTTP_CODES = {
 }
 
 
+class RetryAfter(Enum):
+    """Whether an error response carries ``Retry-After``, and how it is computed."""
+
+    NEVER = "never"  # retrying the same request cannot help (or needs an operator)
+    SOON = "soon"  # a transient failure: ``Retry-After: 1``
+    HEARTBEAT = "heartbeat"  # busy: until the lease expires, at most one heartbeat period
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorContext:
+    """What the table needs besides the error: the ledger's clock and the heartbeat."""
+
+    now_ms: int
+    heartbeat_ms: int
+
+
+Details = Callable[[Any, ErrorContext], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpError:
+    """How one error code is answered.
+
+    ``message`` None means the error's own text, which describes the caller's
+    request; a string is the fixed, generic text for a failure of the service.
+    ``details`` adds members to the ``error`` object.
+    """
+
+    status: int
+    message: str | None
+    retry_after: RetryAfter = RetryAfter.NEVER
+    details: Details | None = None
+
+
+def _fields(error: Any, _ctx: ErrorContext) -> dict[str, Any]:
+    field, problem = error.field, error.problem
+    return {"field": field, "problem": problem, "fields": [{"field": field, "problem": problem}]}
+
+
+def busy_retry_after_s(lease_expires_at_ms: int, ctx: ErrorContext) -> int:
+    """Seconds until a busy decision is worth asking about again.
+
+    The owner's lease expiry is an upper bound; the owner may well finish
+    sooner, so the wait is capped at one heartbeat period (a third of the lease).
+    """
+    remaining = math.ceil(max(lease_expires_at_ms - ctx.now_ms, 0) / 1000)
+    return max(1, min(remaining, math.ceil(ctx.heartbeat_ms / 1000)))
+
+
+def _busy(error: Any, ctx: ErrorContext) -> dict[str, Any]:
+    return {
+        "lease_expires_at_ms": error.lease_expires_at_ms,
+        "retry_after_s": busy_retry_after_s(error.lease_expires_at_ms, ctx),
+    }
+
+
+def _too_large(error: Any, _ctx: ErrorContext) -> dict[str, Any]:
+    return {"size_bytes": error.size, "limit_bytes": error.limit}
+
+
+#: Error code -> HTTP answer. The codes are the error classes' ``code`` (see
+#: ``flowdecision/errors.py``); docs/SERVICE.md lists the same table.
+HTTP_ERRORS: dict[str, HttpError] = {
+    # The caller's request: the message says what is wrong with it.
+    "forbidden_branch": HttpError(
+        403,
+        None,
+        details=lambda e, _c: {"expected_branch": e.expected, "branch": e.actual},
+    ),
+    "conflict": HttpError(409, None, details=lambda e, _c: {"decision_id": e.decision_id}),
+    "busy": HttpError(409, None, RetryAfter.HEARTBEAT, _busy),
+    "decision_too_large": HttpError(413, None, details=_too_large),
+    "invalid_request": HttpError(422, None, details=_fields),
+    "invalid_identifier": HttpError(422, None, details=_fields),
+    # The service's parts: a generic message; the cause goes to the log.
+    "sink_failed": HttpError(
+        502,
+        "the sink did not accept the decision; the claim was released, so retrying is safe",
+    ),
+    "lease_lost": HttpError(
+        503,
+        "the lease on the decision was lost while the sink ran; retrying is safe",
+        RetryAfter.SOON,
+    ),
+    "ledger_unavailable": HttpError(
+        503, "the decision ledger is unavailable; retrying is safe", RetryAfter.SOON
+    ),
+    "ledger_error": HttpError(
+        503, "the decision ledger is unavailable; retrying is safe", RetryAfter.SOON
+    ),
+    "ledger_corrupt": HttpError(
+        503, "the decision ledger holds corrupt data; an operator must repair it"
+    ),
+    "ledger_schema": HttpError(
+        503,
+        "the decision ledger's schema does not match this version of the service; "
+        "an operator must migrate it",
+    ),
+    "shutting_down": HttpError(
+        503,
+        "the service is shutting down; retry (on another replica)",
+        RetryAfter.SOON,
+    ),
+    "internal": HttpError(500, "internal server error"),
+}
+
+#: The answer to anything the table does not know.
+INTERNAL = HTTP_ERRORS["internal"]
+
+
 def error_response(
     status: int,
     code: str,
@@ -27,10 +168,47 @@ def error_response(
     headers: Mapping[str, str] | None = None,
     **details: Any,
 ) -> JSONResponse:
-    """A JSON error response; ``details`` become extra members of ``error``."""
+    """A JSON error response; ``details`` become extra members of ``error``.
+
+    The current request's id (see :mod:`.logs`) is added as ``request_id``.
+    """
     body: dict[str, Any] = {"code": code, "message": message}
     body.update(details)
+    request_id = current_request_id()
+    if request_id is not None:
+        body["request_id"] = request_id
     return JSONResponse({"error": body}, status_code=status, headers=dict(headers or {}))
+
+
+def error_code_for(error: BaseException, default: str = "internal") -> str:
+    """The code ``error`` is answered with: its class's row in :data:`HTTP_ERRORS`.
+
+    ``default`` is for errors whose class carries no code the table knows.
+    """
+    return classified_code(error, HTTP_ERRORS) or default
+
+
+def response_for_error(
+    error: BaseException, ctx: ErrorContext, *, default: str = "internal"
+) -> JSONResponse:
+    """The HTTP answer to ``error``, from its row in :data:`HTTP_ERRORS`."""
+    code = error_code_for(error, default)
+    row = HTTP_ERRORS[code]
+    details = row.details(error, ctx) if row.details is not None else {}
+    headers: dict[str, str] = {}
+    if row.retry_after is RetryAfter.SOON:
+        headers["Retry-After"] = "1"
+    elif row.retry_after is RetryAfter.HEARTBEAT:
+        headers["Retry-After"] = str(details.get("retry_after_s", 1))
+    message = row.message if row.message is not None else str(error)
+    return error_response(row.status, code, message, headers=headers, **details)
+
+
+def static_error(code: str) -> JSONResponse:
+    """The answer for a service-level code in :data:`HTTP_ERRORS` (e.g. ``shutting_down``)."""
+    row = HTTP_ERRORS[code]
+    headers = {"Retry-After": "1"} if row.retry_after is RetryAfter.SOON else {}
+    return error_response(row.status, code, row.message or code, headers=headers)
 
 
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
@@ -41,8 +219,3 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     if status == 404:
         detail = f"no such endpoint: {request.method} {request.url.path}"
     return error_response(status, code, detail or code.replace("_", " "), headers=headers)
-
-
-async def unhandled_exception_handler(request: Request, exc: Exception) -> Response:
-    # The details go to the log (Starlette logs the traceback), never to the caller.
-    return error_response(500, "internal", "internal server error")

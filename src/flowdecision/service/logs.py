@@ -1,24 +1,56 @@
-"""Structured (JSON lines) logging and the access-log middleware.
+"""Structured (JSON lines) logging and the current request's id.
 
 Log records never carry tokens, ``Authorization`` headers, query strings or
 owner ids: the access log writes a fixed set of fields, and the formatter drops
 any extra field whose name suggests a secret.
+
+The request id lives in a context variable, set by the boundary middleware for
+the duration of one request. That is what lets every record logged while
+serving it, and every error body built for it, carry the id without each
+function passing it along.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import sys
-import time
 import uuid
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
-__all__ = ["AccessLogMiddleware", "JsonFormatter", "configure_logging"]
+__all__ = [
+    "JsonFormatter",
+    "configure_logging",
+    "current_request_id",
+    "describe_cause",
+    "request_id_for",
+    "request_id_var",
+]
 
-access_log = logging.getLogger("flowdecision.access")
+#: The id of the request being served in this context (None outside requests).
+request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "flowdecision_request_id", default=None
+)
+
+
+def current_request_id() -> str | None:
+    """The id of the request being served, if any."""
+    return request_id_var.get()
+
+
+class _RequestIdFilter(logging.Filter):
+    """Adds ``request_id`` to records logged while a request is served."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            request_id = request_id_var.get()
+            if request_id is not None:
+                record.request_id = request_id
+        return True
+
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {
     "message",
@@ -54,6 +86,7 @@ def configure_logging(level: str) -> None:
     """Send every log record to stderr as JSON lines at ``level``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(_RequestIdFilter())
     root = logging.getLogger()
     for existing in list(root.handlers):
         root.removeHandler(existing)
@@ -65,63 +98,9 @@ def configure_logging(level: str) -> None:
         logger.propagate = True
 
 
-class AccessLogMiddleware:
-    """Logs one structured record per HTTP request and sets ``X-Request-Id``.
-
-    Fields: method, path (no query string), route template, status, bytes,
-    duration, client address, request id. Headers are never logged.
-    ``on_response(method, route, status)`` feeds the request counter metric.
-    """
-
-    def __init__(self, app: ASGIApp, *, enabled: bool = True, on_response: Any = None) -> None:
-        self.app = app
-        self.enabled = enabled
-        self.on_response = on_response
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        request_id = _incoming_request_id(scope) or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
-        status = 500
-        sent = 0
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status, sent
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                headers = list(message.get("headers", []))
-                headers.append((b"x-request-id", request_id.encode("ascii")))
-                message = {**message, "headers": headers}
-            elif message["type"] == "http.response.body":
-                sent += len(message.get("body", b""))
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "<unmatched>"
-            if self.on_response is not None:
-                self.on_response(scope["method"], template, status)
-            if self.enabled:
-                client = scope.get("client")
-                access_log.info(
-                    "http request",
-                    extra={
-                        "event": "http_request",
-                        "request_id": request_id,
-                        "method": scope["method"],
-                        "path": scope["path"],
-                        "route": template,
-                        "status": status,
-                        "bytes": sent,
-                        "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-                        "client": f"{client[0]}:{client[1]}" if client else None,
-                    },
-                )
+def request_id_for(scope: Scope) -> str:
+    """The client's ``X-Request-Id`` if it is short and plain, else a new random id."""
+    return _incoming_request_id(scope) or uuid.uuid4().hex
 
 
 def _incoming_request_id(scope: Scope) -> str | None:
@@ -129,6 +108,22 @@ def _incoming_request_id(scope: Scope) -> str | None:
         if name == b"x-request-id":
             text = bytes(value).decode("latin-1")
             # Only echo ids that are short and plain; anything else is replaced.
-            if 0 < len(text) <= 64 and all(c.isalnum() or c in "-_." for c in text):
+            if 0 < len(text) <= 64 and all(
+                c.isascii() and (c.isalnum() or c in "-_.") for c in text
+            ):
                 return text
     return None
+
+
+def describe_cause(error: BaseException) -> str:
+    """``Type: message`` of ``error`` and its chained causes, for the log only.
+
+    This is where sink exception text, paths and driver errors go: operators
+    need them, clients must never see them.
+    """
+    parts: list[str] = []
+    seen: BaseException | None = error
+    while seen is not None and len(parts) < 4:
+        parts.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__ or seen.__context__
+    return " <- ".join(parts)

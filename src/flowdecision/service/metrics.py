@@ -6,7 +6,8 @@
   last success/failure times, and the dispatcher's max dispatch time;
 * ``flowdecision_dispatch_duration_seconds{outcome}``, a histogram of
   ``POST /v1/decisions`` dispatch latency by outcome;
-* ``flowdecision_http_requests_total{method,route,status}``.
+* ``flowdecision_http_requests_total{method,route,status}``; a client that
+  disconnected before its answer is counted with status ``499``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from prometheus_client import generate_latest as _generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..health import HealthMetrics, HealthSnapshot, HealthStatus
+from ..health import HealthMetrics, HealthSnapshot
 
 __all__ = ["CONTENT_TYPE_LATEST", "HEALTH_COUNTERS", "ServiceMetrics"]
 
@@ -46,8 +47,11 @@ _LATENCY_BUCKETS = (
 
 
 class _HealthCollector(Collector):
-    def __init__(self, snapshot: Callable[[], HealthSnapshot | None]) -> None:
+    def __init__(
+        self, snapshot: Callable[[], HealthSnapshot | None], healthy: Callable[[], bool]
+    ) -> None:
         self._snapshot = snapshot
+        self._healthy = healthy
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot() or HealthMetrics().snapshot()
@@ -60,8 +64,8 @@ class _HealthCollector(Collector):
         )
         yield GaugeMetricFamily(
             "flowdecision_healthy",
-            "1 while healthy, 0 while degraded (the last dispatch failed).",
-            value=1 if snap.status is HealthStatus.HEALTHY else 0,
+            "1 while /healthz says healthy, 0 while degraded (from the last probes).",
+            value=1 if self._healthy() else 0,
         )
         yield GaugeMetricFamily(
             "flowdecision_dispatch_max_seconds",
@@ -83,9 +87,14 @@ class _HealthCollector(Collector):
 class ServiceMetrics:
     """The app's registry and the metrics the app itself records."""
 
-    def __init__(self, snapshot: Callable[[], HealthSnapshot | None]) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], HealthSnapshot | None],
+        *,
+        healthy: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_HealthCollector(snapshot))
+        self.registry.register(_HealthCollector(snapshot, healthy))
         self.dispatch_seconds = Histogram(
             "flowdecision_dispatch_duration_seconds",
             "Latency of POST /v1/decisions dispatches, by outcome.",

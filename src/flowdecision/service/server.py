@@ -1,33 +1,117 @@
 """Run the app under uvicorn: bind, print where it listens, shut down gracefully.
 
-On SIGTERM or SIGINT uvicorn stops accepting connections, lets open requests
-finish for up to ``shutdown_grace_s``, then the app's lifespan waits (in the
-remaining grace) for in-flight dispatches and closes the sink and the ledger.
+uvicorn parses HTTP and runs the app; the connections themselves are accepted
+and policed by :mod:`.transport` (TCP_NODELAY, connection cap, header, body and
+keep-alive timeouts, lingering close). The HTTP parser (``http``: httptools or
+h11) and the event loop (``loop``: uvloop or asyncio) are settings; ``auto``
+picks the faster one when it is installed.
+
+Shutdown has one deadline. On SIGTERM or SIGINT uvicorn stops accepting
+connections and the service starts its grace period (``shutdown_grace_s``):
+requests in progress may finish until then. At the deadline the service
+cancels the dispatches still running and their requests are answered JSON 503
+``shutting_down``. uvicorn's own timeout is set a little later, as a backstop
+for any other request still open (reading a slow body, say): it cancels them,
+and the boundary middleware answers those 503 ``shutting_down`` too. Then the
+lifespan closes the sink and the ledger.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import math
 import signal
 import socket
 from collections.abc import Callable
+from types import FrameType
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..model import DecisionRequest, DecisionStep, ScheduleStep
-from .app import Service, create_app
-from .config import Settings
+from .app import create_app
+from .config import ConfigError, Settings
+from .runtime import UNWIND_S, Service
+from .transport import Acceptor, ConnectionTable, TransportLimits, guarded_protocol
 
-__all__ = ["bind_socket", "curl_example", "serve", "service_url"]
+__all__ = [
+    "LISTEN_BACKLOG",
+    "bind_socket",
+    "curl_example",
+    "event_loop_factory",
+    "http_protocol_class",
+    "serve",
+    "service_url",
+]
+
+#: Connections the kernel queues before the service accepts them.
+LISTEN_BACKLOG = 2048
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0 picks a free port)."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family = infos[0][0]
-    sock = socket.create_server((host, port), family=family, reuse_port=False, dualstack_ipv6=False)
+    """A listening TCP socket on ``host:port`` (port 0 picks a free port).
+
+    The socket is made with ``IPPROTO_TCP`` (``socket.create_server`` leaves the
+    protocol number 0), so whatever accepts from it treats connections as TCP.
+    """
+    infos = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
+    )
+    family, kind, proto, _name, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        if hasattr(socket, "SO_REUSEADDR"):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
     sock.set_inheritable(True)
     return sock
+
+
+def http_protocol_class(settings: Settings) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP/1.1 protocol for ``settings.http`` (``auto``: httptools if installed)."""
+    choice = settings.http
+    if choice == "auto":
+        choice = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    if choice == "h11":
+        return H11Protocol
+    if importlib.util.find_spec("httptools") is None:
+        raise ConfigError(
+            "http = httptools, but httptools is not installed (pip install httptools)"
+        )
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    return HttpToolsProtocol
+
+
+def event_loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop for ``settings.loop`` (``auto``: uvloop if installed); None: asyncio's."""
+    choice = settings.loop
+    if choice == "auto":
+        choice = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    if choice == "asyncio":
+        return None
+    if importlib.util.find_spec("uvloop") is None:
+        raise ConfigError("loop = uvloop, but uvloop is not installed (pip install uvloop)")
+    import uvloop
+
+    return uvloop.new_event_loop
+
+
+def transport_limits(settings: Settings) -> TransportLimits:
+    """The connection limits the settings ask for."""
+    return TransportLimits(
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        keep_alive_timeout_s=settings.keep_alive_timeout_s,
+        max_connections=settings.max_connections,
+    )
 
 
 def service_url(sock: socket.socket) -> str:
@@ -57,29 +141,69 @@ def curl_example(url: str, settings: Settings) -> str:
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_ready: Callable[[], None],
+        on_exit: Callable[[], None],
+        limits: TransportLimits | None = None,
+    ) -> None:
         super().__init__(config)
         self._on_ready = on_ready
+        self._on_exit = on_exit
+        self._limits = limits or TransportLimits()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        if self.started and not self.should_exit:
-            self._on_ready()
+        # uvicorn runs the lifespan but listens on nothing: an Acceptor per socket
+        # accepts instead (see transport.py). uvicorn's shutdown closes them like
+        # its own servers, since they sit in ``self.servers``.
+        await super().startup(sockets=[])
+        if not self.started or self.should_exit:
+            return
+        table = ConnectionTable(self._limits)
+        protocol = guarded_protocol(self.config.http_protocol_class, table)
+        config, state, app_state = self.config, self.server_state, self.lifespan.state
+
+        def factory() -> asyncio.Protocol:
+            return protocol(config=config, server_state=state, app_state=app_state)  # type: ignore[call-arg]
+
+        for sock in sockets or []:
+            acceptor = Acceptor(sock, factory, table)
+            acceptor.start()
+            self.servers.append(acceptor)  # type: ignore[arg-type]
+        self._on_ready()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self._on_exit()
 
 
 async def serve(settings: Settings, sock: socket.socket, on_ready: Callable[[str], None]) -> None:
     """Open the service, serve on ``sock`` until a signal, then shut down gracefully."""
     service = await Service.start(settings)
     app = create_app(settings, service=service)
+    grace_s = settings.shutdown_grace_s
     config = uvicorn.Config(
         app,
         log_config=None,
         access_log=False,  # the app writes its own structured access log
         lifespan="on",
-        timeout_graceful_shutdown=int(max(1, settings.shutdown_grace_s)),
+        # A backstop after the service's own deadline (see the module docstring).
+        timeout_graceful_shutdown=math.ceil(grace_s + UNWIND_S),
         server_header=False,
+        http=http_protocol_class(settings),
+        ws="none",
+        backlog=LISTEN_BACKLOG,
     )
-    server = _Server(config, lambda: on_ready(service_url(sock)))
+    loop = asyncio.get_running_loop()
+
+    def on_exit() -> None:
+        # Called from the signal handler: hand over to the loop, the safe way.
+        loop.call_soon_threadsafe(service.begin_shutdown, grace_s)
+
+    server = _Server(
+        config, lambda: on_ready(service_url(sock)), on_exit, transport_limits(settings)
+    )
     # uvicorn re-raises the signal it caught after a graceful shutdown; make that a no-op
     # so the process exits 0 instead of dying by the signal.
     previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -88,7 +212,7 @@ async def serve(settings: Settings, sock: socket.socket, on_ready: Callable[[str
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if not service.closed:  # startup failed before the lifespan took ownership
+        if not service.stopped:  # startup failed before the lifespan took ownership
             await service.stop(0)
         await asyncio.sleep(0)
 

@@ -6,7 +6,14 @@
   arguments), a factory function (called without arguments; may be async) or a
   ready instance. The result must have an ``async def submit(request, attempt)``;
   an async ``open()`` is awaited after loading and ``close()``/``aclose()`` on
-  shutdown, when present.
+  shutdown, when present;
+* ``procrastinate+postgresql://…?task=NAME`` -- a
+  :class:`~flowdecision.sinks.procrastinate.ProcrastinateSink` (extra ``procrastinate``);
+* ``dbos+sqlite:///path?workflow=module:function`` or ``dbos+postgresql://…?workflow=…``
+  -- a :class:`~flowdecision.sinks.dbos.DBOSSink` (extra ``dbos``).
+
+The engine sinks import their engine only when their URL is opened, so
+``import flowdecision`` never needs procrastinate or DBOS.
 """
 
 from __future__ import annotations
@@ -15,14 +22,31 @@ import importlib
 import inspect
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..errors import FlowDecisionError
 from .base import Sink, has_async_submit
 
-__all__ = ["SINK_SCHEMES", "SinkConfigError", "WebhookOptions", "close_sink", "open_sink"]
+__all__ = [
+    "SINK_SCHEMES",
+    "SinkConfigError",
+    "WebhookOptions",
+    "close_sink",
+    "open_sink",
+    "split_engine_url",
+]
 
-SINK_SCHEMES = ("sqlite:///path", "postgresql://...", "http(s)://...", "python:module:attribute")
+SINK_SCHEMES = (
+    "sqlite:///path",
+    "postgresql://...",
+    "http(s)://...",
+    "python:module:attribute",
+    "procrastinate+postgresql://...?task=NAME",
+    "dbos+sqlite:///path?workflow=module:function",
+    "dbos+postgresql://...?workflow=module:function",
+)
+#: Engine sinks: URL prefix -> (kind, the pip extra that provides the engine).
+_ENGINE_PREFIXES = {"procrastinate+": ("procrastinate", "procrastinate"), "dbos+": ("dbos", "dbos")}
 
 
 class SinkConfigError(FlowDecisionError):
@@ -39,9 +63,15 @@ class WebhookOptions:
 
 
 def sink_kind(url: str) -> str:
-    """``outbox``, ``webhook`` or ``python`` (raises :class:`SinkConfigError` otherwise)."""
+    """``outbox``, ``webhook``, ``python``, ``procrastinate`` or ``dbos``.
+
+    Raises :class:`SinkConfigError` for anything else.
+    """
     if url.startswith("python:"):
         return "python"
+    for prefix, (kind, _) in _ENGINE_PREFIXES.items():
+        if url.lower().startswith(prefix):
+            return kind
     scheme = urlsplit(url).scheme.lower()
     if scheme in ("sqlite", "postgres", "postgresql"):
         return "outbox"
@@ -75,7 +105,79 @@ async def open_sink(url: str, *, webhook: WebhookOptions | None = None) -> Sink:
             token=options.token,
         )
         return await sink.open()
+    if kind == "procrastinate":
+        _require_extra(url, "procrastinate", "procrastinate")
+        from .procrastinate import open_procrastinate_url
+
+        return cast(Sink, await open_procrastinate_url(url))
+    if kind == "dbos":
+        _require_extra(url, "dbos", "dbos")
+        from .dbos import open_dbos_url
+
+        return cast(Sink, await open_dbos_url(url))
     return await _load_python(url)
+
+
+def _require_extra(url: str, module: str, extra: str) -> None:
+    """Fail clearly when an engine sink's package is not installed."""
+    try:
+        importlib.import_module(module)
+    except ImportError as error:
+        raise SinkConfigError(
+            f"sink `{url}` needs the `{module}` package: pip install 'flowdecision[{extra}]' "
+            f"({error})"
+        ) from error
+
+
+def split_engine_url(
+    url: str, engine: str, own_params: tuple[str, ...]
+) -> tuple[str, dict[str, str]]:
+    """Split ``ENGINE+STORE_URL?...`` into the store URL and the sink's own parameters.
+
+    The parameters named in ``own_params`` are removed from the query (each may
+    appear once); all others stay in the returned store URL (``sslmode`` …).
+    """
+    prefix = f"{engine}+"
+    if not url.lower().startswith(prefix):
+        raise SinkConfigError(f"`{url}` is not a {engine}+… sink URL")
+    target = url[len(prefix) :]
+    # Cut the query textually: urlunsplit would rewrite sqlite:////abs/path.
+    base, _, query = target.partition("?")
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as error:
+        raise SinkConfigError(f"{engine} sink URL `{url}` is malformed: {error}") from error
+    own: dict[str, str] = {}
+    rest: list[tuple[str, str]] = []
+    for name, value in pairs:
+        if name in own_params:
+            if name in own:
+                raise SinkConfigError(f"{engine} sink URL `{url}` sets `{name}` twice")
+            own[name] = value
+        else:
+            rest.append((name, value))
+    store = f"{base}?{urlencode(rest)}" if rest else base
+    return store, own
+
+
+def load_attribute(url: str, spec: str) -> Any:
+    """Import ``module:attribute`` (the attribute may be dotted) for the sink ``url``."""
+    module_name, sep, attribute = spec.rpartition(":")
+    if not sep or not module_name or not attribute:
+        raise SinkConfigError(f"sink URL `{url}`: `{spec}` must look like module:attribute")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise SinkConfigError(f"sink `{url}`: cannot import `{module_name}`: {error}") from error
+    target: Any = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise SinkConfigError(
+                f"sink `{url}`: `{module_name}` has no attribute `{attribute}`"
+            ) from None
+    return target
 
 
 async def _load_python(url: str) -> Sink:
@@ -83,20 +185,7 @@ async def _load_python(url: str) -> Sink:
     module_name, sep, attribute = spec.rpartition(":")
     if not sep or not module_name or not attribute:
         raise SinkConfigError(f"custom sink URL `{url}` must look like python:module:attribute")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise SinkConfigError(
-            f"custom sink `{url}`: cannot import `{module_name}`: {error}"
-        ) from error
-    target: Any = module
-    for part in attribute.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise SinkConfigError(
-                f"custom sink `{url}`: `{module_name}` has no attribute `{attribute}`"
-            ) from None
+    target = load_attribute(url, spec)
     if inspect.isclass(target) or (callable(target) and not hasattr(target, "submit")):
         try:
             target = target()

@@ -1,0 +1,122 @@
+"""The outermost middleware: what every request gets, however it ends.
+
+* a request id (the client's ``X-Request-Id`` if short and plain, else a new
+  one) in the ``X-Request-Id`` response header, in every error body and on
+  every log record written while serving it;
+* one access-log record and one ``flowdecision_http_requests_total`` count;
+* an answer for each way a request can end abnormally, so uvicorn never sees
+  an exception (it would log a traceback and send a plain-text 500):
+
+  - the client disconnected (mid-body): nothing is sent; logged and counted
+    with status 499 (nginx's "client closed request"), at INFO;
+  - the request was cancelled (uvicorn's shutdown grace period ran out): JSON
+    503 ``shutting_down``, at INFO, no traceback;
+  - any other exception (a bug): JSON 500 ``internal`` with a generic message;
+    the traceback is logged at ERROR under the request id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import error_response, static_error
+from .logs import request_id_for, request_id_var
+
+__all__ = ["CLIENT_CLOSED", "BoundaryMiddleware"]
+
+access_log = logging.getLogger("flowdecision.access")
+log = logging.getLogger("flowdecision.service")
+
+#: Status recorded (never sent) for a request whose client went away.
+CLIENT_CLOSED = 499
+
+
+class BoundaryMiddleware:
+    """Request id, access log, request metric and the last word on every request.
+
+    ``on_response(method, route, status)`` feeds the request counter metric.
+    The access-log record holds: method, path (no query string), route
+    template, status, bytes, duration, client address, request id. Headers are
+    never logged.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        access_log_enabled: bool = True,
+        on_response: Callable[[str, str, int], None] | None = None,
+    ) -> None:
+        self.app = app
+        self.access_log_enabled = access_log_enabled
+        self.on_response = on_response
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = request_id_for(scope)
+        scope.setdefault("state", {})["request_id"] = request_id
+        token = request_id_var.set(request_id)
+        status = 500
+        sent = 0
+        response_started = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status, sent, response_started
+            if message["type"] == "http.response.start":
+                response_started = True
+                status = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode("ascii")))
+                message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except ClientDisconnect:
+            # The client hung up while we read its body: no one to answer.
+            status = CLIENT_CLOSED
+        except asyncio.CancelledError:
+            # Only uvicorn cancels a request task, and only when the shutdown
+            # grace period is over. The task ends here (it is uvicorn's own), so
+            # the cancellation is answered rather than re-raised into uvicorn.
+            if not response_started:
+                await static_error("shutting_down")(scope, receive, send_wrapper)
+            log.info("request cancelled at the end of the shutdown grace period")
+        except Exception:
+            log.exception("unhandled error while serving a request")
+            if not response_started:
+                response = error_response(500, "internal", "internal server error")
+                await response(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "<unmatched>"
+            if self.on_response is not None:
+                self.on_response(scope["method"], template, status)
+            if self.access_log_enabled:
+                client = scope.get("client")
+                access_log.info(
+                    "http request",
+                    extra={
+                        "event": "http_request",
+                        "request_id": request_id,
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "route": template,
+                        "status": status,
+                        "bytes": sent,
+                        "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+                        "client": f"{client[0]}:{client[1]}" if client else None,
+                    },
+                )
+            request_id_var.reset(token)

@@ -1,0 +1,204 @@
+"""Browser and host safety: checks every HTTP request passes before it reaches a handler.
+
+A web page in the operator's browser can send requests to the service: a
+"simple" cross-origin ``POST`` (``Content-Type: text/plain``) needs no CORS
+preflight, and a DNS-rebinding page can even make the browser address a
+loopback service under the attacker's host name. So:
+
+- :class:`BrowserGuardMiddleware` (before auth) refuses a ``Host`` that names
+  neither loopback nor an ``allowed_hosts`` entry when the service listens on
+  loopback (or whenever ``allowed_hosts`` is set): 421 ``host_not_allowed``;
+  and any ``Origin`` not in ``allowed_origins`` (empty by default, so every
+  request a browser sends from another site): 403 ``origin_not_allowed``. For
+  an allowed origin it answers CORS preflights and adds the CORS headers, so a
+  console served from that origin can call the API with its bearer token.
+- :class:`JsonContentTypeMiddleware` (after auth, so unauthenticated callers
+  still learn nothing but 401) refuses a ``POST`` whose ``Content-Type`` is not
+  ``application/json``: 415 ``unsupported_media_type``. No HTML form can send
+  that type, and a script can only send it after a preflight.
+
+Non-browser clients (curl, SDKs, load balancers) send no ``Origin``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from starlette.middleware import Middleware
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .config import Settings, is_loopback, normalize_host_name, normalize_origin
+from .errors import error_response
+
+__all__ = ["BrowserGuardMiddleware", "JsonContentTypeMiddleware", "UnreadBodyMiddleware"]
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_JSON = "application/json"
+#: What a console on an allowed origin may send and read (CORS).
+_CORS_PREFLIGHT = [
+    (b"access-control-allow-methods", b"GET, POST"),
+    (b"access-control-allow-headers", b"authorization, content-type, x-request-id, prefer"),
+    (b"access-control-max-age", b"600"),
+]
+_CORS_EXPOSE = (b"access-control-expose-headers", b"retry-after, x-request-id")
+
+
+def _header(scope: Scope, wanted: bytes) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == wanted:
+            return bytes(value)
+    return None
+
+
+class BrowserGuardMiddleware:
+    """Pure ASGI middleware enforcing the ``Host`` and ``Origin`` rules (and CORS)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        allowed_origins: Iterable[str],
+        allowed_hosts: Iterable[str],
+        check_host: bool,
+    ) -> None:
+        self.app = app
+        self.allowed_origins = frozenset(
+            normalize_origin(origin, setting="allowed_origins") for origin in allowed_origins
+        )
+        self.allowed_hosts = frozenset(
+            normalize_host_name(name, setting="allowed_hosts") for name in allowed_hosts
+        )
+        self.check_host = check_host or bool(self.allowed_hosts)
+
+    @classmethod
+    def middleware(cls, settings: Settings) -> Middleware:
+        """This middleware, configured by ``settings``, for a Starlette middleware list."""
+        return Middleware(
+            cls,
+            allowed_origins=settings.allowed_origins,
+            allowed_hosts=settings.allowed_hosts,
+            check_host=is_loopback(settings.host),
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host = _header(scope, b"host")
+        if self.check_host and host is not None and not self._host_allowed(host):
+            shown = host.decode("latin-1")[:200]
+            refusal = error_response(
+                421,
+                "host_not_allowed",
+                f"`Host: {shown}` is not a name of this service; it answers to localhost, "
+                "127.0.0.1 and [::1] (and the names in allowed_hosts)",
+            )
+            await refusal(scope, receive, send)
+            return
+        origin = _header(scope, b"origin")
+        if origin is None:
+            await self.app(scope, receive, send)
+            return
+        text = origin.decode("latin-1")
+        if normalize_origin(text) not in self.allowed_origins:
+            refusal = error_response(
+                403,
+                "origin_not_allowed",
+                f"requests from origin `{text[:200]}` are not allowed "
+                "(add it to allowed_origins to let that web page call the service)",
+            )
+            await refusal(scope, receive, send)
+            return
+        allow = [(b"access-control-allow-origin", origin), (b"vary", b"origin")]
+        if scope["method"] == "OPTIONS" and _header(scope, b"access-control-request-method"):
+            await Response(status_code=204, headers=None)(
+                scope, receive, _adding(send, allow + _CORS_PREFLIGHT)
+            )
+            return
+        await self.app(scope, receive, _adding(send, [*allow, _CORS_EXPOSE]))
+
+    def _host_allowed(self, header: bytes) -> bool:
+        text = header.decode("latin-1").strip().lower()
+        if text.startswith("["):  # [v6]:port
+            name = text[1 : text.find("]")] if "]" in text else text
+        else:
+            name = text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+        name = name.rstrip(".")
+        return bool(name) and (is_loopback(name) or name in self.allowed_hosts)
+
+
+def _adding(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *headers]}
+        await send(message)
+
+    return send_with_headers
+
+
+class JsonContentTypeMiddleware:
+    """Refuses a request with a body whose ``Content-Type`` is not ``application/json`` (415)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        content_type = _header(scope, b"content-type") or b""
+        if content_type.split(b";", 1)[0].strip().lower() == _JSON.encode():
+            await self.app(scope, receive, send)
+            return
+        shown = content_type.decode("latin-1")[:100] or "none"
+        # The body is not read: UnreadBodyMiddleware marks the answer Connection:
+        # close and the connection layer drains the body, so the client reads the 415.
+        refusal = error_response(
+            415,
+            "unsupported_media_type",
+            f"{scope['method']} needs `Content-Type: {_JSON}`, got `{shown}`",
+        )
+        await refusal(scope, receive, send)
+
+
+class UnreadBodyMiddleware:
+    """Marks a response sent before the request body was read ``Connection: close``.
+
+    A refusal (401, 413 on ``Content-Length``, 415...) is sent without reading
+    the body. The connection then cannot carry another request, and a client
+    that reuses it (a ``requests`` session) would see it closed under its next
+    request; told ``Connection: close``, it opens a new one. The connection layer
+    drains the unread body meanwhile (transport.py, lingering close).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _has_body(scope):
+            await self.app(scope, receive, send)
+            return
+        body_read = False
+
+        async def receive_and_note() -> Message:
+            nonlocal body_read
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_read = True
+            return message
+
+        async def send_with_close(message: Message) -> None:
+            if message["type"] == "http.response.start" and not body_read:
+                headers = [*message.get("headers", []), (b"connection", b"close")]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive_and_note, send_with_close)
+
+
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False

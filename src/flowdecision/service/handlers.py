@@ -1,0 +1,363 @@
+"""The service's endpoints, one function each; :func:`routes` lists them.
+
+Each handler finds the running :class:`~.runtime.Service`, the settings and the
+metrics in :class:`AppContext` (``request.app.state.context``). Errors are
+answered through the one table in :mod:`.errors`; their causes are logged
+here, with the request id, the decision id, the error class and its code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from ..dispatcher import DispatchOutcome
+from ..errors import DispatchError, LedgerError
+from ..health import HealthStatus
+from ..identity import DecisionTooLargeError
+from ..ledger.base import LedgerEntry
+from ..ledger.states import Completed, Pending
+from ..limits import I64_MAX, RESULT_RECEIPT_MAX_BYTES
+from ..model import DecisionRequest, InvalidRequestError
+from .config import Settings
+from .errors import (
+    HTTP_ERRORS,
+    ErrorContext,
+    error_code_for,
+    error_response,
+    response_for_error,
+    static_error,
+)
+from .logs import describe_cause
+from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
+from .runtime import Service
+from .status import RecentDecision, render_status_page
+
+__all__ = ["MAX_WAIT_S", "OUTBOX_MAX_LIMIT", "AppContext", "preferred_wait_s", "routes"]
+
+log = logging.getLogger("flowdecision.service")
+
+OUTBOX_MAX_LIMIT = 1000
+#: The longest ``Prefer: wait=N`` honoured; larger values are capped to it.
+MAX_WAIT_S = 30
+
+
+@dataclass(slots=True)
+class AppContext:
+    """What every handler needs: settings, metrics, and the service once started."""
+
+    settings: Settings
+    service: Service | None
+    ledger_shown: str
+    sink_shown: str
+    metrics: ServiceMetrics = field(init=False)
+
+
+def _context(request: Request) -> tuple[AppContext, Service]:
+    context: AppContext = request.app.state.context
+    if context.service is None:  # pragma: no cover - only before startup
+        raise HTTPException(503, "service is starting")
+    return context, context.service
+
+
+def _error_context(service: Service) -> ErrorContext:
+    return ErrorContext(
+        now_ms=service.ledger.now_ms(),
+        heartbeat_ms=round(service.dispatcher.heartbeat_s * 1000),
+    )
+
+
+def _log_failure(error: BaseException, code: str, decision_id: str | None) -> None:
+    """One record per failed request: request id (added by the log filter), decision
+    id, error class, code and cause. Failures of the service's parts are warnings."""
+    status = HTTP_ERRORS[code].status
+    log.log(
+        logging.WARNING if status >= 500 else logging.INFO,
+        "request failed",
+        extra={
+            "decision_id": decision_id,
+            "error": type(error).__name__,
+            "code": code,
+            "status": status,
+            "cause": describe_cause(error),
+        },
+    )
+
+
+# -- POST /v1/decisions -----------------------------------------------------------
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _TooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():  # ClientDisconnect: the boundary answers 499
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def preferred_wait_s(headers: Headers) -> int | None:
+    """The ``wait`` preference of RFC 7240's ``Prefer`` header, capped at :data:`MAX_WAIT_S`.
+
+    None without one, for ``wait=0`` and for a malformed value (RFC 7240: a
+    preference the server does not understand is ignored).
+    """
+    for value in headers.getlist("prefer"):
+        for preference in value.split(","):
+            name, _, rest = preference.partition("=")
+            if name.strip().lower() != "wait":
+                continue
+            raw = rest.split(";", 1)[0].strip().strip('"')
+            if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:
+                return None
+            return min(int(raw), MAX_WAIT_S) or None
+    return None
+
+
+async def post_decision(request: Request) -> Response:
+    """Submit a decision: 201 submitted, 200 duplicate, or an error from the table."""
+    context, service = _context(request)
+    started = time.perf_counter()
+    try:
+        body = await _read_body(request, context.settings.max_body_bytes)
+    except _TooLarge:
+        limit = context.settings.max_body_bytes
+        return error_response(
+            413,
+            "payload_too_large",
+            f"request body exceeds {limit} bytes",
+            limit_bytes=limit,
+        )
+    try:
+        decision = DecisionRequest.parse(body, exact_numbers=not context.settings.lossy_numbers)
+    except InvalidRequestError as error:
+        return response_for_error(error, _error_context(service), default="invalid_request")
+    wait_s = preferred_wait_s(request.headers)
+    size = len(decision.decision_json())
+    if size > RESULT_RECEIPT_MAX_BYTES:
+        # A client error: answered here so it never counts as a failure.
+        too_large = DecisionTooLargeError(decision.decision_id, size)
+        response: Response = response_for_error(
+            too_large, _error_context(service), default="decision_too_large"
+        )
+        fate, attempt = "decision_too_large", None
+    else:
+        response, fate, attempt = await _dispatch(service, decision, wait_s)
+    if wait_s is not None:
+        response.headers["Preference-Applied"] = f"wait={wait_s}"
+    elapsed = time.perf_counter() - started
+    context.metrics.observe_dispatch(fate, elapsed)
+    service.recent.appendleft(
+        RecentDecision(
+            at_ms=time.time_ns() // 1_000_000,
+            decision_id=decision.decision_id,
+            run_id=decision.run_id,
+            fate=fate,
+            status=response.status_code,
+            attempt=attempt,
+            duration_ms=elapsed * 1000,
+        )
+    )
+    return response
+
+
+async def _dispatch(
+    service: Service, decision: DecisionRequest, wait_s: int | None
+) -> tuple[Response, str, int | None]:
+    if service.closed:
+        # Shutting down: the ledger and sink are about to close under us.
+        return static_error("shutting_down"), "shutting_down", None
+    dispatcher = service.dispatcher
+    task = service.spawn(
+        dispatcher.dispatch_until_done(decision, deadline_s=wait_s, retry_failures=False)
+        if wait_s is not None
+        else dispatcher.dispatch(decision)
+    )
+    # asyncio.wait, not await: the request being cancelled must not cancel the dispatch.
+    await asyncio.wait({task})
+    if task.cancelled():  # the shutdown grace period ran out
+        return static_error("shutting_down"), "shutting_down", None
+    error = task.exception()
+    if error is None:
+        outcome: DispatchOutcome = task.result()
+        status = 201 if outcome.submitted else 200
+        return JSONResponse(outcome.to_dict(), status), outcome.outcome, outcome.attempt
+    if not isinstance(error, DispatchError):
+        raise error  # a bug: the boundary answers 500 and logs the traceback
+    code = error_code_for(error)
+    _log_failure(error, code, decision.decision_id)
+    return response_for_error(error, _error_context(service)), code, None
+
+
+# -- reads ------------------------------------------------------------------------
+
+
+def _entry_body(entry: LedgerEntry) -> dict[str, Any]:
+    state = entry.state
+    body: dict[str, Any] = {
+        "decision_id": entry.decision_id,
+        "state": state.kind,
+        "attempts": entry.attempts,
+        "request_hash": entry.request_hash,
+    }
+    if isinstance(state, Pending):
+        body["lease_expires_at_ms"] = state.lease_expires_at_ms
+    if isinstance(state, Completed):
+        body["completed_at_ms"] = state.completed_at_ms
+    body["execution_identity"] = (
+        entry.execution_identity.to_dict() if entry.execution_identity else None
+    )
+    body["receipt"] = entry.result_receipt.to_dict() if entry.result_receipt else None
+    return body
+
+
+async def get_decision(request: Request) -> Response:
+    """The claim record of one decision, by id alone (never the owner)."""
+    _ctx, service = _context(request)
+    decision_id = request.path_params["decision_id"]
+    try:
+        entry = await service.ledger.lookup(decision_id)
+    except LedgerError as error:
+        _log_failure(error, error_code_for(error), decision_id)
+        return response_for_error(error, _error_context(service))
+    if entry is None:
+        return error_response(
+            404, "not_found", f"no claim for decision `{decision_id}`", decision_id=decision_id
+        )
+    return JSONResponse(_entry_body(entry))
+
+
+class _BadParam(Exception):
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(name, problem)
+        self.name = name
+        self.problem = problem
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise _BadParam(name, f"must be an integer in {low}..{high}, got `{raw[:40]}`")
+    return int(raw)
+
+
+async def get_outbox(request: Request) -> Response:
+    """Accepted decisions in commit order, for a workflow engine to pull (outbox sinks)."""
+    _ctx, service = _context(request)
+    fetch = getattr(service.sink, "fetch", None)
+    if fetch is None:
+        return error_response(
+            404,
+            "no_outbox",
+            # No sink URL here: it may name an internal host.
+            "the configured sink is not an outbox; "
+            "use a sqlite:/// or postgresql:// sink to pull decisions",
+        )
+    try:
+        after = _int_param(request, "after", 0, 0, I64_MAX)
+        limit = _int_param(request, "limit", 100, 1, OUTBOX_MAX_LIMIT)
+    except _BadParam as bad:
+        return error_response(
+            422, "invalid_parameter", f"query parameter `{bad.name}` {bad.problem}",
+            field=bad.name, problem=bad.problem,
+        )  # fmt: skip
+    try:
+        entries = await fetch(after=after, limit=limit + 1)
+    except Exception as error:
+        log.warning("outbox read failed", extra={"cause": describe_cause(error)})
+        return error_response(
+            503, "outbox_unavailable", "the outbox is unavailable", headers={"Retry-After": "1"}
+        )
+    has_more = len(entries) > limit
+    entries = entries[:limit]
+    # The stored request bytes are embedded verbatim (they are the exact wire JSON).
+    items = [
+        b'{"seq":%d,"decision_id":%s,"request_hash":%s,"first_attempt":%d,'
+        b'"highest_attempt":%d,"accepted_at_ms":%d,"request":%s}'
+        % (
+            entry.seq,
+            json.dumps(entry.decision_id).encode(),
+            json.dumps(entry.request_hash).encode(),
+            entry.first_attempt,
+            entry.highest_attempt,
+            entry.accepted_at_ms,
+            entry.request_json,
+        )
+        for entry in entries
+    ]
+    next_after = entries[-1].seq if entries else after
+    body = b'{"entries":[%s],"next_after":%d,"has_more":%s}' % (
+        b",".join(items),
+        next_after,
+        b"true" if has_more else b"false",
+    )
+    return Response(body, media_type="application/json")
+
+
+# -- operations -------------------------------------------------------------------
+
+
+async def healthz(request: Request) -> Response:
+    """The service's health: 200 healthy, 503 degraded (see docs/SERVICE.md)."""
+    _ctx, service = _context(request)
+    health = await service.check_health()
+    return JSONResponse(health.to_dict(), 200 if health.healthy else 503)
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    """Prometheus exposition."""
+    context: AppContext = request.app.state.context
+    return Response(context.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def status_page(request: Request) -> Response:
+    """The HTML status page."""
+    context, service = _context(request)
+    health = await service.check_health()
+    snapshot = replace(
+        health.snapshot,
+        status=HealthStatus.HEALTHY if health.healthy else HealthStatus.DEGRADED,
+    )
+    html = render_status_page(
+        health=snapshot,
+        recent=list(service.recent),
+        ledger=context.ledger_shown,
+        sink=context.sink_shown,
+        production_branch=context.settings.production_branch,
+        started_at_ms=service.started_at_ms,
+        refresh_s=context.settings.status_refresh_s,
+    )
+    return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+
+
+def routes() -> list[Route]:
+    """Every endpoint of the service."""
+    return [
+        Route("/", status_page, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/v1/decisions", post_decision, methods=["POST"]),
+        Route("/v1/decisions/{decision_id:path}", get_decision, methods=["GET"]),
+        Route("/v1/outbox", get_outbox, methods=["GET"]),
+    ]

@@ -1,0 +1,306 @@
+"""The running service: ledger, sink, dispatcher, in-flight dispatches, health and shutdown.
+
+:class:`Service` owns what outlives one request. Dispatches run in tasks it
+tracks, shielded from the request (a client that hangs up does not cancel a
+submission half-way). Shutdown has one deadline, ``shutdown_grace_s`` after it
+begins: dispatches still running then are cancelled, and their requests are
+answered 503 ``shutting_down``.
+
+Health (:meth:`Service.check_health`) is the state of the service, not of the
+last request: the ledger answers a read, the sink answers a probe (where it
+can be probed without a side effect), and the share of dispatches that failed
+for the service's own reasons over the last minute stays under a threshold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..dispatcher import Dispatcher
+from ..errors import FlowDecisionError
+from ..health import ErrorRate, HealthSnapshot
+from ..ledger.base import Ledger
+from ..ledger.url import open_ledger
+from ..sinks.base import Sink
+from ..sinks.loader import WebhookOptions, close_sink, open_sink
+from .config import Settings
+from .logs import describe_cause
+from .status import RecentDecision
+
+__all__ = [
+    "ERROR_RATE_MIN_DISPATCHES",
+    "ERROR_RATE_THRESHOLD",
+    "PROBE_TIMEOUT_S",
+    "Check",
+    "Service",
+    "ServiceHealth",
+]
+
+log = logging.getLogger("flowdecision.service")
+T = TypeVar("T")
+
+#: Health degrades when more than this share of the window's dispatches failed...
+ERROR_RATE_THRESHOLD = 0.5
+#: ...and the window holds at least this many dispatches (one bad request is not a trend).
+ERROR_RATE_MIN_DISPATCHES = 10
+#: A ledger or sink probe that takes longer than this counts as unreachable.
+PROBE_TIMEOUT_S = 2.0
+#: Probe results are reused for this long (a load balancer may poll often).
+PROBE_TTL_S = 1.0
+#: The id the ledger probe reads; it is never written.
+PROBE_DECISION_ID = "flowdecision-health-probe"
+#: Past the grace period, how long cancelled dispatches get to unwind before close.
+UNWIND_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One health check: ``ok``, or the error code that failed it."""
+
+    ok: bool
+    code: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": "ok" if self.ok else "failed", "code": self.code}
+
+
+OK = Check(True)
+NOT_PROBED = Check(True, "not_probed")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceHealth:
+    """The service's verdict (``/healthz``) with the checks behind it."""
+
+    ledger: Check
+    sink: Check
+    errors: ErrorRate
+    snapshot: HealthSnapshot
+
+    @property
+    def error_rate_ok(self) -> bool:
+        errors = self.errors
+        return errors.dispatches < ERROR_RATE_MIN_DISPATCHES or errors.rate <= ERROR_RATE_THRESHOLD
+
+    @property
+    def healthy(self) -> bool:
+        return self.ledger.ok and self.sink.ok and self.error_rate_ok
+
+    @property
+    def reason(self) -> str | None:
+        """The code of the first failed check (None when healthy)."""
+        if not self.ledger.ok:
+            return self.ledger.code
+        if not self.sink.ok:
+            return self.sink.code
+        if not self.error_rate_ok:
+            return "error_rate"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The snapshot's counters, with ``status`` the service's verdict and the checks."""
+        body = self.snapshot.to_dict()
+        body["status"] = "healthy" if self.healthy else "degraded"
+        body["reason"] = self.reason
+        errors = self.errors
+        body["checks"] = {
+            "ledger": self.ledger.to_dict(),
+            "sink": self.sink.to_dict(),
+            "error_rate": {
+                "status": "ok" if self.error_rate_ok else "failed",
+                "window_s": errors.window_s,
+                "dispatches": errors.dispatches,
+                "failures": errors.failures,
+                "rate": round(errors.rate, 4),
+                "threshold": ERROR_RATE_THRESHOLD,
+                "min_dispatches": ERROR_RATE_MIN_DISPATCHES,
+            },
+        }
+        return body
+
+
+def _sink_probe(sink: Sink) -> Callable[[], Awaitable[object]] | None:
+    """How to ask ``sink`` whether it is reachable without delivering anything.
+
+    A sink's own ``async probe()`` if it has one; an outbox is read (past its
+    last row); a webhook or a custom sink without ``probe`` is not probed (a
+    request would be a side effect): its failures show in the error rate.
+    """
+    probe = getattr(sink, "probe", None)
+    if callable(probe):
+        return probe  # type: ignore[no-any-return]
+    fetch = getattr(sink, "fetch", None)
+    if callable(fetch):
+        return lambda: fetch(after=2**63 - 1, limit=1)
+    return None
+
+
+async def _check(probe: Callable[[], Awaitable[object]], what: str) -> Check:
+    try:
+        await asyncio.wait_for(probe(), PROBE_TIMEOUT_S)
+    except TimeoutError:
+        log.warning(f"{what} probe timed out", extra={"timeout_s": PROBE_TIMEOUT_S})
+        return Check(False, f"{what}_unavailable")
+    except FlowDecisionError as error:
+        code = error.code
+        if code in ("ledger_error", "outbox_error", "error"):
+            code = f"{what}_unavailable"
+        log.warning(f"{what} probe failed", extra={"code": code, "cause": describe_cause(error)})
+        return Check(False, code)
+    except Exception as error:
+        log.warning(f"{what} probe failed", extra={"cause": describe_cause(error)})
+        return Check(False, f"{what}_unavailable")
+    return OK
+
+
+class Service:
+    """The running parts: ledger, sink, dispatcher, recent decisions and in-flight tasks."""
+
+    def __init__(self, settings: Settings, ledger: Ledger, sink: Sink) -> None:
+        self.settings = settings
+        self.ledger = ledger
+        self.sink = sink
+        self.dispatcher = Dispatcher(
+            settings.production_branch, sink, ledger, lease_ms=settings.lease_ms
+        )
+        self.recent: deque[RecentDecision] = deque(maxlen=settings.recent_limit)
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.started_at_ms = time.time_ns() // 1_000_000
+        self.closed = False  # shutdown began: no new dispatch starts
+        self.stopped = False  # the sink and the ledger are closed
+        self._deadline: asyncio.TimerHandle | None = None
+        self._sink_probe = _sink_probe(sink)
+        self._probed_at = -PROBE_TTL_S
+        self._probing: asyncio.Task[tuple[Check, Check]] | None = None
+        self._checks: tuple[Check, Check] = (OK, NOT_PROBED)
+        self._failures_at_probe = (0, 0)
+
+    @classmethod
+    async def start(cls, settings: Settings) -> Service:
+        """Open the ledger and the sink the settings name."""
+        ledger = await open_ledger(settings.ledger)
+        try:
+            sink = await open_sink(
+                settings.sink,
+                webhook=WebhookOptions(
+                    timeout_s=settings.webhook_timeout_s,
+                    max_attempts=settings.webhook_max_attempts,
+                    token=settings.webhook_token,
+                ),
+            )
+        except BaseException:
+            await ledger.close()
+            raise
+        return cls(settings, ledger, sink)
+
+    # -- dispatches ---------------------------------------------------------------
+
+    def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``work`` in a tracked task: it outlives its request, not the grace period."""
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self._forget)
+        return task
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: an orphaned failure is in the metrics already
+
+    # -- health -------------------------------------------------------------------
+
+    def cached_health(self) -> ServiceHealth:
+        """The verdict from the last probes and the current error rate (no I/O)."""
+        ledger, sink = self._checks
+        return ServiceHealth(
+            ledger=ledger,
+            sink=sink,
+            errors=self.dispatcher.metrics.error_rate(),
+            snapshot=self.dispatcher.health(),
+        )
+
+    async def check_health(self) -> ServiceHealth:
+        """Probe the ledger and the sink.
+
+        Results younger than :data:`PROBE_TTL_S` are reused unless a dispatch
+        has seen a ledger or sink failure since.
+        """
+        loop = asyncio.get_running_loop()
+        metrics = self.dispatcher.metrics
+        # A ledger or sink failure since the last probe makes its result stale at once.
+        failures = (metrics.ledger_failures, metrics.sink_failures)
+        stale = failures != self._failures_at_probe
+        if (stale or loop.time() - self._probed_at >= PROBE_TTL_S) and not self.stopped:
+            self._failures_at_probe = failures
+            if self._probing is None:
+                self._probing = loop.create_task(self._probe())
+            probing = self._probing
+            try:
+                self._checks = await asyncio.shield(probing)
+            finally:
+                if self._probing is probing and probing.done():
+                    self._probing = None
+                    self._probed_at = loop.time()
+        return self.cached_health()
+
+    async def _probe(self) -> tuple[Check, Check]:
+        ledger_check = _check(lambda: self.ledger.lookup(PROBE_DECISION_ID), "ledger")
+        if self._sink_probe is None:
+            return await ledger_check, NOT_PROBED
+        ledger, sink = await asyncio.gather(ledger_check, _check(self._sink_probe, "sink"))
+        return ledger, sink
+
+    # -- shutdown -----------------------------------------------------------------
+
+    def begin_shutdown(self, grace_s: float) -> None:
+        """Refuse new dispatches; cancel those still running ``grace_s`` from now."""
+        if self.closed:
+            return
+        self.closed = True
+        log.info(
+            "shutting down",
+            extra={"in_flight": len(self.tasks), "grace_s": grace_s},
+        )
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_later(grace_s, self._grace_over)
+
+    def _grace_over(self) -> None:
+        self._deadline = None
+        late = [task for task in self.tasks if not task.done()]
+        if late:
+            # Their claims stay until their leases expire; a retry (any replica)
+            # then takes over as the next attempt. Their requests get 503.
+            log.warning(
+                "shutdown grace period over, cancelling in-flight dispatches",
+                extra={"cancelled": len(late)},
+            )
+        for task in late:
+            task.cancel()
+
+    async def stop(self, grace_s: float) -> None:
+        """Let in-flight dispatches finish (until the grace deadline), then close everything."""
+        if self.stopped:
+            return
+        self.begin_shutdown(grace_s)
+        pending = {task for task in self.tasks if not task.done()}
+        if pending:
+            # The deadline timer cancels them; wait for that plus a moment to unwind.
+            loop = asyncio.get_running_loop()
+            deadline = self._deadline
+            left = (deadline.when() - loop.time()) if deadline is not None else 0.0
+            _done, late = await asyncio.wait(pending, timeout=max(left, 0.0) + UNWIND_S)
+            for task in late:  # ignored its cancellation: do not wait for it any longer
+                task.cancel()
+        if self._probing is not None:
+            self._probing.cancel()
+        self.stopped = True
+        try:
+            await close_sink(self.sink)
+        finally:
+            await self.ledger.close()
