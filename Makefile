@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest bench clean chromium
+.PHONY: run test lint typecheck pytest bench clean chromium wrk
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,9 +42,17 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
-# The whole benchmark suite (~20 min on 2 vCPUs): tables on stdout and in
-# bench/results/, the scaling plot in docs/bench_scaling.png. See docs/BENCHMARKS.md.
-bench: $(BENCH_STAMP)
+# The service benchmark's load generator is Debian's wrk; install it only if missing.
+wrk:
+	@if ! command -v wrk >/dev/null 2>&1; then \
+		echo "installing wrk for bench/service_bench.py"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk; \
+	fi
+
+# The whole benchmark suite (~20 min on 2 vCPUs, + ~12 min for the service):
+# tables on stdout and in bench/results/, the scaling plots in docs/bench_scaling.png
+# and docs/service_scaling.png. See docs/BENCHMARKS.md.
+bench: $(BENCH_STAMP) wrk
 	$(BIN)/python bench/suite.py
 	@if [ -f bench/service_bench.py ]; then $(BIN)/python bench/service_bench.py; fi
 	$(BIN)/python bench/engine_sinks_bench.py
