@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ..ledger import Completed, Ledger, Missing, Pending, open_ledger
-from ..ledger.base import LedgerEntry
+from ..ledger.protocol import LedgerEntry
 from ..ledger.url import parse_ledger_url
 from .common import (
     EXIT_NOT_FOUND,
