@@ -358,7 +358,16 @@ class Postgres:
         try:
             url = self.database_url(name)
             subprocess.run(
-                [sys.executable, "-m", "flowdecision.cli", "migrate", "--ledger", url],
+                [
+                    sys.executable,
+                    "-m",
+                    "flowdecision.cli",
+                    "migrate",
+                    "--ledger",
+                    url,
+                    "--outbox",
+                    url,
+                ],
                 env=server_env(),
                 capture_output=True,
                 check=True,
@@ -691,8 +700,9 @@ def write_docs(report: str) -> None:
 #: belongs to one of :data:`LAYERS`. py-spy frames look like ``function (path:line)``.
 CATEGORIES: list[tuple[str, str, str]] = [
     ("idle (waiting in epoll)", "leaf", r"\.select \(.*selectors\.py"),
-    ("ledger (SQL, commits, its thread)", "any", r"flowdecision/(ledger/|sqlite_wal\.py)"),
+    # The outbox first: its thread runs the shared store/ code too (store/sqlite_thread.py).
     ("outbox sink (SQL, commits, its thread)", "any", r"flowdecision/sinks/"),
+    ("ledger (SQL, commits, its thread)", "any", r"flowdecision/(ledger/|store/)"),
     (
         "access log (logging, JSON lines, request id)",
         "any",

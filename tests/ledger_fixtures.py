@@ -38,13 +38,16 @@ def _run_sync(coro):  # type: ignore[no-untyped-def]
 
 
 async def _migrate(url: str) -> None:
+    """Migrate the ledger and the outbox schemas (PostgreSQL migrates only when asked)."""
     from flowdecision.ledger.postgres import PostgresLedger
+    from flowdecision.sinks.outbox import OutboxSink
 
     ledger = PostgresLedger(url)
     try:
         await ledger.migrate()
     finally:
         await ledger.close()
+    await OutboxSink(url).migrate()
 
 
 @_pytest.fixture(scope="session")
@@ -79,7 +82,8 @@ def pg_server_url() -> _Iterator[str]:
 
 @_pytest.fixture(scope="session")
 def pg_url(pg_server_url: str) -> str:
-    """A migrated database for ledger tests (tests truncate its table as they start).
+    """A migrated database (ledger and outbox) for tests (ledger tests truncate its
+    table as they start).
 
     With ``FLOWDECISION_TEST_POSTGRES_URL`` that database itself is migrated
     and truncated, so point it at a scratch database.

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Coroutine
 from typing import TypeVar
 
 from flowdecision.errors import LedgerError
-from flowdecision.ledger import Claimed, Ledger, MemoryLedger
-from flowdecision.ledger.base import Operation
-from flowdecision.ledger.machine import ClaimRecord, Transition
+from flowdecision.identity import ExecutionIdentity, ResultReceipt
+from flowdecision.ledger import Claimed, ClaimOutcome, DelegatingLedger, MemoryLedger
+from flowdecision.ledger.machine import Transition
 
 T = TypeVar("T")
 
@@ -27,40 +28,73 @@ class RenewalNotifyingLedger(MemoryLedger):
         return renewed
 
 
-class _ScriptedLedger(Ledger):
-    """Base for ledgers whose answers are scripted rather than stored."""
+class _ScriptedLedger(DelegatingLedger):
+    """Base for ledgers whose mutations are scripted rather than stored (reads go
+    to an empty memory ledger)."""
 
-    async def _apply(self, decision_id: str, op: Operation[T]) -> T:
-        raise AssertionError("scripted ledger has no storage")
-
-    async def _read(self, decision_id: str) -> ClaimRecord | None:
-        return None
-
-    async def _prune(self, before_ms: int, progress: object) -> int:
-        return 0
+    def __init__(self) -> None:
+        super().__init__(MemoryLedger())
 
 
 class LeaseLosingLedger(_ScriptedLedger):
     """Always grants the claim, never renews it."""
 
-    async def claim(self, *args, **kwargs) -> Claimed:  # type: ignore[no-untyped-def, override]
+    async def claim(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        now_ms: int | None = None,
+        identity: ExecutionIdentity | None = None,
+    ) -> ClaimOutcome:
         return Claimed(1)
 
-    async def renew(self, *args, **kwargs) -> bool:  # type: ignore[no-untyped-def]
+    async def renew(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        now_ms: int | None = None,
+        identity: ExecutionIdentity | None = None,
+    ) -> bool:
         return False
 
-    async def complete(self, *args, **kwargs) -> bool:  # type: ignore[no-untyped-def]
+    async def complete(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        completed_at_ms: int | None = None,
+        identity: ExecutionIdentity | None = None,
+        receipt: ResultReceipt | None = None,
+    ) -> bool:
         return True
 
-    async def release(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    async def release(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        identity: ExecutionIdentity | None = None,
+    ) -> None:
         return None
 
 
 class ClaimFailingLedger(_ScriptedLedger):
     """Fails every claim with ``ledger unavailable``."""
 
-    async def claim(self, *args, **kwargs) -> Claimed:  # type: ignore[no-untyped-def, override]
-        raise LedgerError("ledger unavailable")
+    async def intercept(self, operation: str, call: Awaitable[T]) -> T:
+        if operation == "claim":
+            if isinstance(call, Coroutine):
+                call.close()
+            raise LedgerError("ledger unavailable")
+        return await call
 
 
 __all__ = ["ClaimFailingLedger", "LeaseLosingLedger", "RenewalNotifyingLedger", "Transition"]

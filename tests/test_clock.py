@@ -81,7 +81,7 @@ async def test_sqlite_trusts_the_host_clock_so_it_needs_one_host(
         skewed = Dispatcher("production", other_sink, skewed_ledger, lease_ms=LEASE_MS)
         assert (await skewed.dispatch(req)).submitted is True  # took over a lease that was live
         assert other_sink.calls == [(req.decision_id, 2)]
-        record = await honest_ledger._read(req.decision_id)
+        record = await honest_ledger.read_record(req.decision_id)
         assert record is not None and record.owner_id == skewed.owner_id
         monkeypatch.undo()
         sink.finish.set()
@@ -91,6 +91,6 @@ async def test_sqlite_trusts_the_host_clock_so_it_needs_one_host(
         # still two deliveries: only a deduplicating sink is safe.
         with pytest.raises(LeaseLostError):
             await owner
-        after = await honest_ledger._read(req.decision_id)
+        after = await honest_ledger.read_record(req.decision_id)
         assert after == record
         assert sink.calls == 1 and len(other_sink.calls) == 1

@@ -269,12 +269,12 @@ async def test_prune_keeps_pending_and_legacy_completed_records(backend: LedgerS
 async def test_failed_transition_stores_nothing(backend: LedgerStore) -> None:
     ledger = await backend()
     await ledger.claim("d", "h", "o", lease_ms=10, now_ms=100, identity=identity("a"))
-    before = await ledger._read("d")
+    before = await ledger.read_record("d")
     with pytest.raises(LedgerError):
         await ledger.complete("d", "h", "intruder", completed_at_ms=101)
     with pytest.raises(LedgerError):
         await ledger.complete("d", "other-hash", "o", completed_at_ms=101)
-    assert await ledger._read("d") == before
+    assert await ledger.read_record("d") == before
 
 
 async def test_wall_clock_default_works(backend: LedgerStore) -> None:

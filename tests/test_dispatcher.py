@@ -203,7 +203,7 @@ async def test_stalled_owner_whose_decision_was_completed_by_another_reports_lea
     await stalled_sink.started.wait()
     req = request()
     # Expire the stalled owner's lease the way a long pause would: time passes.
-    record = await ledger._read(req.decision_id)
+    record = await ledger.read_record(req.decision_id)
     assert record is not None
     rescuer_sink = RecordingSink()
     rescuer = Dispatcher("production", rescuer_sink, ledger)
@@ -222,7 +222,7 @@ async def test_stalled_owner_whose_decision_was_completed_by_another_reports_lea
         await first
     health = stalled.health()
     assert (health.completed, health.lease_lost, health.in_flight) == (0, 1, 0)
-    assert ledger_owner_kept(await ledger._read(req.decision_id), rescuer.owner_id)
+    assert ledger_owner_kept(await ledger.read_record(req.decision_id), rescuer.owner_id)
 
 
 def ledger_owner_kept(record: object, owner_id: str) -> bool:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
+from collections.abc import Awaitable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 
@@ -26,9 +27,7 @@ from flowdecision import (
     LedgerUnavailableError,
     SinkError,
 )
-from flowdecision.ledger import ClaimOutcome, Completed, Ledger, MemoryLedger, Pending
-from flowdecision.ledger.base import Operation
-from flowdecision.ledger.machine import ClaimRecord
+from flowdecision.ledger import Completed, DelegatingLedger, MemoryLedger, Pending
 from flowdecision.model import DecisionRequest, request_hash
 from flowdecision.sinks import OutboxSink
 from tests.helpers import request
@@ -49,26 +48,17 @@ class ClockLedger(MemoryLedger):
         return self.clock
 
 
-class FaultyLedger(Ledger):
+class FaultyLedger(DelegatingLedger):
     """Delegates to ``inner``; ``fail[op] = phase`` raises once, ``block[op] = phase``
     hangs once (until cancelled), ``phase`` being ``before`` or ``after`` the real
     operation ("after" means it happened but the caller never heard)."""
 
     def __init__(self, inner: ClockLedger) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.fail: dict[str, str] = {}
         self.block: dict[str, str] = {}
         self.entered: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self.calls: Counter[str] = Counter()
-
-    async def _apply(self, decision_id: str, op: Operation[T]) -> T:  # pragma: no cover
-        raise AssertionError("delegating ledger")
-
-    async def _read(self, decision_id: str) -> ClaimRecord | None:
-        return await self.inner._read(decision_id)
-
-    async def _prune(self, before_ms: int, progress: object) -> int:  # pragma: no cover
-        raise AssertionError("delegating ledger")
 
     async def _hook(self, op: str, phase: str) -> None:
         if self.fail.get(op) == phase:
@@ -79,28 +69,17 @@ class FaultyLedger(Ledger):
             self.entered[op].set()
             await asyncio.Event().wait()
 
-    async def _call(self, op: str, coro: Any) -> Any:
-        self.calls[op] += 1
+    async def intercept(self, operation: str, call: Awaitable[T]) -> T:
+        self.calls[operation] += 1
         try:
-            await self._hook(op, "before")
+            await self._hook(operation, "before")
         except BaseException:
-            coro.close()
+            if isinstance(call, Coroutine):
+                call.close()
             raise
-        result = await coro
-        await self._hook(op, "after")
+        result = await call
+        await self._hook(operation, "after")
         return result
-
-    async def claim(self, *args: Any, **kwargs: Any) -> ClaimOutcome:  # type: ignore[override]
-        return await self._call("claim", self.inner.claim(*args, **kwargs))  # type: ignore[no-any-return]
-
-    async def renew(self, *args: Any, **kwargs: Any) -> bool:  # type: ignore[override]
-        return await self._call("renew", self.inner.renew(*args, **kwargs))  # type: ignore[no-any-return]
-
-    async def complete(self, *args: Any, **kwargs: Any) -> bool:  # type: ignore[override]
-        return await self._call("complete", self.inner.complete(*args, **kwargs))  # type: ignore[no-any-return]
-
-    async def release(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        await self._call("release", self.inner.release(*args, **kwargs))
 
 
 class EffectSink:

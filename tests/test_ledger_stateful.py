@@ -303,7 +303,7 @@ def build_machine(
         def same_records(self) -> None:
             ledger = self._ledger(0)
             for decision_id in IDS:
-                stored = run(ledger._read(decision_id))
+                stored = run(ledger.read_record(decision_id))
                 assert stored == self.model.records.get(decision_id), decision_id
 
     return LedgerMachine

@@ -385,9 +385,9 @@ def test_the_mixins_callers_rely_on_are_kept() -> None:
     import sqlite3
 
     from flowdecision.identity import ExecutionContractError
-    from flowdecision.migrations import MigrationError
     from flowdecision.model import RetryPolicyError
-    from flowdecision.sqlite_wal import WalUnavailableError
+    from flowdecision.store.migrations import MigrationError
+    from flowdecision.store.sqlite import WalUnavailableError
 
     for cls in (
         InvalidRequestError,

@@ -37,6 +37,7 @@ async def outbox_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
         await conn.execute("DROP TABLE IF EXISTS flow_decision_outbox_schema")
     finally:
         await conn.close()
+    assert await OutboxSink(url).migrate() == (0, 1)  # PostgreSQL migrates only when asked
     yield url
 
 

@@ -36,8 +36,8 @@ from .errors import (
 )
 from .health import HealthMetrics, HealthSnapshot
 from .identity import ExecutionIdentity, ResultReceipt, decision_receipt
-from .ledger.base import Ledger
 from .ledger.memory import MemoryLedger
+from .ledger.protocol import Ledger
 from .ledger.states import AlreadyCompleted, Busy, Claimed, Conflict
 from .limits import check_identifier, check_identifiers
 from .model import DecisionRequest, request_hash

@@ -40,7 +40,7 @@ async def ledger_holds_records(url: str) -> bool:
 def _sqlite_holds_records(path: Path) -> bool:
     import sqlite3
 
-    from ..sqlite_wal import connect_wal
+    from ..store.sqlite import connect_wal
 
     if not path.exists():
         return False

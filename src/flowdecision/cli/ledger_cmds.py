@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
 from ..ledger import Completed, Ledger, Missing, Pending, open_ledger
-from ..ledger.base import LedgerEntry
+from ..ledger.protocol import LedgerEntry
 from ..ledger.url import parse_ledger_url
 from .common import (
     EXIT_NOT_FOUND,
@@ -137,9 +138,20 @@ def prune_cmd(
 
 @click.command("migrate")
 @ledger_option
+@click.option(
+    "--outbox",
+    "outbox_url",
+    default=None,
+    metavar="URL",
+    help="Also create or upgrade this outbox (sqlite:///path or postgresql://...).",
+)
 @json_option
-def migrate_cmd(ledger_url: str, as_json: bool) -> None:
-    """Create or upgrade the ledger schema (SQLite and PostgreSQL)."""
+def migrate_cmd(ledger_url: str, outbox_url: str | None, as_json: bool) -> None:
+    """Create or upgrade the ledger schema (SQLite and PostgreSQL), and an outbox's.
+
+    PostgreSQL stores are migrated only by this command; SQLite stores also
+    migrate themselves when they open (see docs/OPERATIONS.md).
+    """
 
     async def go() -> tuple[int, int] | None:
         kind, target = parse_ledger_url(ledger_url)
@@ -161,14 +173,44 @@ def migrate_cmd(ledger_url: str, as_json: bool) -> None:
                 await lite.close()
         return None
 
+    async def go_outbox(url: str) -> tuple[int, int]:
+        from ..sinks.outbox import OutboxSink
+
+        outbox = OutboxSink(url)
+        try:
+            return await outbox.migrate()
+        finally:
+            await outbox.close()
+
     result = run(go)
+    outbox_result = None if outbox_url is None else run(lambda: go_outbox(outbox_url))
+    report: dict[str, Any]
     if result is None:
         message = "this ledger has no schema to migrate"
-        click.echo(json.dumps({"migrated": False, "reason": message}) if as_json else message)
-        return
-    before, after = result
-    if as_json:
-        emit_json({"migrated": after != before, "version_before": before, "version_after": after})
+        report = {"migrated": False, "reason": message}
     else:
-        was = f" (was {before})" if after != before else " (already up to date)"
-        click.echo(f"ledger schema at version {after}{was}")
+        before, after = result
+        report = {"migrated": after != before, "version_before": before, "version_after": after}
+    if outbox_result is not None:
+        before, after = outbox_result
+        report["outbox"] = {
+            "migrated": after != before,
+            "version_before": before,
+            "version_after": after,
+        }
+    if as_json:
+        if result is None and outbox_result is None:
+            click.echo(json.dumps(report))  # one line, as before
+        else:
+            emit_json(report)
+        return
+    if result is None:
+        click.echo(report["reason"])
+    else:
+        click.echo(f"ledger schema at version {result[1]}{_was(*result)}")
+    if outbox_result is not None:
+        click.echo(f"outbox schema at version {outbox_result[1]}{_was(*outbox_result)}")
+
+
+def _was(before: int, after: int) -> str:
+    return f" (was {before})" if after != before else " (already up to date)"

@@ -1,10 +1,12 @@
-"""Claim ledgers: one state machine (:mod:`.machine`), several stores."""
+"""Claim ledgers: one public interface (:class:`Ledger`), one state machine
+(:mod:`.machine`), one storage template (:class:`StoredLedger`), several stores."""
 
-from .base import Ledger, LedgerEntry, wall_clock_ms
+from .base import StoredLedger, wall_clock_ms
 from .jsonfile import JsonFileLedger
 from .machine import ClaimRecord, ClaimStatus
 from .memory import MemoryLedger
 from .postgres import PostgresLedger
+from .protocol import DelegatingLedger, Ledger, LedgerEntry, PruneProgress
 from .sqlite import SqliteLedger
 from .states import (
     AlreadyCompleted,
@@ -30,6 +32,7 @@ __all__ = [
     "Claimed",
     "Completed",
     "Conflict",
+    "DelegatingLedger",
     "JsonFileLedger",
     "Ledger",
     "LedgerEntry",
@@ -37,7 +40,9 @@ __all__ = [
     "Missing",
     "Pending",
     "PostgresLedger",
+    "PruneProgress",
     "SqliteLedger",
+    "StoredLedger",
     "Unavailable",
     "open_ledger",
     "wall_clock_ms",

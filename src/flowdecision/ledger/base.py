@@ -1,6 +1,7 @@
-"""The ledger API, implemented once over a few storage primitives.
+"""The storage template: the ledger API, implemented once over a few primitives.
 
-A backend subclasses :class:`Ledger` and supplies only:
+:class:`~flowdecision.ledger.protocol.Ledger` is the public interface. A
+storage backend subclasses :class:`StoredLedger` and supplies only:
 
 * ``_apply(decision_id, op)``: load the record, call ``op(record, clock_ms)``
   and, if the transition changed it, store the new record -- all atomically
@@ -19,8 +20,6 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from types import TracebackType
 from typing import TypeVar
 
 from ..errors import LedgerError
@@ -28,34 +27,20 @@ from ..identity import ExecutionIdentity, ResultReceipt
 from ..limits import IDENTIFIER_FIELDS, check_identifier
 from . import machine
 from .machine import ClaimRecord, Transition, check_u64
+from .protocol import Ledger, LedgerEntry, PruneProgress
 from .states import ClaimOutcome, ClaimState
 
-__all__ = ["Ledger", "LedgerEntry", "Operation", "PruneProgress", "wall_clock_ms"]
+__all__ = ["Ledger", "LedgerEntry", "Operation", "PruneProgress", "StoredLedger", "wall_clock_ms"]
 
 T = TypeVar("T")
 
 #: A transition bound to its arguments: ``op(record, clock_ms) -> Transition``.
 Operation = Callable[[ClaimRecord | None, int], Transition[T]]
 
-#: Called with the number of records pruned so far, after each batch.
-PruneProgress = Callable[[int], None]
-
 
 def wall_clock_ms() -> int:
     """Unix-epoch milliseconds from this host's clock."""
     return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """A redacted view of one record, looked up by decision id alone (no owner)."""
-
-    decision_id: str
-    request_hash: str
-    state: ClaimState
-    attempts: int
-    execution_identity: ExecutionIdentity | None
-    result_receipt: ResultReceipt | None
 
 
 def _check_texts(**values: object) -> None:
@@ -93,15 +78,13 @@ def _check_receipt(identity: ExecutionIdentity | None, receipt: ResultReceipt | 
         raise LedgerError("decision result receipt identity conflicts with its claim")
 
 
-class Ledger(abc.ABC):
-    """Durable claim ledger: at most one live owner per decision, fenced completion.
+class StoredLedger(Ledger):
+    """A :class:`Ledger` kept in a store: the public API over four primitives.
 
-    All times are Unix-epoch milliseconds; a time left as ``None`` means the
-    ledger's own clock (:meth:`now_ms`). Failures raise :class:`LedgerError`;
-    a ``decision_id`` or ``owner_id`` that breaks the identifier rule
-    (:mod:`flowdecision.limits`) raises :class:`InvalidIdentifierError`, a
-    :class:`LedgerError` too, before the store is touched.
-    Use as an async context manager, or call :meth:`close`.
+    Subclasses implement ``_apply``, ``_read`` and ``_prune`` (and override
+    :meth:`now_ms` when the store has its own clock); this class validates
+    every argument and runs the pure transitions of :mod:`.machine`, so every
+    backend enforces exactly the same rules.
     """
 
     # -- storage primitives -------------------------------------------------
@@ -125,20 +108,6 @@ class Ledger(abc.ABC):
         """The ledger's clock, in Unix-epoch milliseconds."""
         return wall_clock_ms()
 
-    async def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
-        """Release connections and handles. The ledger is unusable afterwards."""
-
-    async def __aenter__(self) -> Ledger:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
     # -- the public API -----------------------------------------------------
 
     async def claim(
@@ -151,13 +120,6 @@ class Ledger(abc.ABC):
         now_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
     ) -> ClaimOutcome:
-        """Claim the decision for ``owner_id`` for ``lease_ms``.
-
-        Returns ``Claimed(attempt)`` (a new claim, a takeover of an expired or
-        released one, or the same owner re-claiming), ``AlreadyCompleted()``,
-        ``Busy(lease_expires_at_ms)`` or ``Conflict()`` (different request hash
-        or identity). A legacy record without identity takes ``identity``.
-        """
         _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
         check_u64("lease_ms", lease_ms)
         fixed = None if now_ms is None else check_u64("now_ms", now_ms)
@@ -184,10 +146,6 @@ class Ledger(abc.ABC):
         now_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
     ) -> bool:
-        """Extend a live lease held by ``owner_id``.
-
-        False after completion, takeover, release, expiry or identity conflict.
-        """
         _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
         check_u64("lease_ms", lease_ms)
         fixed = None if now_ms is None else check_u64("now_ms", now_ms)
@@ -214,14 +172,6 @@ class Ledger(abc.ABC):
         identity: ExecutionIdentity | None = None,
         receipt: ResultReceipt | None = None,
     ) -> bool:
-        """Record completion; only the current owner with a live lease may complete.
-
-        A ``receipt`` needs an ``identity`` and must be bound to it. Completing
-        an already-completed record succeeds for any caller (as in the seed);
-        the result tells the two apart: True when the decision is completed by
-        ``owner_id`` (by this call or an earlier one), False when another owner
-        had already completed it.
-        """
         _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
         fixed = None if completed_at_ms is None else check_u64("completed_at_ms", completed_at_ms)
         _check_identity(identity)
@@ -247,7 +197,6 @@ class Ledger(abc.ABC):
         *,
         identity: ExecutionIdentity | None = None,
     ) -> None:
-        """Give up ``owner_id``'s lease so the next claim can proceed (a new attempt)."""
         _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
         _check_identity(identity)
         await self._apply(
@@ -262,14 +211,12 @@ class Ledger(abc.ABC):
         *,
         identity: ExecutionIdentity | None = None,
     ) -> ClaimState:
-        """The claim's redacted state; a hash or identity mismatch raises."""
         _check_texts(decision_id=decision_id, request_hash=request_hash)
         _check_identity(identity)
         record = await self._read(decision_id)
         return machine.inspect(record, decision_id, request_hash, identity)
 
     async def lookup(self, decision_id: str) -> LedgerEntry | None:
-        """Read a record by decision id alone (for operators and the service)."""
         _check_texts(decision_id=decision_id)
         record = await self._read(decision_id)
         if record is None:
@@ -283,8 +230,11 @@ class Ledger(abc.ABC):
             result_receipt=record.result_receipt,
         )
 
+    async def read_record(self, decision_id: str) -> ClaimRecord | None:
+        _check_texts(decision_id=decision_id)
+        return await self._read(decision_id)
+
     async def completed_receipt(self, decision_id: str) -> ResultReceipt | None:
-        """The result receipt stored with a completed decision, if any."""
         _check_texts(decision_id=decision_id)
         record = await self._read(decision_id)
         return None if record is None else record.result_receipt
@@ -292,9 +242,4 @@ class Ledger(abc.ABC):
     async def prune_completed(
         self, before_ms: int, *, progress: PruneProgress | None = None
     ) -> int:
-        """Remove completed records whose completion time is before ``before_ms``.
-
-        Large stores prune in batches (short transactions); ``progress``, if
-        given, is called with the running total after each batch.
-        """
         return await self._prune(check_u64("before_ms", before_ms), progress)

@@ -29,7 +29,7 @@ from ..errors import (
 )
 from ..jsonwire import encode_json
 from ..limits import JSON_LEDGER_MAX_BYTES
-from .base import Ledger, Operation, PruneProgress
+from .base import Operation, PruneProgress, StoredLedger
 from .machine import ClaimRecord, is_prunable
 
 __all__ = [
@@ -93,7 +93,7 @@ def encode_ledger(records: dict[str, ClaimRecord]) -> bytes:
     return encode_json({"schema_version": SCHEMA_VERSION, "records": body})
 
 
-class JsonFileLedger(Ledger):
+class JsonFileLedger(StoredLedger):
     """Seed-compatible file ledger, safe across processes on one host.
 
     Each mutation holds an exclusive ``flock`` on ``root/.flow-decisions.lock``

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import TypeVar
 
-from .base import Ledger, Operation, PruneProgress
+from .base import Operation, PruneProgress, StoredLedger
 from .machine import ClaimRecord, is_prunable
 
 __all__ = ["MemoryLedger"]
@@ -13,7 +13,7 @@ __all__ = ["MemoryLedger"]
 T = TypeVar("T")
 
 
-class MemoryLedger(Ledger):
+class MemoryLedger(StoredLedger):
     """Records in a dict; nothing survives the process.
 
     Operations never await, so they are atomic within one event loop; the lock

@@ -31,61 +31,42 @@ Design:
 * The schema version lives in ``flowdecision_schema_version``. Migrations in
   ``sql/postgres/NNNN_*.sql`` run only through :meth:`PostgresLedger.migrate`
   (``flowdecision migrate``), under an advisory lock; opening a database whose
-  schema is older or newer than this code fails with :class:`LedgerSchemaError`.
+  schema is older or newer than this code fails with :class:`LedgerSchemaError`
+  (PostgreSQL's policy, see :mod:`flowdecision.store.migrations`).
 * Prune deletes in batches, each its own short transaction.
+
+Pool setup, error translation, the clock SQL and the migration runner live in
+:mod:`flowdecision.store`; this module is the ledger's dialect adapter.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import os
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, urlsplit
 
-from ..errors import LedgerCorruptError, LedgerError, LedgerSchemaError, LedgerUnavailableError
-from ..migrations import load_migrations, split_statements
-from .base import Ledger, Operation, PruneProgress, wall_clock_ms
-from .batching import copy_error, settle
+from ..errors import LedgerCorruptError, LedgerError, LedgerUnavailableError
+from ..store.batching import copy_error, settle
+from ..store.lifecycle import check_group_commit, started
+from ..store.postgres import CLOCK_SQL, PgPool, retryable
+from ..store.url import describe_dsn
+from .base import Operation, PruneProgress, StoredLedger, wall_clock_ms
 from .machine import ClaimRecord
-from .rows import DecodedRecords, encode_row
-
-try:  # asyncpg is the optional `postgres` extra
-    import asyncpg
-except ImportError:  # pragma: no cover - exercised only without the extra
-    asyncpg = None  # type: ignore[assignment]
+from .rows import LEDGER, TABLE, DecodedRecords, encode_row
 
 __all__ = ["SCHEMA_VERSION", "PostgresLedger", "describe_dsn"]
 
-if asyncpg is not None:
-
-    class _LedgerConnection(asyncpg.Connection):
-        """A pooled connection released without asyncpg's reset round trip.
-
-        The ledger leaves no session state behind (no LISTEN, session advisory
-        locks, cursors or SET), so the default ``RESET ALL; UNLISTEN *; ...``
-        on every release -- one more round trip per operation -- buys nothing.
-        A connection released inside a transaction (it never is) still rolls back.
-        """
-
-        def get_reset_query(self) -> str:
-            return "ROLLBACK" if self.is_in_transaction() else ""
-
-
 T = TypeVar("T")
 
-SCHEMA_VERSION = len(load_migrations("flowdecision.ledger", "postgres"))
+SCHEMA_VERSION = LEDGER.newest("postgres")
 
-_TABLE = "flowdecision_claims"
-_VERSION_TABLE = "flowdecision_schema_version"
-#: pg_advisory_xact_lock key serializing concurrent migrators ("flowdeci" in ASCII).
-_MIGRATION_LOCK = 0x666C6F7764656369
+_TABLE = TABLE
 _PRUNE_BATCH = 1000
 _MAX_RETRIES = 20
 #: Optimistic attempts per operation before it falls back to a locking transaction.
 _CAS_ATTEMPTS = 4
 
-_CLOCK = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+_CLOCK = CLOCK_SQL
 
 # Lock the row, then read the clock: the clock subquery depends on the locked
 # CTE, so it is evaluated only after the row lock is granted.
@@ -96,7 +77,6 @@ WITH locked AS (
 SELECT (SELECT record FROM locked) AS record,
        (SELECT {_CLOCK} FROM (SELECT count(*) FROM locked) AS after_lock) AS now_ms
 """
-_LOAD_SQL_NO_CLOCK = f"SELECT record FROM {_TABLE} WHERE decision_id = $1 FOR UPDATE"
 _INSERT_SQL = (
     f"INSERT INTO {_TABLE} (decision_id, status, completed_at_ms, record) "
     "VALUES ($1, $2, $3, $4) ON CONFLICT (decision_id) DO NOTHING"
@@ -150,22 +130,7 @@ DELETE FROM {_TABLE} AS c USING doomed WHERE c.decision_id = doomed.decision_id
 """
 
 
-def describe_dsn(dsn: str) -> str:
-    """``host:port/database`` (or the socket directory) without credentials, for messages."""
-    try:
-        parts = urlsplit(dsn)
-        query = parse_qs(parts.query)
-        host = parts.hostname or (query.get("host") or [""])[0] or os.environ.get("PGHOST", "")
-        port = parts.port or (query.get("port") or [""])[0] or os.environ.get("PGPORT", "5432")
-        database = parts.path.lstrip("/") or (query.get("dbname") or [""])[0]
-        host = host or "localhost"
-        where = f"{host}:{port}" if not host.startswith("/") else f"{host} (unix socket)"
-        return f"{where}/{database}" if database else where
-    except ValueError:
-        return "<unparseable PostgreSQL URL>"
-
-
-class PostgresLedger(Ledger):
+class PostgresLedger(StoredLedger):
     """Claim ledger in PostgreSQL, shared by any number of hosts.
 
     ``PostgresLedger(dsn)`` does no I/O: the pool is created, and the schema
@@ -187,32 +152,28 @@ class PostgresLedger(Ledger):
         max_wait_ms: float = 0.0,
         batch_concurrency: int = 2,
     ) -> None:
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise LedgerError(f"PostgreSQL ledger max_batch must be positive, got {max_batch!r}")
-        if not max_wait_ms >= 0:
-            raise LedgerError(f"PostgreSQL ledger max_wait_ms must be >= 0, got {max_wait_ms!r}")
+        max_batch, max_wait_ms = check_group_commit(
+            "PostgreSQL ledger", max_batch, max_wait_ms, LedgerError
+        )
         if batch_concurrency < 1:
             raise LedgerError(
                 f"PostgreSQL ledger batch_concurrency must be >= 1, got {batch_concurrency!r}"
             )
-        if asyncpg is None:
-            raise LedgerError(
-                "the PostgreSQL ledger needs asyncpg: pip install 'flowdecision[postgres]'"
-            )
+        self._pg = PgPool(
+            LEDGER,
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            connect_timeout_s=connect_timeout_s,
+            command_timeout_s=command_timeout_s,
+        )
         self.dsn = dsn
         self.where = describe_dsn(dsn)
-        self.min_size = min_size
-        self.max_size = max_size
-        self.connect_timeout_s = connect_timeout_s
-        self.command_timeout_s = command_timeout_s
-        self._pool: Any = None
-        self._checked = False
-        self._lock = asyncio.Lock()
         self._closed = False
         self._clock_offset_ms = 0
         self.group_commit = bool(group_commit)
         self.max_batch = max_batch if self.group_commit else 1
-        self.max_wait_ms = float(max_wait_ms) if self.group_commit else 0.0
+        self.max_wait_ms = max_wait_ms if self.group_commit else 0.0
         self.batch_concurrency = batch_concurrency
         self._pending: collections.deque[_Item] = collections.deque()
         self._flushers: set[asyncio.Task[None]] = set()
@@ -224,17 +185,11 @@ class PostgresLedger(Ledger):
     @classmethod
     async def connect(cls, dsn: str, **options: Any) -> PostgresLedger:
         """Connect and verify the schema is current (see :meth:`migrate` otherwise)."""
-        ledger = cls(dsn, **options)
-        try:
-            await ledger.start()
-        except BaseException:
-            await ledger.close()
-            raise
-        return ledger
+        return await started(cls(dsn, **options))
 
     async def start(self) -> PostgresLedger:
         """Create the pool and check the schema version now instead of at first use."""
-        await self._ready()
+        await self._pg.ready()
         return self
 
     def now_ms(self) -> int:
@@ -248,22 +203,17 @@ class PostgresLedger(Ledger):
 
     async def db_now_ms(self) -> int:
         """The database clock, in Unix-epoch milliseconds."""
-        pool = await self._ready()
+        pool = await self._pg.ready()
         try:
             value = int(await pool.fetchval(f"SELECT {_CLOCK}"))
         except Exception as error:
-            raise self._translate(error) from error
+            raise self._pg.translate(error) from error
         self._clock_offset_ms = value - wall_clock_ms()
         return value
 
     async def schema_version(self) -> int:
         """The schema version recorded in the database (0 if never migrated)."""
-        pool = await self._pool_only()
-        try:
-            async with pool.acquire() as conn:
-                return await self._version(conn)
-        except Exception as error:
-            raise self._translate(error) from error
+        return await self._pg.schema_version()
 
     async def migrate(self) -> tuple[int, int]:
         """Create or upgrade the schema; returns ``(version_before, version_after)``.
@@ -271,49 +221,15 @@ class PostgresLedger(Ledger):
         Safe to run from several hosts at once (an advisory lock serializes
         them). Refuses a database whose schema is newer than this code.
         """
-        migrations = load_migrations("flowdecision.ledger", "postgres")
-        newest = len(migrations)
-        pool = await self._pool_only()
-        try:
-            async with pool.acquire() as conn, conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
-                await conn.execute(
-                    f"CREATE TABLE IF NOT EXISTS {_VERSION_TABLE} ("
-                    "version integer PRIMARY KEY, "
-                    "name text NOT NULL, "
-                    "applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-                )
-                before = await self._version(conn)
-                if before > newest:
-                    raise self._newer(before, newest)
-                for version, name, script in migrations:
-                    if version <= before:
-                        continue
-                    for statement in split_statements(script):
-                        await conn.execute(statement)
-                    await conn.execute(
-                        f"INSERT INTO {_VERSION_TABLE} (version, name) VALUES ($1, $2)",
-                        version,
-                        name,
-                    )
-        except LedgerError:
-            raise
-        except Exception as error:
-            raise self._translate(error) from error
-        self._checked = True
-        return before, newest
+        return await self._pg.migrate()
 
     async def close(self) -> None:
         self._closed = True
+        self._pg.closed = True
         flushers = list(self._flushers)
         if flushers:  # let batches already taken finish (their callers are waiting)
             await asyncio.gather(*flushers, return_exceptions=True)
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            try:
-                await asyncio.wait_for(pool.close(), timeout=10)
-            except (TimeoutError, Exception):
-                pool.terminate()
+        await self._pg.close()
 
     # -- primitives -----------------------------------------------------------
 
@@ -376,7 +292,7 @@ class PostgresLedger(Ledger):
         """Apply ``items``; sets each item's result or error, never raises an Exception."""
         todo = items
         try:
-            pool = await self._ready()
+            pool = await self._pg.ready()
             attempts = 0
             async with pool.acquire() as conn:
                 while todo and attempts < _CAS_ATTEMPTS:
@@ -384,10 +300,10 @@ class PostgresLedger(Ledger):
                     try:
                         todo = await self._attempt(conn, todo)
                     except Exception as error:
-                        if not _retryable(error):
+                        if not retryable(error):
                             raise
         except Exception as error:
-            failure = self._translate(error)
+            failure = self._pg.translate(error)
             if failure is not error:
                 failure.__cause__ = error
             for index, item in enumerate(todo):
@@ -477,7 +393,7 @@ class PostgresLedger(Ledger):
 
     async def _apply_locked(self, decision_id: str, op: Operation[T]) -> T:
         """The pessimistic path: one transaction holding the row lock."""
-        pool = await self._ready()
+        pool = await self._pg.ready()
         for _ in range(_MAX_RETRIES):
             try:
                 async with pool.acquire() as conn, conn.transaction():
@@ -504,26 +420,26 @@ class PostgresLedger(Ledger):
             except LedgerError:
                 raise
             except Exception as error:
-                if _retryable(error):
+                if retryable(error):
                     continue
-                raise self._translate(error) from error
+                raise self._pg.translate(error) from error
         raise LedgerUnavailableError(
             f"PostgreSQL ledger {self.where}: decision `{decision_id}` kept hitting "
             f"serialization failures ({_MAX_RETRIES} attempts)"
         )
 
     async def _read(self, decision_id: str) -> ClaimRecord | None:
-        pool = await self._ready()
+        pool = await self._pg.ready()
         try:
             text = await pool.fetchval(
                 f"SELECT record FROM {_TABLE} WHERE decision_id = $1", decision_id
             )
         except Exception as error:
-            raise self._translate(error) from error
+            raise self._pg.translate(error) from error
         return None if text is None else self._decoded.decode(decision_id, text)
 
     async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
-        pool = await self._ready()
+        pool = await self._pg.ready()
         total = 0
         try:
             while True:
@@ -535,106 +451,7 @@ class PostgresLedger(Ledger):
                 if deleted < _PRUNE_BATCH:
                     return total
         except Exception as error:
-            raise self._translate(error) from error
-
-    # -- connection management --------------------------------------------------
-
-    async def _pool_only(self) -> Any:
-        if self._closed:
-            raise LedgerError(f"PostgreSQL ledger {self.where} is closed")
-        if self._pool is not None:
-            return self._pool
-        async with self._lock:
-            if self._pool is None:
-                try:
-                    self._pool = await asyncpg.create_pool(
-                        self.dsn,
-                        min_size=self.min_size,
-                        max_size=self.max_size,
-                        timeout=self.connect_timeout_s,
-                        command_timeout=self.command_timeout_s,
-                        connection_class=_LedgerConnection,
-                    )
-                except Exception as error:
-                    raise self._translate(error, connecting=True) from error
-            return self._pool
-
-    async def _ready(self) -> Any:
-        pool = await self._pool_only()
-        if self._checked:
-            return pool
-        async with self._lock:
-            if not self._checked:
-                try:
-                    async with pool.acquire() as conn:
-                        found = await self._version(conn)
-                except Exception as error:
-                    raise self._translate(error) from error
-                newest = SCHEMA_VERSION
-                if found > newest:
-                    raise self._newer(found, newest)
-                if found < newest:
-                    state = (
-                        "has no flowdecision schema"
-                        if found == 0
-                        else (
-                            f"has schema version {found}, older than version {newest} this "
-                            "flowdecision needs"
-                        )
-                    )
-                    raise LedgerSchemaError(
-                        f"PostgreSQL ledger {self.where} {state}: run `flowdecision migrate` "
-                        "(or PostgresLedger.migrate()) against it first"
-                    )
-                self._checked = True
-        return pool
-
-    async def _version(self, conn: Any) -> int:
-        exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", _VERSION_TABLE)
-        if not exists:
-            return 0
-        value = await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {_VERSION_TABLE}")
-        return int(value)
-
-    def _newer(self, found: int, newest: int) -> LedgerSchemaError:
-        return LedgerSchemaError(
-            f"PostgreSQL ledger {self.where} has schema version {found}, newer than version "
-            f"{newest} that this flowdecision supports; upgrade flowdecision to use it"
-        )
-
-    def _translate(self, error: BaseException, *, connecting: bool = False) -> LedgerError:
-        if isinstance(error, LedgerError):
-            return error
-        what = "connect to" if connecting else "use"
-        detail = f"{type(error).__name__}: {error}"
-        if asyncpg is not None:
-            if isinstance(error, asyncpg.UndefinedTableError):
-                return LedgerSchemaError(
-                    f"PostgreSQL ledger {self.where} has no flowdecision tables ({error}): "
-                    "run `flowdecision migrate` against it first"
-                )
-            if isinstance(error, asyncpg.InsufficientPrivilegeError):
-                return LedgerUnavailableError(
-                    f"PostgreSQL ledger {self.where}: permission denied ({error}); "
-                    "grant the ledger role access to the flowdecision tables"
-                )
-            if isinstance(
-                error,
-                asyncpg.InvalidAuthorizationSpecificationError | (asyncpg.InvalidPasswordError),
-            ):
-                return LedgerUnavailableError(
-                    f"cannot {what} PostgreSQL ledger {self.where}: authentication failed ({error})"
-                )
-            if isinstance(error, asyncpg.InvalidCatalogNameError):
-                return LedgerUnavailableError(
-                    f"cannot {what} PostgreSQL ledger {self.where}: database does not exist "
-                    f"({error})"
-                )
-        if isinstance(error, OSError | TimeoutError):
-            return LedgerUnavailableError(
-                f"cannot {what} PostgreSQL ledger {self.where}: server unreachable ({detail})"
-            )
-        return LedgerUnavailableError(f"cannot {what} PostgreSQL ledger {self.where}: {detail}")
+            raise self._pg.translate(error) from error
 
 
 class _Item:
@@ -658,9 +475,3 @@ def _finish(group: list[_Item], results: list[tuple[Any, BaseException | None]])
         item.result = result
         item.error = error
         item.done = True
-
-
-def _retryable(error: BaseException) -> bool:
-    return asyncpg is not None and isinstance(
-        error, asyncpg.SerializationError | asyncpg.DeadlockDetectedError
-    )

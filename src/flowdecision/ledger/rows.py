@@ -10,12 +10,41 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import LedgerCorruptError
+from ..errors import (
+    LedgerCorruptError,
+    LedgerError,
+    LedgerSchemaError,
+    LedgerUnavailableError,
+    StoreMissingError,
+)
 from ..jsonwire import encode_json_text
 from ..limits import I64_MAX
+from ..store.component import Component, ErrorKinds
 from .machine import ClaimRecord, ClaimStatus
 
-__all__ = ["I64_MAX", "DecodedRecords", "encode_row"]
+__all__ = ["I64_MAX", "LEDGER", "TABLE", "DecodedRecords", "encode_row"]
+
+#: The SQL ledgers' one table.
+TABLE = "flowdecision_claims"
+
+#: The ledger as a SQL store: its schema, version table and errors.
+LEDGER = Component(
+    name="ledger",
+    package="flowdecision.ledger",
+    version_table="flowdecision_schema_version",
+    main_table=TABLE,
+    pg_lock=0x666C6F7764656369,  # "flowdeci" in ASCII
+    errors=ErrorKinds(
+        base=LedgerError,
+        unavailable=LedgerUnavailableError,
+        schema=LedgerSchemaError,
+        corrupt=LedgerCorruptError,
+        missing=StoreMissingError,
+    ),
+    migrate_hint="run `flowdecision migrate` (or the ledger's migrate()) against it first",
+    legacy_user_version=True,
+    refuse_foreign=True,
+)
 
 # SQLite integers and PostgreSQL's index column are signed 64-bit (I64_MAX);
 # larger completion times are clamped in the index copy (the record keeps the truth).

@@ -1,55 +1,39 @@
 """The embedded default ledger: one SQLite database file, safe across processes.
 
-Design:
+A thin dialect adapter over :mod:`flowdecision.store`, which owns the
+connection thread with group commit, opening (WAL, ``0600`` files), error
+translation and migrations. What is the ledger's own:
 
-* Every ledger owns one worker thread with its own :mod:`sqlite3` connection;
-  all database work runs there, so the event loop never blocks and the
-  connection never crosses threads. Requests reach the thread through a queue
-  and results come back with one ``call_soon_threadsafe`` per batch.
-* The database runs in WAL mode. A mutation is one ``BEGIN IMMEDIATE``
-  transaction (load the row, apply the pure transition, write it back when it
-  changed, ``COMMIT``); other processes wait up to ``busy_timeout_ms``.
-  Commits are durable by default (``synchronous=FULL``).
-* **Group commit** (on by default): the mutations that are queued when the
-  thread becomes free -- up to ``max_batch``, optionally waiting up to
-  ``max_wait_ms`` for more -- share one ``BEGIN IMMEDIATE`` ... ``COMMIT``.
-  They are applied in arrival order, each on the record as the previous ones
-  left it; a transition that raises (a rule failure) stores nothing and fails
-  only its own caller. Every caller is answered only after the ``COMMIT``
-  returned, i.e. after the commit is as durable as ``synchronous`` makes it.
-  A lone mutation never waits: at low load a batch is one operation.
-* Decoded records are remembered per decision id together with their stored
-  text; a row whose text is byte-identical is not decoded and validated again.
-* The schema version is SQLite's ``user_version``; versioned migrations in
-  ``sql/sqlite/NNNN_*.sql`` are applied when the ledger opens, inside one
-  ``BEGIN IMMEDIATE`` transaction, so concurrent openers migrate once.
+* a mutation loads the row, applies the pure transition and writes the row
+  back when it changed; a batch (group commit, on by default) applies its
+  mutations in arrival order, each on the record as the previous ones left
+  it, and a transition that raises (a rule failure) stores nothing and fails
+  only its own caller;
+* decoded records are remembered per decision id together with their stored
+  text; a row whose text is byte-identical is not decoded and validated again;
+* prune deletes in batches of short transactions.
+
+The schema migrates when the ledger opens (SQLite's policy, see
+:mod:`flowdecision.store.migrations`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import queue
 import sqlite3
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from ..errors import (
-    LedgerCorruptError,
-    LedgerError,
-    LedgerSchemaError,
-    LedgerUnavailableError,
-    StoreMissingError,
-)
-from ..migrations import load_migrations, split_statements
-from ..sqlite_wal import connect_wal
-from .base import Ledger, Operation, PruneProgress
-from .batching import copy_error, settle
+from ..errors import LedgerCorruptError, LedgerError
+from ..store.batching import copy_error
+from ..store.lifecycle import check_group_commit, started
+from ..store.migrations import sqlite_schema_version, sqlite_transaction
+from ..store.sqlite import SqliteOpener
+from ..store.sqlite_thread import Job, SqliteThread
+from .base import Operation, PruneProgress, StoredLedger
 from .machine import ClaimRecord, is_prunable
-from .rows import I64_MAX, DecodedRecords, encode_row
+from .rows import I64_MAX, LEDGER, TABLE, DecodedRecords, encode_row
 
 __all__ = [
     "DEFAULT_SQLITE_PATH",
@@ -67,40 +51,16 @@ DEFAULT_SQLITE_PATH = Path(".flowdecision") / "ledger.db"
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 
 _PRUNE_BATCH = 1000
-_TABLE = "flowdecision_claims"
 
-_SELECT_SQL = f"SELECT record FROM {_TABLE} WHERE decision_id = ?"
+_SELECT_SQL = f"SELECT record FROM {TABLE} WHERE decision_id = ?"
 _INSERT_SQL = (
-    f"INSERT INTO {_TABLE} (decision_id, status, completed_at_ms, record) VALUES (?, ?, ?, ?)"
+    f"INSERT INTO {TABLE} (decision_id, status, completed_at_ms, record) VALUES (?, ?, ?, ?)"
 )
 _UPDATE_SQL = (
-    f"UPDATE {_TABLE} SET status = ?, completed_at_ms = ?, record = ? WHERE decision_id = ?"
+    f"UPDATE {TABLE} SET status = ?, completed_at_ms = ?, record = ? WHERE decision_id = ?"
 )
 
-
-SCHEMA_VERSION = len(load_migrations("flowdecision.ledger", "sqlite"))
-
-
-class _Request:
-    """One unit of work queued for the worker thread, answered on its loop."""
-
-    __slots__ = ("decision_id", "error", "future", "loop", "op", "result", "work")
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        future: asyncio.Future[Any],
-        decision_id: str = "",
-        op: Operation[Any] | None = None,
-        work: Callable[[sqlite3.Connection], Any] | None = None,
-    ) -> None:
-        self.loop = loop
-        self.future = future
-        self.decision_id = decision_id
-        self.op = op
-        self.work = work
-        self.result: Any = None
-        self.error: BaseException | None = None
+SCHEMA_VERSION = LEDGER.newest("sqlite")
 
 
 class _Slot:
@@ -116,10 +76,7 @@ class _Slot:
         self.error: BaseException | None = None
 
 
-_STOP = object()
-
-
-class SqliteLedger(Ledger):
+class SqliteLedger(StoredLedger):
     """Claim ledger in one SQLite file (default ``./.flowdecision/ledger.db``).
 
     ``SqliteLedger(path)`` does no I/O: the database is opened, created and
@@ -162,31 +119,40 @@ class SqliteLedger(Ledger):
             raise LedgerError(
                 f"sqlite ledger synchronous must be OFF, NORMAL, FULL or EXTRA, got {synchronous!r}"
             )
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise LedgerError(
-                f"sqlite ledger max_batch must be a positive integer, got {max_batch!r}"
-            )
-        if not max_wait_ms >= 0:
-            raise LedgerError(f"sqlite ledger max_wait_ms must be >= 0, got {max_wait_ms!r}")
+        max_batch, max_wait_ms = check_group_commit(
+            "sqlite ledger", max_batch, max_wait_ms, LedgerError
+        )
         self.path = Path(path)
         self.synchronous = sync
         self.busy_timeout_ms = busy_timeout_ms
         self.group_commit = bool(group_commit)
         self.max_batch = max_batch if self.group_commit else 1
-        self.max_wait_ms = float(max_wait_ms) if self.group_commit else 0.0
+        self.max_wait_ms = max_wait_ms if self.group_commit else 0.0
         self.cache_kib = cache_kib
         self.create = bool(create)
-        #: The schema version found when the database was opened (before migrating).
-        self.version_at_open: int | None = None
-        self._conn: sqlite3.Connection | None = None
-        self._closed = False
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._thread_lock = threading.Lock()
+        self._opener = SqliteOpener(
+            LEDGER,
+            self.path,
+            busy_timeout_ms=busy_timeout_ms,
+            synchronous=sync,
+            create=self.create,
+            pragmas=(f"PRAGMA cache_size = {-int(cache_kib)}",),
+        )
+        self._thread = SqliteThread(
+            self._opener,
+            write_batch=self._write_batch,
+            max_batch=self.max_batch,
+            max_wait_ms=self.max_wait_ms,
+        )
         self._decoded = DecodedRecords(f"sqlite ledger `{self.path}`")
         #: Transactions committed by this ledger's mutations and the operations in them.
         self.commits = 0
         self.committed_ops = 0
+
+    @property
+    def version_at_open(self) -> int | None:
+        """The schema version found when the database was opened (before migrating)."""
+        return self._opener.version_at_open
 
     @classmethod
     async def open(
@@ -198,22 +164,16 @@ class SqliteLedger(Ledger):
 
         ``options`` are the constructor's keyword arguments.
         """
-        ledger = cls(path, **options)
-        try:
-            await ledger.start()
-        except BaseException:
-            await ledger.close()
-            raise
-        return ledger
+        return await started(cls(path, **options))
 
     async def start(self) -> SqliteLedger:
         """Open, create and migrate the database now instead of at first use."""
-        await self._run(lambda conn: None)
+        await self._thread.run(lambda conn: None)
         return self
 
     async def schema_version(self) -> int:
         """The schema version stored in the database."""
-        return await self._run(_user_version)
+        return await self._thread.run(lambda conn: sqlite_schema_version(conn, LEDGER))
 
     async def migrate(self) -> tuple[int, int]:
         """Create or upgrade the schema; returns ``(version_before, version_after)``.
@@ -225,43 +185,38 @@ class SqliteLedger(Ledger):
         assert self.version_at_open is not None
         return self.version_at_open, await self.schema_version()
 
+    async def close(self) -> None:
+        """Close the connection and stop the worker thread (after queued work)."""
+        await self._thread.close()
+
     # -- primitives ---------------------------------------------------------
 
     async def _apply(self, decision_id: str, op: Operation[T]) -> T:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._submit(_Request(loop, future, decision_id, op))
-        return await future
+        result: T = await self._thread.apply((decision_id, op))
+        return result
 
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         def work(conn: sqlite3.Connection) -> ClaimRecord | None:
             row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
             return None if row is None else self._decoded.decode(decision_id, row[0])
 
-        return await self._run(work)
+        return await self._thread.run(work)
 
     async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
         def batch(conn: sqlite3.Connection) -> int:
             # Exact for every row below the clamp; rows at the clamp are re-checked.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with sqlite_transaction(conn):
                 cursor = conn.execute(
-                    f"DELETE FROM {_TABLE} WHERE rowid IN ("
-                    f"SELECT rowid FROM {_TABLE} WHERE completed_at_ms < ? LIMIT ?)",
+                    f"DELETE FROM {TABLE} WHERE rowid IN ("
+                    f"SELECT rowid FROM {TABLE} WHERE completed_at_ms < ? LIMIT ?)",
                     (min(before_ms, I64_MAX), _PRUNE_BATCH),
                 )
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
             return cursor.rowcount
 
         def clamped(conn: sqlite3.Connection) -> int:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with sqlite_transaction(conn):
                 rows = conn.execute(
-                    f"SELECT decision_id, record FROM {_TABLE} WHERE completed_at_ms = ?",
+                    f"SELECT decision_id, record FROM {TABLE} WHERE completed_at_ms = ?",
                     (I64_MAX,),
                 ).fetchall()
                 doomed = [
@@ -269,191 +224,57 @@ class SqliteLedger(Ledger):
                     for key, text in rows
                     if is_prunable(self._decoded.decode(key, text), before_ms)
                 ]
-                conn.executemany(f"DELETE FROM {_TABLE} WHERE decision_id = ?", doomed)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+                conn.executemany(f"DELETE FROM {TABLE} WHERE decision_id = ?", doomed)
             return len(doomed)
 
         total = 0
         while True:
-            deleted = await self._run(batch)
+            deleted = await self._thread.run(batch)
             total += deleted
             if progress is not None:
                 progress(total)
             if deleted < _PRUNE_BATCH:
                 break
         if before_ms > I64_MAX:
-            total += await self._run(clamped)
+            total += await self._thread.run(clamped)
             if progress is not None:
                 progress(total)
         return total
 
-    async def close(self) -> None:
-        """Close the connection and stop the worker thread (after queued work)."""
-        if self._closed:
-            return
-        thread = self._thread
-        if thread is None:
-            self._closed = True
-            return
+    # -- group commit (on the connection thread) -----------------------------------
 
-        def shut(conn: sqlite3.Connection | None) -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        self._queue.put(_Request(loop, future, work=shut))
-        self._closed = True
-        self._queue.put(_STOP)
-        try:
-            await future
-        except LedgerError:
-            pass
-
-    # -- worker thread --------------------------------------------------------
-
-    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``work(connection)`` on the worker thread, in queue order."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._submit(_Request(loop, future, work=work))
-        return await future
-
-    def _submit(self, request: _Request) -> None:
-        if self._closed:
-            raise LedgerError(f"sqlite ledger `{self.path}` is closed")
-        if self._thread is None:
-            with self._thread_lock:
-                if self._thread is None:
-                    thread = threading.Thread(
-                        target=self._serve, name="flowdecision-sqlite", daemon=True
-                    )
-                    thread.start()
-                    self._thread = thread
-        self._queue.put(request)
-
-    def _serve(self) -> None:
-        """The worker thread: take requests in order, batching consecutive mutations."""
-        take = self._queue.get
-        take_now = self._queue.get_nowait
-        carry: Any = None
-        while True:
-            request = carry if carry is not None else take()
-            carry = None
-            if request is _STOP:
-                return
-            if request.op is None:
-                self._run_work(request)
-                self._answer([request])
+    def _write_batch(self, conn: sqlite3.Connection, jobs: list[Job]) -> Callable[[], None] | None:
+        """Apply ``jobs`` in arrival order and write the rows they changed."""
+        slots = self._transform(conn, jobs)
+        written = 0
+        for decision_id, slot in slots.items():
+            if not slot.dirty:
                 continue
-            batch = [request]
-            limit = self.max_batch
-            wait_s = self.max_wait_ms / 1000
-            deadline = 0.0
-            while len(batch) < limit:
-                try:
-                    following = take_now()
-                except queue.Empty:
-                    if wait_s <= 0:
-                        break
-                    now = time.monotonic()
-                    if not deadline:
-                        deadline = now + wait_s
-                    if now >= deadline:
-                        break
-                    try:
-                        following = take(timeout=deadline - now)
-                    except queue.Empty:
-                        break
-                if following is _STOP or following.op is None:
-                    carry = following
-                    break
-                batch.append(following)
-            self._commit(batch)
-            self._answer(batch)
+            record = slot.record
+            assert record is not None
+            values = encode_row(decision_id, record)
+            slot.text = values[3]
+            if slot.exists:
+                conn.execute(_UPDATE_SQL, (*values[1:], decision_id))
+            else:
+                conn.execute(_INSERT_SQL, values)
+            written += 1
+        if not written:
+            return None
 
-    def _answer(self, requests: list[_Request]) -> None:
-        loop = requests[0].loop
-        if all(request.loop is loop for request in requests):
-            groups = [(loop, requests)]
-        else:
-            by_loop: dict[asyncio.AbstractEventLoop, list[_Request]] = {}
-            for request in requests:
-                by_loop.setdefault(request.loop, []).append(request)
-            groups = list(by_loop.items())
-        for target, group in groups:
-            try:
-                target.call_soon_threadsafe(settle, group)
-            except RuntimeError:  # the caller's loop is closed: nobody is waiting
-                pass
-
-    def _run_work(self, request: _Request) -> None:
-        assert request.work is not None
-        try:
-            request.result = self._call(request.work)
-        except BaseException as error:
-            request.error = error
-
-    def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        try:
-            return work(self._connection())
-        except sqlite3.Error as error:
-            raise self._translate(error) from error
-
-    def _commit(self, batch: list[_Request]) -> None:
-        """Apply ``batch`` in arrival order inside one ``BEGIN IMMEDIATE`` transaction."""
-        try:
-            conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                slots = self._transform(conn, batch)
-                written = 0
-                for decision_id, slot in slots.items():
-                    if not slot.dirty:
-                        continue
-                    record = slot.record
-                    assert record is not None
-                    values = encode_row(decision_id, record)
-                    slot.text = values[3]
-                    if slot.exists:
-                        conn.execute(_UPDATE_SQL, (*values[1:], decision_id))
-                    else:
-                        conn.execute(_INSERT_SQL, values)
-                    written += 1
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as error:
-            failure: BaseException = self._translate(error)
-            failure.__cause__ = error
-            self._fail(batch, failure)
-            return
-        except Exception as error:
-            self._fail(batch, error)
-            return
-        if written:
+        def committed() -> None:
             self.commits += 1
-            self.committed_ops += len(batch)
+            self.committed_ops += len(jobs)
             for decision_id, slot in slots.items():
                 if slot.dirty and slot.record is not None:
                     self._decoded.remember(decision_id, slot.text, slot.record)
 
-    def _transform(self, conn: sqlite3.Connection, batch: list[_Request]) -> dict[str, _Slot]:
+        return committed
+
+    def _transform(self, conn: sqlite3.Connection, jobs: list[Job]) -> dict[str, _Slot]:
         slots: dict[str, _Slot] = {}
-        for request in batch:
-            if request.future.cancelled():
-                # Its caller gave up before the batch started: don't apply it (a claim
-                # nobody awaits would only leave a lease nobody holds). Read across
-                # threads, so a cancel that races with this check still applies.
-                continue
-            decision_id = request.decision_id
+        for job in jobs:
+            decision_id, op = job.payload
             slot = slots.get(decision_id)
             if slot is None:
                 row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
@@ -467,139 +288,15 @@ class SqliteLedger(Ledger):
                         slot.error = error
                 slots[decision_id] = slot
             if slot.error is not None:
-                request.error = copy_error(slot.error)
+                job.error = copy_error(slot.error)
                 continue
-            op = request.op
-            assert op is not None
             try:
                 transition = op(slot.record, self.now_ms())
             except Exception as error:  # a rule failure: this caller only, nothing stored
-                request.error = error
+                job.error = error
                 continue
             if transition.changed and transition.record is not None:
                 slot.record = transition.record
                 slot.dirty = True
-            request.result = transition.result
+            job.result = transition.result
         return slots
-
-    def _fail(self, batch: list[_Request], error: BaseException) -> None:
-        for index, request in enumerate(batch):
-            request.error = error if index == 0 else copy_error(error)
-            request.result = None
-
-    def _translate(self, error: sqlite3.Error) -> LedgerError:
-        text = str(error)
-        if isinstance(error, sqlite3.OperationalError):
-            if "locked" in text or "busy" in text:
-                return LedgerUnavailableError(
-                    f"sqlite ledger `{self.path}` stayed locked by another writer for more "
-                    f"than {self.busy_timeout_ms} ms: {text}"
-                )
-            if "no such table" in text:
-                return LedgerSchemaError(f"sqlite ledger `{self.path}` has no ledger table: {text}")
-            return LedgerUnavailableError(f"sqlite ledger `{self.path}`: {text}")
-        if isinstance(error, sqlite3.DatabaseError) and (
-            "not a database" in text or "malformed" in text
-        ):
-            return LedgerCorruptError(f"sqlite ledger `{self.path}` is corrupt: {text}")
-        return LedgerUnavailableError(f"sqlite ledger `{self.path}`: {text}")
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is not None:
-            return self._conn
-        if self.create:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as error:
-                raise LedgerUnavailableError(
-                    f"create directory for sqlite ledger `{self.path}`: {error.strerror or error}"
-                ) from error
-        try:
-            conn = connect_wal(
-                self.path,
-                busy_timeout_ms=self.busy_timeout_ms,
-                synchronous=self.synchronous,
-                create=self.create,
-            )
-        except sqlite3.OperationalError as error:
-            if not self.create and not self.path.exists():
-                raise StoreMissingError(
-                    f"sqlite ledger `{self.path}` does not exist (nothing was created)"
-                ) from error
-            raise
-        try:
-            conn.execute(f"PRAGMA cache_size = {-int(self.cache_kib)}")
-            self._migrate(conn)
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
-        return conn
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        migrations = load_migrations("flowdecision.ledger", "sqlite")
-        newest = len(migrations)
-        current = _user_version(conn)
-        if self.version_at_open is None:
-            self.version_at_open = current
-        if current == newest:
-            return
-        if current > newest:
-            raise self._newer(current, newest)
-        if not self.create:
-            self._refuse_unmigrated(conn, current, newest)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            current = _user_version(conn)  # another process may have migrated meanwhile
-            self.version_at_open = current
-            if current > newest:
-                raise self._newer(current, newest)
-            if current == 0:
-                tables = conn.execute(
-                    "SELECT name FROM sqlite_master "
-                    "WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-                ).fetchall()
-                if tables and not any(name == _TABLE for (name,) in tables):
-                    raise LedgerSchemaError(
-                        f"sqlite ledger `{self.path}` is a database of something else "
-                        f"(tables: {', '.join(name for (name,) in tables)}); "
-                        "point the ledger at a new file"
-                    )
-            for version, _name, script in migrations:
-                if version <= current:
-                    continue
-                for statement in split_statements(script):
-                    conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {version}")
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-
-    def _refuse_unmigrated(self, conn: sqlite3.Connection, current: int, newest: int) -> None:
-        """Opened with ``create=False``: report what is missing instead of migrating."""
-        if current == 0:
-            has_table = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (_TABLE,)
-            ).fetchone()
-            if has_table is None:
-                raise StoreMissingError(
-                    f"sqlite ledger `{self.path}` holds no flowdecision ledger "
-                    "(nothing was created)"
-                )
-        raise LedgerSchemaError(
-            f"sqlite ledger `{self.path}` has schema version {current}, older than version "
-            f"{newest} this flowdecision needs: run `flowdecision migrate` against it first"
-        )
-
-    def _newer(self, found: int, newest: int) -> LedgerSchemaError:
-        return LedgerSchemaError(
-            f"sqlite ledger `{self.path}` has schema version {found}, newer than version "
-            f"{newest} that this flowdecision supports; upgrade flowdecision to open it"
-        )
-
-
-def _user_version(conn: sqlite3.Connection) -> int:
-    row = conn.execute("PRAGMA user_version").fetchone()
-    return int(row[0]) if row else 0

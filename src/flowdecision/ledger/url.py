@@ -4,61 +4,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 from ..errors import LedgerError
-from .base import Ledger
+from ..store.url import SCHEMES, parse_store_url
+from ..store.url import sqlite_path as store_sqlite_path
+from .protocol import Ledger
 
 __all__ = ["SCHEMES", "open_ledger", "parse_ledger_url", "sqlite_path"]
-
-SCHEMES = ("memory:", "file:///dir", "sqlite:///path", "postgresql://...")
 
 
 def parse_ledger_url(url: str) -> tuple[str, str]:
     """Split a ledger URL into ``(kind, target)``; a bare path means a file ledger dir."""
-    if url == "memory:" or url == "memory://":
-        return "memory", ""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme == "":
-        return "file", _no_nul(url, url)
-    if scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise LedgerError(f"ledger URL `{url}`: file URLs must name a local path")
-        return "file", _no_nul(unquote(parts.path), url)
-    if scheme == "sqlite":
-        return "sqlite", _no_nul(sqlite_path(url), url)
-    if scheme in ("postgres", "postgresql"):
-        return "postgresql", url
-    raise LedgerError(
-        f"unsupported ledger URL scheme `{parts.scheme}` in `{url}`: "
-        f"expected one of {', '.join(SCHEMES)}"
-    )
-
-
-def _no_nul(path: str, url: str) -> str:
-    # The OS cannot name such a file; say so instead of failing deep in os.open.
-    if "\x00" in path:
-        raise LedgerError(f"ledger URL `{url}`: the path contains a NUL character")
-    return path
+    return parse_store_url(url, what="ledger", error=LedgerError)
 
 
 def sqlite_path(url: str) -> str:
-    """The file a ``sqlite:`` URL names, SQLAlchemy-style.
-
-    ``sqlite:///relative/path.db`` is relative to the working directory and
-    ``sqlite:////absolute/path.db`` is absolute (three slashes, then the path).
-    """
-    parts = urlsplit(url)
-    if parts.netloc:
-        raise LedgerError(
-            f"ledger URL `{url}`: sqlite URLs have no host; use sqlite:///relative.db "
-            "or sqlite:////absolute.db"
-        )
-    path = unquote(parts.path)[1:]  # drop the slash that ends the empty authority
-    if not path:
-        raise LedgerError(f"ledger URL `{url}`: sqlite URLs need a path (sqlite:///path)")
-    return path
+    """The file a ``sqlite:`` ledger URL names (see :func:`flowdecision.store.url.sqlite_path`)."""
+    return store_sqlite_path(url, what="ledger", error=LedgerError)
 
 
 async def open_ledger(url: str, *, create: bool = True) -> Ledger:

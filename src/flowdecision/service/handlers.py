@@ -25,7 +25,7 @@ from ..dispatcher import DispatchOutcome
 from ..errors import DispatchError, LedgerError
 from ..health import HealthStatus
 from ..identity import DecisionTooLargeError
-from ..ledger.base import LedgerEntry
+from ..ledger.protocol import LedgerEntry
 from ..ledger.states import Completed, Pending
 from ..limits import I64_MAX, RESULT_RECEIPT_MAX_BYTES
 from ..model import DecisionRequest, InvalidRequestError

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from ..dispatcher import Dispatcher
 from ..errors import FlowDecisionError
 from ..health import ErrorRate, HealthSnapshot
-from ..ledger.base import Ledger
+from ..ledger.protocol import Ledger
 from ..ledger.url import open_ledger
 from ..sinks.base import Sink
 from ..sinks.loader import WebhookOptions, close_sink, open_sink

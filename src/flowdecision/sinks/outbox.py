@@ -16,32 +16,38 @@ Delivery is **insert-if-absent** keyed by ``decision_id``:
 are inserted under a transaction-scoped advisory lock), so a consumer reading
 ``fetch(after=last_seq)`` never skips a row.
 
-The schema is created on :meth:`OutboxSink.open` and versioned in
-``flow_decision_outbox_schema`` with migrations in ``sinks/sql/<dialect>/``; a
-store written by a newer version is refused with :class:`OutboxSchemaError`.
-SQLite work runs on one worker thread owning one connection (WAL,
+The schema is versioned in ``flow_decision_outbox_schema`` with migrations in
+``sinks/sql/<dialect>/`` and follows the same policy as the ledger's (see
+:mod:`flowdecision.store.migrations`): a SQLite outbox is created or upgraded
+when it opens; a PostgreSQL outbox only by :meth:`OutboxSink.migrate`
+(``flowdecision migrate --outbox URL``), and opening one that is not current
+raises :class:`OutboxSchemaError`. A store written by a newer version is
+refused. SQLite work runs on the store's connection thread (WAL,
 ``synchronous=FULL``); PostgreSQL goes through an asyncpg pool and stamps
-``accepted_at_ms`` with the database clock.
+``accepted_at_ms`` with the database clock. Both are thin dialect adapters over
+:mod:`flowdecision.store`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hashlib
 import sqlite3
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self
 
-from ..errors import FlowDecisionError, LedgerError, StoreMissingError
+from ..errors import FlowDecisionError, StoreMissingError
 from ..limits import OUTBOX_FETCH_MAX
-from ..migrations import load_migrations, split_statements
 from ..model import DecisionRequest
-from ..sqlite_wal import connect_wal
+from ..store.component import Component, ErrorKinds
+from ..store.lifecycle import Closable, started
+from ..store.migrations import sqlite_transaction
+from ..store.postgres import CLOCK_SQL, PgPool
+from ..store.sqlite import SqliteOpener
+from ..store.sqlite_thread import SqliteThread
+from ..store.url import describe_dsn, parse_store_url
 
 __all__ = [
     "OUTBOX_SCHEMA_VERSION",
@@ -55,12 +61,8 @@ __all__ = [
     "load_outbox_migrations",
 ]
 
-T = TypeVar("T")
 
 OUTBOX_TABLE = "flow_decision_outbox"
-_VERSION_TABLE = "flow_decision_outbox_schema"
-#: pg_advisory_xact_lock key for migrations ("fdoutbxm").
-_MIGRATION_LOCK = 0x66646F757462786D
 #: pg_advisory_xact_lock key serializing new rows so seq order is commit order ("fdoutbox").
 _INSERT_LOCK = 0x66646F7574626F78
 _COLUMNS = (
@@ -144,21 +146,34 @@ def _entry(row: Any) -> OutboxEntry:
     )
 
 
+#: The outbox as a SQL store: its schema, version table and errors.
+OUTBOX = Component(
+    name="outbox",
+    package="flowdecision.sinks",
+    version_table="flow_decision_outbox_schema",
+    main_table=OUTBOX_TABLE,
+    pg_lock=0x66646F757462786D,  # "fdoutbxm"
+    errors=ErrorKinds(
+        base=OutboxError,
+        unavailable=OutboxError,
+        schema=OutboxSchemaError,
+        corrupt=OutboxError,
+        missing=OutboxMissingError,
+    ),
+    migrate_hint="run `flowdecision migrate --outbox URL` (or OutboxSink.migrate()) first",
+)
+
+
 def load_outbox_migrations(dialect: str) -> tuple[tuple[int, str, str], ...]:
     """The ``(version, name, sql)`` outbox migrations shipped for ``dialect``, in order."""
-    return load_migrations("flowdecision.sinks", dialect)
+    return OUTBOX.migrations(dialect)
 
 
-OUTBOX_SCHEMA_VERSION = len(load_outbox_migrations("sqlite"))
+OUTBOX_SCHEMA_VERSION = OUTBOX.newest("sqlite")
 
 
 def _parse_url(url: str) -> tuple[str, str]:
-    from ..ledger.url import parse_ledger_url
-
-    try:
-        kind, target = parse_ledger_url(url)
-    except LedgerError as error:
-        raise OutboxError(str(error).replace("ledger URL", "outbox URL")) from error
+    kind, target = parse_store_url(url, what="outbox", error=OutboxError)
     if kind not in ("sqlite", "postgresql"):
         raise OutboxError(
             f"outbox URL `{url}` must be sqlite:///path or postgresql://..., got a {kind} URL"
@@ -166,7 +181,7 @@ def _parse_url(url: str) -> tuple[str, str]:
     return kind, target
 
 
-class OutboxSink:
+class OutboxSink(Closable):
     """A :class:`~flowdecision.sinks.Sink` that records each decision once in a table.
 
     Open it with ``await sink.open()`` or ``async with OutboxSink(url) as sink``;
@@ -176,6 +191,9 @@ class OutboxSink:
     ``create=False`` opens an existing outbox only (to read it): no file,
     directory or table is created and no migration runs; a missing store, or
     one without the outbox tables, raises :class:`OutboxMissingError`.
+
+    A PostgreSQL outbox must have been migrated (:meth:`migrate`) before it
+    opens; a SQLite one migrates itself when it opens.
     """
 
     def __init__(self, url: str, *, busy_timeout_ms: int = 30_000, create: bool = True) -> None:
@@ -192,25 +210,33 @@ class OutboxSink:
         """The store, for messages (a file path, or host/database without credentials)."""
         if self.kind == "sqlite":
             return f"`{self._target}`"
-        from ..ledger.postgres import describe_dsn
-
         return describe_dsn(self._target)
 
     async def open(self) -> OutboxSink:
-        """Connect, and create or upgrade the outbox table."""
+        """Connect; on SQLite also create or upgrade the outbox table."""
         await self._ready()
         return self
 
-    async def __aenter__(self) -> OutboxSink:
-        return await self.open()
+    async def migrate(self) -> tuple[int, int]:
+        """Create or upgrade the schema (either dialect); ``(version_before, version_after)``.
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+        Safe to run from several processes or hosts at once.
+        """
+        if self._closed:
+            raise OutboxError(f"outbox {self.where} is closed")
+        if self.kind == "sqlite":
+            backend = await self._ready()
+            assert isinstance(backend, _SqliteOutbox)
+            return await backend.migrate()
+        pg = PgPool(OUTBOX, self._target)
+        try:
+            return await pg.migrate()
+        finally:
+            await pg.close()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
 
     async def close(self) -> None:
         """Release the connection or pool; the sink is unusable afterwards."""
@@ -230,13 +256,8 @@ class OutboxSink:
                 if self.kind == "sqlite":
                     backend = _SqliteOutbox(Path(self._target), self.busy_timeout_ms, self.create)
                 else:
-                    backend = _PostgresOutbox(self._target, self.where, self.create)
-                try:
-                    await backend.start()
-                except BaseException:
-                    await backend.close()
-                    raise
-                self._backend = backend
+                    backend = _PostgresOutbox(self._target, self.create)
+                self._backend = await started(backend)
             return self._backend
 
     # -- the sink ---------------------------------------------------------------
@@ -280,144 +301,28 @@ class OutboxSink:
 # ------------------------------------------------------------------------------- SQLite
 
 
-def _check_existing(where: str, newest: int, current: int | None, has_table: bool) -> None:
-    """``create=False``: refuse a store that is not a current outbox instead of migrating.
-
-    ``current`` is None when the version table is missing.
-    """
-    if current is None or not has_table:
-        raise OutboxMissingError(
-            f"{where} is not an outbox (no {OUTBOX_TABLE} tables; nothing was created)"
-        )
-    if current > newest:
-        raise OutboxSchemaError(
-            f"{where} has schema version {current}, newer than version {newest} that this "
-            "flowdecision supports; upgrade flowdecision"
-        )
-    if current < newest:
-        raise OutboxSchemaError(
-            f"{where} has schema version {current}, older than version {newest} this "
-            "flowdecision needs: open it once with a writer (e.g. the service) to upgrade it"
-        )
-
-
 class _SqliteOutbox:
+    """The outbox in a SQLite file, on the store's connection thread."""
+
     def __init__(self, path: Path, busy_timeout_ms: int, create: bool = True) -> None:
-        self.path = path
-        self.busy_timeout_ms = busy_timeout_ms
-        self.create = create
-        self._conn: sqlite3.Connection | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="flowdecision-outbox"
-        )
-        self._shut = False
-
-    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._call, work)
-
-    def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        try:
-            if self._conn is None:
-                self._conn = self._connect()
-            return work(self._conn)
-        except sqlite3.Error as error:
-            raise OutboxError(f"sqlite outbox `{self.path}`: {error}") from error
-
-    def _connect(self) -> sqlite3.Connection:
-        if self.create:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as error:
-                raise OutboxError(
-                    f"create directory for sqlite outbox `{self.path}`: {error.strerror or error}"
-                ) from error
-        try:
-            conn = connect_wal(self.path, busy_timeout_ms=self.busy_timeout_ms, create=self.create)
-        except sqlite3.OperationalError as error:
-            if not self.create and not self.path.exists():
-                raise OutboxMissingError(
-                    f"sqlite outbox `{self.path}` does not exist (nothing was created)"
-                ) from error
-            raise
-        try:
-            if self.create:
-                self._migrate(conn)
-            else:
-                self._check(conn)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _check(self, conn: sqlite3.Connection) -> None:
-        def has(table: str) -> bool:
-            row = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
-            ).fetchone()
-            return row is not None
-
-        current: int | None = None
-        if has(_VERSION_TABLE):
-            row = conn.execute(f"SELECT coalesce(max(version), 0) FROM {_VERSION_TABLE}").fetchone()
-            current = int(row[0]) if row else 0
-        _check_existing(
-            f"sqlite outbox `{self.path}`", OUTBOX_SCHEMA_VERSION, current, has(OUTBOX_TABLE)
-        )
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        migrations = load_outbox_migrations("sqlite")
-        newest = len(migrations)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {_VERSION_TABLE} ("
-                "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)"
-            )
-            row = conn.execute(f"SELECT coalesce(max(version), 0) FROM {_VERSION_TABLE}").fetchone()
-            current = int(row[0]) if row else 0
-            if current > newest:
-                raise OutboxSchemaError(
-                    f"sqlite outbox `{self.path}` has schema version {current}, newer than "
-                    f"version {newest} that this flowdecision supports; upgrade flowdecision"
-                )
-            for version, name, script in migrations:
-                if version <= current:
-                    continue
-                for statement in split_statements(script):
-                    conn.execute(statement)
-                conn.execute(
-                    f"INSERT INTO {_VERSION_TABLE} (version, name, applied_at_ms) VALUES (?, ?, ?)",
-                    (version, name, time.time_ns() // 1_000_000),
-                )
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        self._opener = SqliteOpener(OUTBOX, path, busy_timeout_ms=busy_timeout_ms, create=create)
+        self._thread = SqliteThread(self._opener)
 
     async def start(self) -> None:
-        await self._run(lambda conn: None)
+        await self._thread.run(lambda conn: None)
+
+    async def migrate(self) -> tuple[int, int]:
+        await self.start()  # opening migrates
+        version = self._opener.version_at_open
+        assert version is not None
+        return version, OUTBOX.newest("sqlite")
 
     async def close(self) -> None:
-        if self._shut:
-            return
-        self._shut = True
-
-        def shut() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, shut)
-        finally:
-            self._executor.shutdown(wait=False)
+        await self._thread.close()
 
     async def deliver(self, decision_id: str, text: str, hash_: str, attempt: int) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with sqlite_transaction(conn):
                 row = conn.execute(
                     f"SELECT request_hash, highest_attempt FROM {OUTBOX_TABLE} "
                     "WHERE decision_id = ?",
@@ -430,24 +335,17 @@ class _SqliteOutbox:
                         "VALUES (?, ?, ?, ?, ?, ?)",
                         (decision_id, text, hash_, attempt, attempt, time.time_ns() // 1_000_000),
                     )
-                    inserted = True
-                elif row[0] != hash_:
+                    return True
+                if row[0] != hash_:
                     raise OutboxConflictError(decision_id, str(row[0]), hash_)
-                else:
-                    if attempt > int(row[1]):
-                        conn.execute(
-                            f"UPDATE {OUTBOX_TABLE} SET highest_attempt = ? WHERE decision_id = ?",
-                            (attempt, decision_id),
-                        )
-                    inserted = False
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return inserted
+                if attempt > int(row[1]):
+                    conn.execute(
+                        f"UPDATE {OUTBOX_TABLE} SET highest_attempt = ? WHERE decision_id = ?",
+                        (attempt, decision_id),
+                    )
+                return False
 
-        return await self._run(work)
+        return await self._thread.run(work)
 
     async def fetch(self, after: int, limit: int) -> list[OutboxEntry]:
         def work(conn: sqlite3.Connection) -> list[OutboxEntry]:
@@ -457,7 +355,7 @@ class _SqliteOutbox:
             ).fetchall()
             return [_entry(row) for row in rows]
 
-        return await self._run(work)
+        return await self._thread.run(work)
 
     async def get(self, decision_id: str) -> OutboxEntry | None:
         def work(conn: sqlite3.Connection) -> OutboxEntry | None:
@@ -466,99 +364,35 @@ class _SqliteOutbox:
             ).fetchone()
             return None if row is None else _entry(row)
 
-        return await self._run(work)
+        return await self._thread.run(work)
 
     async def count(self) -> int:
         def work(conn: sqlite3.Connection) -> int:
             row = conn.execute(f"SELECT count(*) FROM {OUTBOX_TABLE}").fetchone()
             return int(row[0]) if row else 0
 
-        return await self._run(work)
+        return await self._thread.run(work)
 
 
 # ---------------------------------------------------------------------------- PostgreSQL
 
-_PG_CLOCK = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-
 
 class _PostgresOutbox:
-    def __init__(self, dsn: str, where: str, create: bool = True) -> None:
-        self.dsn = dsn
-        self.where = where
-        self.create = create
-        self._pool: Any = None
+    """The outbox in PostgreSQL, through the store's pool; never migrates on open."""
 
-    def _error(self, error: BaseException) -> OutboxError:
-        if isinstance(error, OutboxError):
-            return error
-        return OutboxError(f"PostgreSQL outbox {self.where}: {type(error).__name__}: {error}")
+    def __init__(self, dsn: str, create: bool = True) -> None:
+        self._pg = PgPool(OUTBOX, dsn, create=create)
 
     async def start(self) -> None:
-        try:
-            import asyncpg
-        except ImportError as error:  # pragma: no cover - needs the extra missing
-            raise OutboxError(
-                "the PostgreSQL outbox needs asyncpg: pip install 'flowdecision[postgres]'"
-            ) from error
-        try:
-            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=10)
-            if self.create:
-                await self._migrate()
-            else:
-                await self._check()
-        except Exception as error:
-            raise self._error(error) from error
-
-    async def _check(self) -> None:
-        async with self._pool.acquire() as conn:
-            current: int | None = None
-            if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", _VERSION_TABLE):
-                current = int(
-                    await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {_VERSION_TABLE}")
-                )
-            has_table = bool(
-                await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", OUTBOX_TABLE)
-            )
-        newest = len(load_outbox_migrations("postgres"))
-        _check_existing(f"PostgreSQL outbox {self.where}", newest, current, has_table)
-
-    async def _migrate(self) -> None:
-        migrations = load_outbox_migrations("postgres")
-        newest = len(migrations)
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
-            await conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {_VERSION_TABLE} (version integer PRIMARY KEY, "
-                "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-            )
-            current = int(
-                await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {_VERSION_TABLE}")
-            )
-            if current > newest:
-                raise OutboxSchemaError(
-                    f"PostgreSQL outbox {self.where} has schema version {current}, newer than "
-                    f"version {newest} that this flowdecision supports; upgrade flowdecision"
-                )
-            for version, name, script in migrations:
-                if version <= current:
-                    continue
-                for statement in split_statements(script):
-                    await conn.execute(statement)
-                await conn.execute(
-                    f"INSERT INTO {_VERSION_TABLE} (version, name) VALUES ($1, $2)", version, name
-                )
+        await self._pg.ready()
 
     async def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            try:
-                await asyncio.wait_for(pool.close(), timeout=10)
-            except (TimeoutError, Exception):
-                pool.terminate()
+        await self._pg.close()
 
     async def deliver(self, decision_id: str, text: str, hash_: str, attempt: int) -> bool:
+        pool = await self._pg.ready()
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with pool.acquire() as conn, conn.transaction():
                 row = await conn.fetchrow(
                     f"SELECT request_hash FROM {OUTBOX_TABLE} WHERE decision_id = $1 FOR UPDATE",
                     decision_id,
@@ -569,7 +403,7 @@ class _PostgresOutbox:
                     seq = await conn.fetchval(
                         f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
                         "first_attempt, highest_attempt, accepted_at_ms) "
-                        f"VALUES ($1, $2, $3, $4, $4, {_PG_CLOCK}) "
+                        f"VALUES ($1, $2, $3, $4, $4, {CLOCK_SQL}) "
                         "ON CONFLICT (decision_id) DO NOTHING RETURNING seq",
                         decision_id,
                         text,
@@ -595,30 +429,32 @@ class _PostgresOutbox:
                 )
                 return False
         except Exception as error:
-            raise self._error(error) from error
+            raise self._pg.translate(error) from error
 
     async def fetch(self, after: int, limit: int) -> list[OutboxEntry]:
-        try:
-            rows = await self._pool.fetch(
-                f"SELECT {_COLUMNS} FROM {OUTBOX_TABLE} WHERE seq > $1 ORDER BY seq LIMIT $2",
-                after,
-                limit,
-            )
-        except Exception as error:
-            raise self._error(error) from error
-        return [_entry(tuple(row)) for row in rows]
+        return await self._query(
+            f"SELECT {_COLUMNS} FROM {OUTBOX_TABLE} WHERE seq > $1 ORDER BY seq LIMIT $2",
+            after,
+            limit,
+        )
 
     async def get(self, decision_id: str) -> OutboxEntry | None:
-        try:
-            row = await self._pool.fetchrow(
-                f"SELECT {_COLUMNS} FROM {OUTBOX_TABLE} WHERE decision_id = $1", decision_id
-            )
-        except Exception as error:
-            raise self._error(error) from error
-        return None if row is None else _entry(tuple(row))
+        rows = await self._query(
+            f"SELECT {_COLUMNS} FROM {OUTBOX_TABLE} WHERE decision_id = $1", decision_id
+        )
+        return rows[0] if rows else None
 
     async def count(self) -> int:
+        pool = await self._pg.ready()
         try:
-            return int(await self._pool.fetchval(f"SELECT count(*) FROM {OUTBOX_TABLE}"))
+            return int(await pool.fetchval(f"SELECT count(*) FROM {OUTBOX_TABLE}"))
         except Exception as error:
-            raise self._error(error) from error
+            raise self._pg.translate(error) from error
+
+    async def _query(self, sql: str, *args: Any) -> list[OutboxEntry]:
+        pool = await self._pg.ready()
+        try:
+            rows = await pool.fetch(sql, *args)
+        except Exception as error:
+            raise self._pg.translate(error) from error
+        return [_entry(tuple(row)) for row in rows]

@@ -1,4 +1,4 @@
-"""Pieces of group commit shared by the SQLite and PostgreSQL ledgers.
+"""Pieces of group commit shared by the SQLite connection thread and the PostgreSQL ledger.
 
 A queued operation carries a future; once its batch has committed (or
 failed), :func:`settle` answers every caller with its own result or error.

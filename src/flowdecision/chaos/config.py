@@ -1,0 +1,74 @@
+"""One harness run's settings (:class:`ChaosConfig`), checked and completed."""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..ledger.url import parse_ledger_url
+
+__all__ = ["BRANCH", "ChaosConfig", "wall_ms"]
+
+#: The only branch the harness dispatches on.
+BRANCH = "production"
+
+
+def wall_ms() -> int:
+    """This host's wall clock in Unix-epoch milliseconds (journal timestamps)."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class ChaosConfig:
+    """One harness run. ``outbox_url`` defaults to ``sqlite:///<workdir>/outbox.db``
+    for file and SQLite ledgers and to the ledger's own database for PostgreSQL."""
+
+    ledger_url: str
+    outbox_url: str | None = None
+    workers: int = 8
+    decisions: int = 5000
+    lease_ms: int = 200
+    concurrency: int = 4
+    kill_every_ms: int = 1000
+    pause_every_ms: int = 1500
+    pause_ms: int | None = None
+    duplicate_rate: float = 0.2
+    conflict_rate: float = 0.05
+    slow_sink_rate: float = 0.1
+    sink_raise_rate: float = 0.02
+    seed: int | None = None
+    workdir: str | None = None
+    timeout_s: float = 900.0
+    run_id: str = ""
+
+    def resolved(self) -> ChaosConfig:
+        """A copy with defaults filled in and values checked."""
+        if self.workers < 2:
+            raise ValueError("chaos needs at least 2 workers (every decision has 2 proposers)")
+        if self.decisions < 1 or self.lease_ms < 10 or self.concurrency < 1:
+            raise ValueError("decisions >= 1, lease_ms >= 10 and concurrency >= 1 are required")
+        kind, _ = parse_ledger_url(self.ledger_url)
+        if kind == "memory":
+            raise ValueError("a memory ledger cannot be shared between processes")
+        out = ChaosConfig(**asdict(self))
+        out.seed = self.seed if self.seed is not None else random.randrange(1 << 30)
+        out.run_id = self.run_id or uuid.uuid4().hex[:8]
+        out.pause_ms = self.pause_ms if self.pause_ms is not None else 3 * self.lease_ms
+        if out.workdir is None:
+            out.workdir = tempfile.mkdtemp(prefix="flowdecision-chaos-")
+        if out.outbox_url is None:
+            out.outbox_url = (
+                self.ledger_url
+                if kind == "postgresql"
+                else f"sqlite:///{Path(out.workdir).resolve() / 'outbox.db'}"
+            )
+        return out
+
+    @property
+    def ledger_kind(self) -> str:
+        """``file``, ``sqlite`` or ``postgresql``."""
+        return parse_ledger_url(self.ledger_url)[0]

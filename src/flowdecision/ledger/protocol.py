@@ -1,0 +1,290 @@
+"""The public ledger interface, apart from how any store implements it.
+
+:class:`Ledger` is what the dispatcher, the service, the CLI and operator
+tools use. Storage backends do not implement it directly: they extend
+:class:`~flowdecision.ledger.base.StoredLedger`, the template that writes the
+API once over a few storage primitives. Anything that stores nothing itself --
+a wrapper that journals or injects faults, a scripted test double -- implements
+:class:`Ledger` (most easily by extending :class:`DelegatingLedger` and
+overriding what it changes).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ..identity import ExecutionIdentity, ResultReceipt
+from ..store.lifecycle import Closable
+from .machine import ClaimRecord
+from .states import ClaimOutcome, ClaimState
+
+__all__ = ["DelegatingLedger", "Ledger", "LedgerEntry", "PruneProgress"]
+
+T = TypeVar("T")
+
+#: Called with the number of records pruned so far, after each batch.
+PruneProgress = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """A redacted view of one record, looked up by decision id alone (no owner)."""
+
+    decision_id: str
+    request_hash: str
+    state: ClaimState
+    attempts: int
+    execution_identity: ExecutionIdentity | None
+    result_receipt: ResultReceipt | None
+
+
+class Ledger(Closable, abc.ABC):
+    """Durable claim ledger: at most one live owner per decision, fenced completion.
+
+    All times are Unix-epoch milliseconds; a time left as ``None`` means the
+    ledger's own clock (:meth:`now_ms`). Failures raise
+    :class:`~flowdecision.errors.LedgerError`; a ``decision_id`` or
+    ``owner_id`` that breaks the identifier rule (:mod:`flowdecision.limits`)
+    raises :class:`~flowdecision.errors.InvalidIdentifierError`, a
+    :class:`LedgerError` too, before the store is touched. Use as an async context manager,
+    or call :meth:`close` (a no-op for ledgers that hold nothing). The rules
+    behind each call are in ``docs/PROTOCOL.md``.
+    """
+
+    @abc.abstractmethod
+    async def claim(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        now_ms: int | None = None,
+        identity: ExecutionIdentity | None = None,
+    ) -> ClaimOutcome:
+        """Claim the decision for ``owner_id`` for ``lease_ms``.
+
+        Returns ``Claimed(attempt)`` (a new claim, a takeover of an expired or
+        released one, or the same owner re-claiming), ``AlreadyCompleted()``,
+        ``Busy(lease_expires_at_ms)`` or ``Conflict()`` (different request hash
+        or identity). A legacy record without identity takes ``identity``.
+        """
+
+    @abc.abstractmethod
+    async def renew(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        now_ms: int | None = None,
+        identity: ExecutionIdentity | None = None,
+    ) -> bool:
+        """Extend a live lease held by ``owner_id``.
+
+        False after completion, takeover, release, expiry or identity conflict.
+        """
+
+    @abc.abstractmethod
+    async def complete(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        completed_at_ms: int | None = None,
+        identity: ExecutionIdentity | None = None,
+        receipt: ResultReceipt | None = None,
+    ) -> bool:
+        """Record completion; only the current owner with a live lease may complete.
+
+        A ``receipt`` needs an ``identity`` and must be bound to it. Completing
+        an already-completed record succeeds for any caller (as in the seed);
+        the result tells the two apart: True when the decision is completed by
+        ``owner_id`` (by this call or an earlier one), False when another owner
+        had already completed it.
+        """
+
+    @abc.abstractmethod
+    async def release(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        identity: ExecutionIdentity | None = None,
+    ) -> None:
+        """Give up ``owner_id``'s lease so the next claim can proceed (a new attempt)."""
+
+    @abc.abstractmethod
+    async def inspect(
+        self,
+        decision_id: str,
+        request_hash: str,
+        *,
+        identity: ExecutionIdentity | None = None,
+    ) -> ClaimState:
+        """The claim's redacted state; a hash or identity mismatch raises."""
+
+    @abc.abstractmethod
+    async def lookup(self, decision_id: str) -> LedgerEntry | None:
+        """Read a record by decision id alone, redacted (no owner): for the service."""
+
+    @abc.abstractmethod
+    async def read_record(self, decision_id: str) -> ClaimRecord | None:
+        """The whole stored record, owner and lease included, or None.
+
+        For operator tools and verification (the crash harness compares it with
+        its journals). Unlike :meth:`lookup` it exposes the owner id, so do not
+        serve it to clients.
+        """
+
+    @abc.abstractmethod
+    async def completed_receipt(self, decision_id: str) -> ResultReceipt | None:
+        """The result receipt stored with a completed decision, if any."""
+
+    @abc.abstractmethod
+    async def prune_completed(
+        self, before_ms: int, *, progress: PruneProgress | None = None
+    ) -> int:
+        """Remove completed records whose completion time is before ``before_ms``.
+
+        Large stores prune in batches (short transactions); ``progress``, if
+        given, is called with the running total after each batch.
+        """
+
+    @abc.abstractmethod
+    def now_ms(self) -> int:
+        """The ledger's clock, in Unix-epoch milliseconds."""
+
+
+class DelegatingLedger(Ledger):
+    """A :class:`Ledger` that forwards every call to ``inner``.
+
+    Extend it to observe or alter calls of a real ledger and override only
+    what changes: :meth:`intercept` sees each of the four mutations (``claim``,
+    ``renew``, ``complete``, ``release``) as it is forwarded; any method can be
+    overridden as well. Closing it closes ``inner``.
+    """
+
+    def __init__(self, inner: Ledger) -> None:
+        self.inner = inner
+
+    async def intercept(self, operation: str, call: Awaitable[T]) -> T:
+        """Await one forwarded mutation (``operation`` names it); returns its result.
+
+        The default awaits ``call``. An override may act before or after it, or
+        raise instead (then it must ``close()`` the coroutine it did not await).
+        """
+        return await call
+
+    async def claim(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        now_ms: int | None = None,
+        identity: ExecutionIdentity | None = None,
+    ) -> ClaimOutcome:
+        return await self.intercept(
+            "claim",
+            self.inner.claim(
+                decision_id,
+                request_hash,
+                owner_id,
+                lease_ms=lease_ms,
+                now_ms=now_ms,
+                identity=identity,
+            ),
+        )
+
+    async def renew(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        now_ms: int | None = None,
+        identity: ExecutionIdentity | None = None,
+    ) -> bool:
+        return await self.intercept(
+            "renew",
+            self.inner.renew(
+                decision_id,
+                request_hash,
+                owner_id,
+                lease_ms=lease_ms,
+                now_ms=now_ms,
+                identity=identity,
+            ),
+        )
+
+    async def complete(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        completed_at_ms: int | None = None,
+        identity: ExecutionIdentity | None = None,
+        receipt: ResultReceipt | None = None,
+    ) -> bool:
+        return await self.intercept(
+            "complete",
+            self.inner.complete(
+                decision_id,
+                request_hash,
+                owner_id,
+                completed_at_ms=completed_at_ms,
+                identity=identity,
+                receipt=receipt,
+            ),
+        )
+
+    async def release(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        identity: ExecutionIdentity | None = None,
+    ) -> None:
+        await self.intercept(
+            "release", self.inner.release(decision_id, request_hash, owner_id, identity=identity)
+        )
+
+    async def inspect(
+        self,
+        decision_id: str,
+        request_hash: str,
+        *,
+        identity: ExecutionIdentity | None = None,
+    ) -> ClaimState:
+        return await self.inner.inspect(decision_id, request_hash, identity=identity)
+
+    async def lookup(self, decision_id: str) -> LedgerEntry | None:
+        return await self.inner.lookup(decision_id)
+
+    async def read_record(self, decision_id: str) -> ClaimRecord | None:
+        return await self.inner.read_record(decision_id)
+
+    async def completed_receipt(self, decision_id: str) -> ResultReceipt | None:
+        return await self.inner.completed_receipt(decision_id)
+
+    async def prune_completed(
+        self, before_ms: int, *, progress: PruneProgress | None = None
+    ) -> int:
+        return await self.inner.prune_completed(before_ms, progress=progress)
+
+    def now_ms(self) -> int:
+        return self.inner.now_ms()
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,23 @@
+"""Storage: everything SQL-specific that the ledger and the outbox share.
+
+* :mod:`.url` -- store URLs and DSNs described without credentials;
+* :mod:`.component` -- what a component (ledger, outbox) is as a SQL store:
+  tables, version table, migrations, error classes;
+* :mod:`.migrations` -- the ``.sql`` migrations and the one runner, with the
+  one policy: SQLite migrates on open, PostgreSQL only when asked;
+* :mod:`.sqlite` -- opening SQLite (WAL, ``0600`` files, read-only opens) and
+  translating its errors; :mod:`.sqlite_thread` -- the connection thread with
+  group commit;
+* :mod:`.postgres` -- the asyncpg pool, error translation, the database clock;
+* :mod:`.batching` -- answering the callers of a group-commit batch;
+* :mod:`.lifecycle` -- start-or-close, async context management, group-commit settings.
+
+This package imports neither :mod:`flowdecision.ledger` nor
+:mod:`flowdecision.sinks`; both import it. Its classes are parameterized by a
+:class:`~.component.Component` instead.
+"""
+
+from .component import Component, ErrorKinds
+from .url import SCHEMES, describe_dsn, parse_store_url
+
+__all__ = ["SCHEMES", "Component", "ErrorKinds", "describe_dsn", "parse_store_url"]

@@ -1,0 +1,74 @@
+"""What kind of store a connection serves (the ledger or the outbox): its tables,
+where its schema version is kept, its migrations, and the errors it raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import FlowDecisionError
+from .migrations import load_migrations
+
+__all__ = ["Component", "ErrorKinds"]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorKinds:
+    """The exception classes a component raises, by what went wrong."""
+
+    #: the component's root error (also: used after close)
+    base: type[FlowDecisionError]
+    #: cannot reach, lock, read or write the store (nothing was written)
+    unavailable: type[FlowDecisionError]
+    #: the schema is missing, older or newer than this code
+    schema: type[FlowDecisionError]
+    #: the store's bytes are damaged
+    corrupt: type[FlowDecisionError]
+    #: opened with ``create=False``, the store does not exist (nothing was created)
+    missing: type[FlowDecisionError]
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    """One kind of store kept in SQLite or PostgreSQL.
+
+    Its schema lives in ``<package>/sql/<dialect>/NNNN_name.sql`` and its
+    version in ``version_table`` (one row per applied migration), the same
+    scheme in both dialects.
+    """
+
+    #: ``ledger`` or ``outbox``, for messages
+    name: str
+    #: the package whose ``sql/<dialect>/`` folder holds the migrations
+    package: str
+    #: one row per applied migration: ``(version, name, applied_at...)``
+    version_table: str
+    #: the table whose presence says the store holds this component
+    main_table: str
+    #: ``pg_advisory_xact_lock`` key serializing concurrent migrators
+    pg_lock: int
+    errors: ErrorKinds
+    #: how an operator upgrades a store that is behind (ends a message)
+    migrate_hint: str
+    #: SQLite only: releases before the store package kept the ledger's version in
+    #: ``PRAGMA user_version``; it is read as a version too, and kept equal to the newest
+    legacy_user_version: bool = False
+    #: SQLite only: refuse to create the schema in a database holding other tables
+    refuse_foreign: bool = False
+    #: the dialects it ships migrations for
+    dialects: tuple[str, ...] = ("sqlite", "postgres")
+
+    def __post_init__(self) -> None:
+        # Read every migration once, now (at import for the shipped components):
+        # a running process then applies the SQL of the code it runs, even if the
+        # installed files are later replaced by an upgrade or become unreadable to
+        # it (a process that dropped privileges, a checkout in a private directory).
+        for dialect in self.dialects:
+            load_migrations(self.package, dialect)
+
+    def migrations(self, dialect: str) -> tuple[tuple[int, str, str], ...]:
+        """The ``(version, name, sql)`` migrations shipped for ``dialect``, in order."""
+        return load_migrations(self.package, dialect)
+
+    def newest(self, dialect: str) -> int:
+        """The schema version this code writes."""
+        return len(self.migrations(dialect))

@@ -1,0 +1,250 @@
+"""The SQLite connection thread, with group commit.
+
+Every SQLite store owns one worker thread with its own :mod:`sqlite3`
+connection; all database work runs there, so the event loop never blocks and
+the connection never crosses threads. Work reaches the thread through a queue
+and results come back with one ``call_soon_threadsafe`` per batch.
+
+Two kinds of work:
+
+* :meth:`SqliteThread.run` -- one function of the connection, alone, in queue
+  order (reads, prunes, whole transactions of its own);
+* :meth:`SqliteThread.apply` -- a *mutation* handed to the store's
+  ``write_batch``. **Group commit**: the mutations that are queued when the
+  thread becomes free -- up to ``max_batch``, optionally waiting up to
+  ``max_wait_ms`` for more -- share one ``BEGIN IMMEDIATE`` ... ``COMMIT``.
+  ``write_batch`` answers each job on its own (a rule failure fails only its
+  caller); a database error fails the whole batch. Every caller is answered
+  only after the ``COMMIT`` returned, i.e. after the commit is as durable as
+  ``synchronous`` makes it. A lone mutation never waits. A mutation whose
+  caller was cancelled while it was still queued is not applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..errors import FlowDecisionError
+from .batching import copy_error, settle
+from .migrations import sqlite_transaction
+from .sqlite import SqliteOpener
+
+__all__ = ["Job", "SqliteThread", "WriteBatch"]
+
+T = TypeVar("T")
+
+
+class Job:
+    """One unit of work queued for the thread, answered on its loop.
+
+    ``payload`` is the store's description of a mutation (``work`` is set
+    instead for :meth:`SqliteThread.run`); ``write_batch`` sets ``result`` or
+    ``error``.
+    """
+
+    __slots__ = ("error", "future", "loop", "payload", "result", "work")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future[Any],
+        payload: Any = None,
+        work: Callable[[sqlite3.Connection], Any] | None = None,
+    ) -> None:
+        self.loop = loop
+        self.future = future
+        self.payload = payload
+        self.work = work
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+#: ``write_batch(conn, jobs)`` runs inside the batch's transaction, sets each job's
+#: result or error, and may return a callback to run once the commit succeeded.
+WriteBatch = Callable[[sqlite3.Connection, list[Job]], Callable[[], None] | None]
+
+_STOP = object()
+
+
+class SqliteThread:
+    """One connection, one thread, one queue (see the module docs)."""
+
+    def __init__(
+        self,
+        opener: SqliteOpener,
+        *,
+        write_batch: WriteBatch | None = None,
+        max_batch: int = 1,
+        max_wait_ms: float = 0.0,
+    ) -> None:
+        self.opener = opener
+        self.write_batch = write_batch
+        self.max_batch = max_batch
+        self.max_wait_ms = max_wait_ms
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+
+    # -- the event loop's side -------------------------------------------------
+
+    async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work(connection)`` on the thread, in queue order."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._submit(Job(loop, future, work=work))
+        return await future
+
+    async def apply(self, payload: Any) -> Any:
+        """Queue a mutation for ``write_batch``; its result once its batch committed."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._submit(Job(loop, future, payload))
+        return await future
+
+    async def close(self) -> None:
+        """Close the connection and stop the thread (after queued work)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is None:
+            return
+
+        def shut(conn: sqlite3.Connection | None) -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._queue.put(Job(loop, future, work=shut))
+        self._queue.put(_STOP)
+        try:
+            await future
+        except FlowDecisionError:
+            pass
+
+    def _submit(self, job: Job) -> None:
+        if self._closed:
+            raise self.opener.component.errors.base(f"{self.opener.where} is closed")
+        if self._thread is None:
+            with self._thread_lock:
+                if self._thread is None:
+                    thread = threading.Thread(
+                        target=self._serve,
+                        name=f"flowdecision-sqlite-{self.opener.component.name}",
+                        daemon=True,
+                    )
+                    thread.start()
+                    self._thread = thread
+        self._queue.put(job)
+
+    # -- the thread's side ----------------------------------------------------------
+
+    def _serve(self) -> None:
+        """Take jobs in order, batching consecutive mutations."""
+        take = self._queue.get
+        carry: Any = None
+        while True:
+            job = carry if carry is not None else take()
+            carry = None
+            if job is _STOP:
+                return
+            if job.work is not None:
+                self._run_work(job)
+                self._answer([job])
+                continue
+            batch, carry = self._gather(job)
+            self._commit(batch)
+            self._answer(batch)
+
+    def _gather(self, first: Job) -> tuple[list[Job], Any]:
+        """``first`` and the mutations queued behind it (up to ``max_batch``), and the
+        next job that is not a mutation (carried to the next round), if any."""
+        batch = [first]
+        wait_s = self.max_wait_ms / 1000
+        deadline = 0.0
+        while len(batch) < self.max_batch:
+            try:
+                following = self._queue.get_nowait()
+            except queue.Empty:
+                if wait_s <= 0:
+                    break
+                now = time.monotonic()
+                if not deadline:
+                    deadline = now + wait_s
+                if now >= deadline:
+                    break
+                try:
+                    following = self._queue.get(timeout=deadline - now)
+                except queue.Empty:
+                    break
+            if following is _STOP or following.work is not None:
+                return batch, following
+            batch.append(following)
+        return batch, None
+
+    def _answer(self, jobs: list[Job]) -> None:
+        loop = jobs[0].loop
+        if all(job.loop is loop for job in jobs):
+            groups = [(loop, jobs)]
+        else:
+            by_loop: dict[asyncio.AbstractEventLoop, list[Job]] = {}
+            for job in jobs:
+                by_loop.setdefault(job.loop, []).append(job)
+            groups = list(by_loop.items())
+        for target, group in groups:
+            try:
+                target.call_soon_threadsafe(settle, group)
+            except RuntimeError:  # the caller's loop is closed: nobody is waiting
+                pass
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = self.opener.connect()
+        return self._conn
+
+    def _run_work(self, job: Job) -> None:
+        assert job.work is not None
+        try:
+            job.result = job.work(self._connection())
+        except sqlite3.Error as error:
+            failure = self.opener.translate(error)
+            failure.__cause__ = error
+            job.error = failure
+        except BaseException as error:
+            job.error = error
+
+    def _commit(self, batch: list[Job]) -> None:
+        """Apply ``batch`` in arrival order inside one ``BEGIN IMMEDIATE`` transaction."""
+        assert self.write_batch is not None
+        # A caller that gave up before the batch started is not applied (a claim nobody
+        # awaits would only leave a lease nobody holds). Read across threads, so a
+        # cancel that races with this check still applies.
+        live = [job for job in batch if not job.future.cancelled()]
+        try:
+            conn = self._connection()
+            with sqlite_transaction(conn):
+                committed = self.write_batch(conn, live)
+        except sqlite3.Error as error:
+            failure: BaseException = self.opener.translate(error)
+            failure.__cause__ = error
+            self._fail(batch, failure)
+            return
+        except Exception as error:
+            self._fail(batch, error)
+            return
+        if committed is not None:
+            committed()
+
+    def _fail(self, batch: list[Job], error: BaseException) -> None:
+        for index, job in enumerate(batch):
+            job.error = error if index == 0 else copy_error(error)
+            job.result = None

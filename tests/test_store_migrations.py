@@ -1,0 +1,220 @@
+"""The one migration runner and its policy: stores laid out by earlier releases open
+without manual steps; SQLite migrates on open, PostgreSQL only when asked.
+
+Real SQLite files and a real PostgreSQL server throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowdecision import open_ledger, request_hash
+from flowdecision.errors import LedgerSchemaError
+from flowdecision.ledger import Claimed, PostgresLedger, SqliteLedger
+from flowdecision.ledger.rows import LEDGER
+from flowdecision.sinks import OutboxSchemaError, OutboxSink
+from flowdecision.store import Component
+from flowdecision.store.migrations import (
+    load_migrations,
+    split_statements,
+    sqlite_migrate,
+    sqlite_schema_version,
+)
+from tests.helpers import request
+
+
+def _tables(path: Path) -> set[str]:
+    with sqlite3.connect(path) as conn:
+        return {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+
+
+def _user_version(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _legacy_sqlite_ledger(path: Path) -> None:
+    """A ledger exactly as releases before the store package left it: the schema of
+    migration 1, its version only in ``PRAGMA user_version``, no version table."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        for _, _, script in load_migrations("flowdecision.ledger", "sqlite"):
+            for statement in split_statements(script):
+                conn.execute(statement)
+        conn.execute("PRAGMA user_version = 1")
+    finally:
+        conn.close()
+
+
+async def test_a_sqlite_ledger_left_by_an_earlier_release_opens_without_manual_steps(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ledger.db"
+    _legacy_sqlite_ledger(path)
+    assert LEDGER.version_table not in _tables(path)
+
+    reader = await open_ledger(f"sqlite:///{path}", create=False)  # read-only: no writes
+    try:
+        assert await reader.lookup("dec-1") is None
+    finally:
+        await reader.close()
+    ledger = await SqliteLedger.open(path)
+    try:
+        assert await ledger.schema_version() == 1
+        assert await ledger.migrate() == (1, 1)
+        hash_ = request_hash(request(decision_id="dec-1"))
+        assert await ledger.claim("dec-1", hash_, "owner", lease_ms=60_000) == Claimed(1)
+    finally:
+        await ledger.close()
+    # An up-to-date store is only read when it opens.
+    assert LEDGER.version_table not in _tables(path)
+    assert _user_version(path) == 1
+
+
+async def test_a_new_sqlite_ledger_records_its_version_in_both_places(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    await (await SqliteLedger.open(path)).close()
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(f"SELECT version, name FROM {LEDGER.version_table}").fetchall()
+    assert rows == [(1, "0001_init.sql")]
+    # Earlier releases read only user_version: they still see (and refuse) newer schemas.
+    assert _user_version(path) == 1
+
+
+def _two_step_component(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Component:
+    """A component shipping migrations 1 and 2 (a real package on sys.path)."""
+    package = tmp_path / "twostep"
+    folder = package / "sql" / "sqlite"
+    folder.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (folder / "0001_init.sql").write_text("CREATE TABLE things (id TEXT PRIMARY KEY);\n")
+    (folder / "0002_more.sql").write_text(
+        "-- a second step\nALTER TABLE things ADD COLUMN note TEXT;\n"
+        "CREATE INDEX things_note ON things (note);\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return Component(
+        name="ledger",
+        package="twostep",
+        version_table="twostep_schema_version",
+        main_table="things",
+        pg_lock=1,
+        errors=LEDGER.errors,
+        migrate_hint="migrate it",
+        legacy_user_version=True,
+        dialects=("sqlite",),
+    )
+
+
+def test_the_runner_adopts_a_user_version_store_and_applies_only_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    component = _two_step_component(tmp_path, monkeypatch)
+    path = tmp_path / "store.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE things (id TEXT PRIMARY KEY)")  # migration 1, by hand
+        conn.execute("INSERT INTO things VALUES ('kept')")
+        conn.execute("PRAGMA user_version = 1")
+        # Re-running migration 1 would fail ("table things already exists").
+        assert sqlite_migrate(conn, component, "test store") == (1, 2)
+        assert sqlite_schema_version(conn, component) == 2
+        rows = conn.execute("SELECT version, name FROM twostep_schema_version").fetchall()
+        assert rows == [(1, "0001_init.sql"), (2, "0002_more.sql")]
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("SELECT id, note FROM things").fetchall() == [("kept", None)]
+        assert sqlite_migrate(conn, component, "test store") == (2, 2)  # idempotent
+        conn.execute("PRAGMA user_version = 3")  # a newer release was here
+        with pytest.raises(LedgerSchemaError, match="schema version 3, newer than version 2"):
+            sqlite_migrate(conn, component, "test store")
+    finally:
+        conn.close()
+
+
+async def test_a_ledger_and_an_outbox_keep_separate_versions_in_one_sqlite_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "both.db"
+    ledger = await SqliteLedger.open(path)
+    try:
+        async with OutboxSink(f"sqlite:///{path}") as outbox:
+            assert await outbox.migrate() == (0, 1)  # what opening found, and did
+            assert await outbox.deliver(request(decision_id="dec-1"), 1) is True
+        assert await ledger.schema_version() == 1
+    finally:
+        await ledger.close()
+    assert {"flowdecision_schema_version", "flow_decision_outbox_schema"} <= _tables(path)
+
+
+# -- PostgreSQL: explicit, for the ledger and the outbox alike --------------------------
+
+
+async def _public_tables(url: str) -> set[str]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        )
+    finally:
+        await conn.close()
+    return {row[0] for row in rows}
+
+
+async def test_a_postgres_outbox_is_not_migrated_on_open_and_says_how(pg_empty_url: str) -> None:
+    sink = OutboxSink(pg_empty_url)
+    with pytest.raises(OutboxSchemaError, match=r"flowdecision migrate --outbox"):
+        await sink.open()
+    await sink.close()
+    assert await _public_tables(pg_empty_url) == set()
+    assert await OutboxSink(pg_empty_url).migrate() == (0, 1)
+    assert await OutboxSink(pg_empty_url).migrate() == (1, 1)
+    async with OutboxSink(pg_empty_url) as opened:
+        assert await opened.deliver(request(decision_id="dec-1"), 1) is True
+    # The ledger's schema is its own: migrating the outbox did not create it.
+    with pytest.raises(LedgerSchemaError, match="run `flowdecision migrate`"):
+        await PostgresLedger.connect(pg_empty_url)
+
+
+async def test_ledger_and_outbox_in_one_postgres_database_version_separately(
+    pg_empty_url: str,
+) -> None:
+    ledger = PostgresLedger(pg_empty_url)
+    try:
+        assert await ledger.migrate() == (0, 1)
+    finally:
+        await ledger.close()
+    assert await OutboxSink(pg_empty_url).migrate() == (0, 1)
+    assert {
+        "flowdecision_claims",
+        "flowdecision_schema_version",
+        "flow_decision_outbox",
+        "flow_decision_outbox_schema",
+    } <= await _public_tables(pg_empty_url)
+
+
+def test_migrate_command_migrates_an_outbox_too(pg_empty_url: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "flowdecision.cli", "migrate", "--ledger", pg_empty_url,
+         "--outbox", pg_empty_url, "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["migrated"] is True
+    assert report["outbox"] == {"migrated": True, "version_before": 0, "version_after": 1}
+    lite = subprocess.run(
+        [sys.executable, "-m", "flowdecision.cli", "migrate", "--ledger",
+         f"sqlite:///{tmp_path}/l.db", "--outbox", f"sqlite:///{tmp_path}/o.db"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert lite.returncode == 0, lite.stderr
+    assert "outbox schema at version 1" in lite.stdout
