@@ -283,7 +283,7 @@ def test_a_client_that_disconnects_mid_body_is_a_499_not_an_error(tmp_path: Path
         for _ in range(3):
             with socket.create_connection((host, int(port)), timeout=10) as raw:
                 raw.sendall(
-                    b"POST /v1/decisions HTTP/1.1\r\nHost: x\r\n"
+                    b"POST /v1/decisions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                     b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
                     b'{"decision_id":'
                 )
