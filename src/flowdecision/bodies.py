@@ -34,12 +34,39 @@ __all__ = [
     "OutcomeBody",
     "ParameterDetails",
     "ReceiptBody",
+    "Schema",
     "TooLargeDetails",
 ]
 
-#: Metadata for :data:`typing.Annotated`: extra JSON Schema keywords.
-NonNegative = Annotated[int, {"minimum": 0}]
-Positive = Annotated[int, {"minimum": 1}]
+
+
+class Schema:
+    """:data:`typing.Annotated` metadata: extra JSON Schema keywords for a member.
+
+    ``ref="Name"`` stands for the component schema of that name. Hashable, as
+    ``Annotated`` metadata in a union must be.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, **keywords: object) -> None:
+        self._items = tuple(keywords.items())
+
+    def keywords(self) -> dict[str, object]:
+        """The keywords, as given."""
+        return dict(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Schema) and other._items == self._items
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+
+NonNegative = Annotated[int, Schema(minimum=0)]
+Positive = Annotated[int, Schema(minimum=1)]
+Digest = Annotated[str, Schema(pattern="^sha256:[0-9a-f]{64}$")]
+RequestHash = Annotated[str, Schema(pattern="^[0-9a-f]{64}$")]
 
 
 class IdentityBody(TypedDict):
@@ -47,7 +74,7 @@ class IdentityBody(TypedDict):
 
     schema: str
     domain: str
-    digest: Annotated[str, {"pattern": "^sha256:[0-9a-f]{64}$"}]
+    digest: Digest
 
 
 class ReceiptBody(TypedDict):
@@ -55,9 +82,9 @@ class ReceiptBody(TypedDict):
 
     schema: str
     identity: IdentityBody
-    evidence_digest: Annotated[str, {"pattern": "^sha256:[0-9a-f]{64}$"}]
-    outcome: Literal["succeeded", "failed", "cancelled", "timed_out"]
-    result_digest: NotRequired[Annotated[str, {"pattern": "^sha256:[0-9a-f]{64}$"}]]
+    evidence_digest: Digest
+    outcome: Annotated[str, Schema(enum=("succeeded", "failed", "cancelled", "timed_out"))]
+    result_digest: NotRequired[Digest]
     result_bytes: NonNegative
 
 
@@ -74,15 +101,16 @@ class DecisionStateBody(TypedDict):
     """``GET /v1/decisions/{decision_id}``: the claim record (never the owner).
 
     ``lease_expires_at_ms`` is present while ``pending``, ``completed_at_ms``
-    once ``completed``.
+    once ``completed`` (null for records written before it was kept).
+    ``unavailable`` is the state a custom ledger without inspection reports.
     """
 
     decision_id: str
-    state: Literal["pending", "completed"]
+    state: Annotated[str, Schema(enum=("pending", "completed", "unavailable"))]
     attempts: NonNegative
-    request_hash: Annotated[str, {"pattern": "^[0-9a-f]{64}$"}]
+    request_hash: RequestHash
     lease_expires_at_ms: NotRequired[int]
-    completed_at_ms: NotRequired[int]
+    completed_at_ms: NotRequired[int | None]
     execution_identity: IdentityBody | None
     receipt: ReceiptBody | None
 
@@ -92,11 +120,11 @@ class OutboxEntryBody(TypedDict):
 
     seq: Positive
     decision_id: str
-    request_hash: Annotated[str, {"pattern": "^[0-9a-f]{64}$"}]
+    request_hash: RequestHash
     first_attempt: Positive
     highest_attempt: Positive
     accepted_at_ms: int
-    request: Annotated[dict[str, Any], {"$ref": "#/components/schemas/DecisionRequest"}]
+    request: Annotated[dict[str, Any], Schema(ref="DecisionRequest")]
 
 
 class OutboxPageBody(TypedDict):
@@ -121,7 +149,7 @@ class ErrorRateCheckBody(TypedDict):
     window_s: Positive
     dispatches: NonNegative
     failures: NonNegative
-    rate: Annotated[float, {"minimum": 0, "maximum": 1}]
+    rate: Annotated[float, Schema(minimum=0, maximum=1)]
     threshold: float
     min_dispatches: NonNegative
 

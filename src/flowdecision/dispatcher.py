@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .bodies import OutcomeBody
 from .errors import (
     DecisionBusyError,
     DecisionConflictError,
@@ -80,7 +81,7 @@ class DispatchOutcome:
         """``"submitted"`` or ``"duplicate"``, as the service reports it."""
         return "submitted" if self.submitted else "duplicate"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> OutcomeBody:
         """The service's JSON body: ``outcome``, ``decision_id``, ``attempt``, ``receipt``."""
         return {
             "outcome": self.outcome,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Final
 
+from flowdecision.bodies import IdentityBody, ReceiptBody
 from flowdecision.errors import DispatchError, FlowDecisionError
 from flowdecision.jsonwire import JsonWireError, duplicate_keys, encode_json, parse_json
 from flowdecision.limits import RESULT_RECEIPT_MAX_BYTES, U64_MAX
@@ -244,7 +245,7 @@ class ExecutionIdentity:
         """
         return f"{self.domain}:{self.digest}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> IdentityBody:
         """Wire form in Rust field order."""
         return {"schema": self.schema, "domain": self.domain, "digest": self.digest}
 
@@ -408,18 +409,24 @@ class ResultReceipt:
         elif self.result_digest is not None or self.result_bytes != 0:
             raise _receipt_field_invalid("outcome")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ReceiptBody:
         """Wire form in Rust field order; ``result_digest`` omitted when ``None``."""
-        out: dict[str, Any] = {
+        if self.result_digest is None:
+            return {
+                "schema": self.schema,
+                "identity": self.identity.to_dict(),
+                "evidence_digest": self.evidence_digest,
+                "outcome": self.outcome.value,
+                "result_bytes": self.result_bytes,
+            }
+        return {
             "schema": self.schema,
             "identity": self.identity.to_dict(),
             "evidence_digest": self.evidence_digest,
             "outcome": self.outcome.value,
+            "result_digest": self.result_digest,
+            "result_bytes": self.result_bytes,
         }
-        if self.result_digest is not None:
-            out["result_digest"] = self.result_digest
-        out["result_bytes"] = self.result_bytes
-        return out
 
     def to_json(self) -> bytes:
         """``serde_json::to_vec`` of the receipt."""

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
 from flowdecision.errors import FlowDecisionError
 from flowdecision.jsonwire import (
+    InexactNumberError,
     JsonWireError,
     canonicalize,
     duplicate_keys,
@@ -722,6 +723,8 @@ class DecisionRequest:
             raise TypeError(f"expected JSON text or a mapping, got {type(data).__qualname__}")
         try:
             value = parse_json(data, exact_numbers=exact_numbers)
+        except InexactNumberError as exc:
+            return _parse_ignoring_unkept(data, exc)
         except JsonWireError as exc:
             if exc.path is not None:
                 raise InvalidRequestError(exc.path, exc.message) from exc
@@ -799,6 +802,41 @@ class DecisionRequest:
 
     def __hash__(self) -> int:
         return hash(self.to_json())
+
+
+def _kept_values(decision: Decision) -> tuple[str, ...]:
+    """The paths of the free-form values a request keeps (its other numbers are typed)."""
+    if isinstance(decision, Complete):
+        return ("decision.output",)
+    if isinstance(decision, ScheduleStep):
+        return ("decision.step.input",)
+    if isinstance(decision, ScheduleSteps):
+        return tuple(f"decision.steps[{index}].input" for index in range(len(decision.steps)))
+    return ()
+
+
+def _parse_ignoring_unkept(
+    data: bytes | bytearray | memoryview | str, error: InexactNumberError
+) -> DecisionRequest:
+    """``exact_numbers``: refuse an inexact number only where the request keeps it.
+
+    Unknown members are ignored (as serde does), so a number in one cannot be
+    lost; refusing it would turn away a request that nothing in it changes
+    (found by Schemathesis). Parsed again with rounding, the request's own
+    errors come first; then any inexact number inside ``input`` or ``output``
+    is refused, naming its path. Typed fields (retry counts) refuse a rounded
+    number by type anyway.
+    """
+    try:
+        request = _parse_request(parse_json(data), trusted=True)
+    except JsonWireError as exc:  # pragma: no cover - the exact parse got further
+        raise InvalidRequestError(exc.path or "", exc.message) from exc
+    kept = _kept_values(request.decision)
+    for path, problem in error.inexact:  # in document order: the first kept one is named
+        for prefix in kept:
+            if path == prefix or (path.startswith(prefix) and path[len(prefix)] in ".["):
+                raise InvalidRequestError(path, problem) from error
+    return request
 
 
 def _parse_request(obj: object, *, trusted: bool) -> DecisionRequest:

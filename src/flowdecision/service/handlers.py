@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from ..bodies import DecisionStateBody
 from ..dispatcher import DispatchOutcome
 from ..errors import DispatchError, LedgerError
 from ..health import HealthStatus
@@ -211,22 +212,22 @@ async def _dispatch(
 # -- reads ------------------------------------------------------------------------
 
 
-def _entry_body(entry: LedgerEntry) -> dict[str, Any]:
+def _entry_body(entry: LedgerEntry) -> DecisionStateBody:
     state = entry.state
-    body: dict[str, Any] = {
+    body: DecisionStateBody = {
         "decision_id": entry.decision_id,
         "state": state.kind,
         "attempts": entry.attempts,
         "request_hash": entry.request_hash,
+        "execution_identity": (
+            entry.execution_identity.to_dict() if entry.execution_identity else None
+        ),
+        "receipt": entry.result_receipt.to_dict() if entry.result_receipt else None,
     }
     if isinstance(state, Pending):
         body["lease_expires_at_ms"] = state.lease_expires_at_ms
     if isinstance(state, Completed):
         body["completed_at_ms"] = state.completed_at_ms
-    body["execution_identity"] = (
-        entry.execution_identity.to_dict() if entry.execution_identity else None
-    )
-    body["receipt"] = entry.result_receipt.to_dict() if entry.result_receipt else None
     return body
 
 
