@@ -77,8 +77,11 @@ class _Schemas:
             base, *metadata = get_args(tp)
             extra: dict[str, Any] = {}
             for item in metadata:
-                if isinstance(item, bodies.Schema):
-                    extra.update(item.keywords())
+                if isinstance(item, bodies.Schema):  # tuples (hashable) become JSON arrays
+                    extra.update(
+                        (key, list(value) if isinstance(value, tuple) else value)
+                        for key, value in item.keywords().items()
+                    )
             if "ref" in extra:
                 return _ref(str(extra["ref"]))
             return {**self.of(base), **extra}
