@@ -39,7 +39,6 @@ __all__ = [
 ]
 
 
-
 class Schema:
     """:data:`typing.Annotated` metadata: extra JSON Schema keywords for a member.
 

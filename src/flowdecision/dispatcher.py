@@ -20,7 +20,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from .bodies import OutcomeBody
 from .errors import (

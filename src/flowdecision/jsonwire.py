@@ -393,6 +393,8 @@ class InexactNumberError(JsonWireError):
     of the document (unknown members) can tell whether any of them matters.
     """
 
+    code: ClassVar[str] = "inexact_number"
+
     def __init__(self, problem: str, path: str | None, inexact: list[tuple[str, str]]) -> None:
         super().__init__(problem, path=path)
         self.inexact = inexact

@@ -13,7 +13,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException

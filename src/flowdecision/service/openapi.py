@@ -162,7 +162,12 @@ def _error_rows() -> dict[str, tuple[int, RetryAfter, Any, str]]:
         what = row.message or "the message says what is wrong with the request"
         rows[code] = (row.status, row.retry_after, details, what)
     for code, other in SERVICE_ERRORS.items():
-        rows[code] = (other.status, other.retry_after, other.details, f"sent by service/{other.where}.py")
+        rows[code] = (
+            other.status,
+            other.retry_after,
+            other.details,
+            f"sent by service/{other.where}.py",
+        )
     return rows
 
 
@@ -365,8 +370,9 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                         "name": "decision_id",
                         "in": "path",
                         "required": True,
-                        "description": "The decision id (may hold `/`).",
-                        "schema": {"type": "string", "minLength": 1},
+                        "description": "The decision id (may hold `/`); the identifier "
+                        "rules of the request body apply (422 `invalid_identifier`).",
+                        "schema": {**_identifier(False), "minLength": 1},
                     },
                     {"$ref": "#/components/parameters/X-Request-Id"},
                 ],
@@ -386,7 +392,12 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                         "name": "after",
                         "in": "query",
                         "description": "The last `seq` processed.",
-                        "schema": {"type": "integer", "minimum": 0, "maximum": I64_MAX, "default": 0},
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "maximum": I64_MAX,
+                            "default": 0,
+                        },
                     },
                     {
                         "name": "limit",
@@ -443,7 +454,8 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
         "/": {
             "get": {
                 "operationId": "getStatusPage",
-                "summary": "The HTML status page (Basic auth works: any user, the token as password)",
+                "summary": "The HTML status page",
+                "description": "Basic auth works too: any user name, the token as password.",
                 "security": _AUTH,
                 "parameters": [{"$ref": "#/components/parameters/X-Request-Id"}],
                 "responses": _responses(
@@ -452,9 +464,7 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                         "200": {
                             "description": "The status page.",
                             "headers": {
-                                "Cache-Control": _header(
-                                    "`no-store`", {"const": "no-store"}, True
-                                )
+                                "Cache-Control": _header("`no-store`", {"const": "no-store"}, True)
                             },
                             "content": {"text/html": {"schema": {"type": "string"}}},
                         }
@@ -481,7 +491,11 @@ def _identifier(non_blank: bool) -> dict[str, Any]:
     # C0, DEL and C1 controls are refused (flowdecision.limits); blank means
     # nothing but whitespace, which JSON Schema's \S approximates.
     plain = "[^\\u0000-\\u001f\\u007f-\\u009f]"
-    pattern = f"^{plain}*$" if not non_blank else f"^{plain}*[^\\s\\u0000-\\u001f\\u007f-\\u009f]{plain}*$"
+    pattern = (
+        f"^{plain}*$"
+        if not non_blank
+        else f"^{plain}*[^\\s\\u0000-\\u001f\\u007f-\\u009f]{plain}*$"
+    )
     return {"type": "string", "maxLength": IDENTIFIER_MAX_BYTES, "pattern": pattern}
 
 
