@@ -21,7 +21,13 @@ import pytest
 import requests
 import schemathesis
 
-from flowdecision.identity import ResultOutcome
+from flowdecision.identity import (
+    RESULT_RECEIPT_MAX_BYTES,
+    ExecutionContractError,
+    ResultOutcome,
+    ResultReceipt,
+    decision_receipt,
+)
 from flowdecision.ledger.states import Completed, Pending, Unavailable
 from flowdecision.service.errors import HTTP_ERRORS, SERVICE_ERRORS
 from flowdecision.service.openapi import openapi_document, openapi_json
@@ -165,6 +171,32 @@ def test_retry_after_is_declared_where_the_table_sends_it() -> None:
     assert "Retry-After" not in post["422"]["headers"]
     assert "Preference-Applied" in post["200"]["headers"]
     assert post["201"]["links"]["GetDecision"]["operationId"] == "getDecision"
+
+
+@pytest.mark.parametrize(
+    ("change", "valid"),
+    [
+        ({}, True),
+        ({"outcome": "failed"}, False),  # a failed outcome carries no digest
+        ({"outcome": "failed", "result_digest": None, "result_bytes": 0}, True),
+        ({"result_bytes": 0}, False),  # succeeded needs bytes
+        ({"result_digest": None}, False),  # ... and a digest
+        ({"schema": "other.v1"}, False),
+        ({"evidence_digest": "sha256:XYZ"}, False),
+        ({"result_bytes": RESULT_RECEIPT_MAX_BYTES + 1}, False),
+    ],
+)
+def test_the_receipt_schema_states_the_receipt_rules(change: dict[str, Any], valid: bool) -> None:
+    _identity, receipt = decision_receipt(decision())
+    body: dict[str, Any] = {**receipt.to_dict(), **change}
+    body = {key: value for key, value in body.items() if value is not None}
+    assert _validator("Receipt").is_valid(body) is valid
+    try:  # the library agrees
+        ResultReceipt.from_dict(body).validate()
+        accepted = True
+    except ExecutionContractError:
+        accepted = False
+    assert accepted is valid
 
 
 # -- true of real answers -------------------------------------------------------

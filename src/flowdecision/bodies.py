@@ -64,26 +64,33 @@ class Schema:
 
 NonNegative = Annotated[int, Schema(minimum=0)]
 Positive = Annotated[int, Schema(minimum=1)]
-Digest = Annotated[str, Schema(pattern="^sha256:[0-9a-f]{64}$")]
 RequestHash = Annotated[str, Schema(pattern="^[0-9a-f]{64}$")]
 
 
 class IdentityBody(TypedDict):
-    """An execution identity (``ExecutionIdentityV1``), in Rust field order."""
+    """An execution identity (``ExecutionIdentityV1``), in Rust field order.
+
+    (Its constants and patterns come from :mod:`flowdecision.identity`, which
+    the contract generator applies.)
+    """
 
     schema: str
     domain: str
-    digest: Digest
+    digest: str
 
 
 class ReceiptBody(TypedDict):
-    """A result receipt (``ExecutionResultReceiptV1``); ``result_digest`` may be absent."""
+    """A result receipt (``ExecutionResultReceiptV1``).
+
+    ``succeeded`` carries ``result_digest`` and ``result_bytes`` above 0; the
+    other outcomes carry no digest and 0 bytes.
+    """
 
     schema: str
     identity: IdentityBody
-    evidence_digest: Digest
-    outcome: Annotated[str, Schema(enum=("succeeded", "failed", "cancelled", "timed_out"))]
-    result_digest: NotRequired[Digest]
+    evidence_digest: str
+    outcome: str
+    result_digest: NotRequired[str]
     result_bytes: NonNegative
 
 

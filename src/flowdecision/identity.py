@@ -28,6 +28,8 @@ from flowdecision.model import DecisionRequest
 
 __all__ = [
     "DECISION_IDENTITY_DOMAIN",
+    "DIGEST_PATTERN",
+    "DOMAIN_PATTERN",
     "EVIDENCE_DOMAIN",
     "IDENTITY_SCHEMA",
     "RECEIPT_SCHEMA",
@@ -57,9 +59,13 @@ _DOMAIN_INVALID: Final = "execution identity domain is empty or invalid"
 _DIGEST_INVALID: Final = "execution identity digest is invalid"
 _RECEIPT_TOO_LARGE: Final = "execution result receipt exceeds its byte limit"
 
-# fullmatch + explicit classes: non-empty, <= 128 bytes (ASCII only), one line.
-_DOMAIN_RE: Final = re.compile(r"[a-z0-9._-]{1,128}")
-_DIGEST_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
+#: What a valid domain and digest look like (matched whole; the OpenAPI
+#: contract declares the same patterns). Explicit classes: non-empty, at most
+#: 128 bytes (ASCII only), one line.
+DOMAIN_PATTERN: Final = "[a-z0-9._-]{1,128}"
+DIGEST_PATTERN: Final = "sha256:[0-9a-f]{64}"
+_DOMAIN_RE: Final = re.compile(DOMAIN_PATTERN)
+_DIGEST_RE: Final = re.compile(DIGEST_PATTERN)
 
 _IDENTITY_FIELDS: Final = ("schema", "domain", "digest")
 _RECEIPT_FIELDS: Final = (

@@ -49,6 +49,14 @@ from starlette.routing import Route
 
 from .. import bodies
 from ..health import HealthSnapshot
+from ..identity import (
+    DIGEST_PATTERN,
+    DOMAIN_PATTERN,
+    IDENTITY_SCHEMA,
+    RECEIPT_SCHEMA,
+    RESULT_RECEIPT_MAX_BYTES,
+    ResultOutcome,
+)
 from ..limits import I64_MAX, IDENTIFIER_MAX_BYTES
 from ..model import json_schemas
 from .errors import HTTP_ERRORS, SERVICE_ERRORS, RetryAfter
@@ -487,6 +495,33 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
     }
 
 
+def _refine_receipts(components: dict[str, Any]) -> None:
+    """The identity and receipt rules of :mod:`flowdecision.identity`, which a
+    TypedDict cannot state: fixed schema names, patterns, and what each outcome
+    carries (``ResultReceipt.validate``)."""
+    digest = {"type": "string", "pattern": f"^{DIGEST_PATTERN}$"}
+    identity = components["Identity"]["properties"]
+    identity["schema"] = {"const": IDENTITY_SCHEMA}
+    identity["domain"] = {"type": "string", "pattern": f"^{DOMAIN_PATTERN}$"}
+    identity["digest"] = digest
+    receipt = components["Receipt"]
+    fields = receipt["properties"]
+    fields["schema"] = {"const": RECEIPT_SCHEMA}
+    fields["evidence_digest"] = digest
+    fields["outcome"] = {"enum": [outcome.value for outcome in ResultOutcome]}
+    fields["result_digest"] = digest
+    fields["result_bytes"]["maximum"] = RESULT_RECEIPT_MAX_BYTES
+    receipt["if"] = {"properties": {"outcome": {"const": ResultOutcome.SUCCEEDED.value}}}
+    receipt["then"] = {
+        "required": ["result_digest"],
+        "properties": {"result_bytes": {"minimum": 1}},
+    }
+    receipt["else"] = {
+        "not": {"required": ["result_digest"]},
+        "properties": {"result_bytes": {"const": 0}},
+    }
+
+
 def _identifier(non_blank: bool) -> dict[str, Any]:
     # C0, DEL and C1 controls are refused (flowdecision.limits); blank means
     # nothing but whitespace, which JSON Schema's \S approximates.
@@ -532,6 +567,7 @@ def openapi_document() -> dict[str, Any]:
     del schemas.components[snapshot["$ref"].removeprefix(_REF)]
     _error_schemas(schemas)
     paths = _paths(schemas)
+    _refine_receipts(schemas.components)
     return {
         "openapi": "3.1.0",
         "info": {
