@@ -254,7 +254,11 @@ class _BadParam(Exception):
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
+    values = request.query_params.getlist(name)
+    if len(values) > 1:
+        # Starlette would use the last one and drop the rest unread (found by Schemathesis).
+        raise _BadParam(name, f"must be given at most once, got {len(values)} values")
+    raw = values[0] if values else None
     if raw is None or raw == "":
         return default
     if not raw.isdigit() or not low <= int(raw) <= high:
