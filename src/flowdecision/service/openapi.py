@@ -48,6 +48,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import bodies
+from ..errors import FlowDecisionError, LedgerError
 from ..health import HealthSnapshot
 from ..identity import (
     DIGEST_PATTERN,
@@ -272,6 +273,17 @@ def _responses(
     return dict(sorted(responses.items()))
 
 
+def _codes_of(base: type[FlowDecisionError]) -> list[str]:
+    """The codes of ``base`` and its subclasses that :data:`HTTP_ERRORS` answers, in table order."""
+    classes, pending = set(), [base]
+    while pending:
+        cls = pending.pop()
+        classes.add(cls)
+        pending.extend(cls.__subclasses__())
+    codes = {cls.code for cls in classes}
+    return [code for code in HTTP_ERRORS if code in codes]
+
+
 def _json_answer(description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"description": description, "content": {_JSON: {"schema": schema}}}
 
@@ -321,7 +333,8 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
             {"type": "string", "pattern": "^wait=[0-9]+$"},
         )
     }
-    ledger_codes = ["ledger_unavailable", "ledger_error", "ledger_corrupt", "ledger_schema"]
+    # What a ledger read can raise: LedgerError and its subclasses (the table's rows).
+    ledger_codes = _codes_of(LedgerError)
     return {
         "/v1/decisions": {
             "post": {
@@ -385,7 +398,7 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                     {"$ref": "#/components/parameters/X-Request-Id"},
                 ],
                 "responses": _responses(
-                    [*_common(True), "not_found", "invalid_identifier", *ledger_codes],
+                    [*_common(True), "not_found", *ledger_codes],
                     {"200": _json_answer("The claim record (never the owner).", state)},
                 ),
             }
