@@ -646,7 +646,8 @@ def openapi_document() -> dict[str, Any]:
 
 @functools.cache
 def openapi_json() -> bytes:
-    """The contract as the bytes served and committed (sorted nowhere: order is meaning)."""
+    """The contract as the bytes served and committed: indented, keys in the order
+    built (paths as in docs/SERVICE.md, schemas by name), ending in a newline."""
     return (json.dumps(openapi_document(), indent=2, ensure_ascii=False) + "\n").encode()
 
 
