@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest bench clean chromium wrk
+.PHONY: run test lint typecheck pytest bench clean chromium wrk openapi
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ pytest: $(STAMP) chromium
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest
+
+# Regenerate the committed OpenAPI contract (tests/test_openapi.py fails when it is stale).
+openapi: $(STAMP)
+	$(BIN)/python -m flowdecision.service.openapi > docs/openapi.json
 
 BENCH_STAMP := $(VENV)/.installed-bench
 

@@ -297,6 +297,24 @@ def test_exact_numbers_refuse_what_serde_would_round(
     assert wire.value.path == path
 
 
+def test_exact_numbers_ignore_numbers_in_members_the_model_drops() -> None:
+    # Found by Schemathesis: unknown members are ignored (as serde does), so a
+    # number in one is never kept and cannot be rounded away; it is no reason
+    # to refuse the request. One inside a kept value still is, after it.
+    text = (
+        '{"decision_id":"d","run_id":"r","authority_branch_id":"production",'
+        '"causation_event_id":"e","extra":[11161103754368468910080,0.10000000000000000001],'
+        '"decision":{"type":"schedule_steps","z":1e-400,"steps":[{"step_id":"s",'
+        '"step_name":"n","unknown":18446744073709551616,"input":{"n":%s}}]}}'
+    )
+    kept = DecisionRequest.parse(text % "1", exact_numbers=True)
+    assert kept == DecisionRequest.parse(text % "1")
+    assert b"extra" not in kept.to_json() and b"unknown" not in kept.to_json()
+    with pytest.raises(InvalidRequestError) as caught:
+        DecisionRequest.parse(text % "[1,18446744073709551616]", exact_numbers=True)
+    assert caught.value.field == "decision.steps[0].input.n[1]"
+
+
 @pytest.mark.parametrize(
     "number",
     [

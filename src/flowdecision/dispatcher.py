@@ -20,8 +20,9 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
+from .bodies import OutcomeBody
 from .errors import (
     DecisionBusyError,
     DecisionConflictError,
@@ -80,7 +81,7 @@ class DispatchOutcome:
         """``"submitted"`` or ``"duplicate"``, as the service reports it."""
         return "submitted" if self.submitted else "duplicate"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> OutcomeBody:
         """The service's JSON body: ``outcome``, ``decision_id``, ``attempt``, ``receipt``."""
         return {
             "outcome": self.outcome,

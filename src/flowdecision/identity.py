@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Final
 
+from flowdecision.bodies import IdentityBody, ReceiptBody
 from flowdecision.errors import DispatchError, FlowDecisionError
 from flowdecision.jsonwire import JsonWireError, duplicate_keys, encode_json, parse_json
 from flowdecision.limits import RESULT_RECEIPT_MAX_BYTES, U64_MAX
@@ -27,6 +28,8 @@ from flowdecision.model import DecisionRequest
 
 __all__ = [
     "DECISION_IDENTITY_DOMAIN",
+    "DIGEST_PATTERN",
+    "DOMAIN_PATTERN",
     "EVIDENCE_DOMAIN",
     "IDENTITY_SCHEMA",
     "RECEIPT_SCHEMA",
@@ -56,9 +59,13 @@ _DOMAIN_INVALID: Final = "execution identity domain is empty or invalid"
 _DIGEST_INVALID: Final = "execution identity digest is invalid"
 _RECEIPT_TOO_LARGE: Final = "execution result receipt exceeds its byte limit"
 
-# fullmatch + explicit classes: non-empty, <= 128 bytes (ASCII only), one line.
-_DOMAIN_RE: Final = re.compile(r"[a-z0-9._-]{1,128}")
-_DIGEST_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
+#: What a valid domain and digest look like (matched whole; the OpenAPI
+#: contract declares the same patterns). Explicit classes: non-empty, at most
+#: 128 bytes (ASCII only), one line.
+DOMAIN_PATTERN: Final = "[a-z0-9._-]{1,128}"
+DIGEST_PATTERN: Final = "sha256:[0-9a-f]{64}"
+_DOMAIN_RE: Final = re.compile(DOMAIN_PATTERN)
+_DIGEST_RE: Final = re.compile(DIGEST_PATTERN)
 
 _IDENTITY_FIELDS: Final = ("schema", "domain", "digest")
 _RECEIPT_FIELDS: Final = (
@@ -244,7 +251,7 @@ class ExecutionIdentity:
         """
         return f"{self.domain}:{self.digest}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> IdentityBody:
         """Wire form in Rust field order."""
         return {"schema": self.schema, "domain": self.domain, "digest": self.digest}
 
@@ -408,18 +415,24 @@ class ResultReceipt:
         elif self.result_digest is not None or self.result_bytes != 0:
             raise _receipt_field_invalid("outcome")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ReceiptBody:
         """Wire form in Rust field order; ``result_digest`` omitted when ``None``."""
-        out: dict[str, Any] = {
+        if self.result_digest is None:
+            return {
+                "schema": self.schema,
+                "identity": self.identity.to_dict(),
+                "evidence_digest": self.evidence_digest,
+                "outcome": self.outcome.value,
+                "result_bytes": self.result_bytes,
+            }
+        return {
             "schema": self.schema,
             "identity": self.identity.to_dict(),
             "evidence_digest": self.evidence_digest,
             "outcome": self.outcome.value,
+            "result_digest": self.result_digest,
+            "result_bytes": self.result_bytes,
         }
-        if self.result_digest is not None:
-            out["result_digest"] = self.result_digest
-        out["result_bytes"] = self.result_bytes
-        return out
 
     def to_json(self) -> bytes:
         """``serde_json::to_vec`` of the receipt."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import json.encoder
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any, ClassVar, Final
 
@@ -35,6 +35,7 @@ from .limits import I64_MIN, JSON_MAX_DEPTH, U64_MAX
 __all__ = [
     "MAX_DEPTH",
     "DuplicateKeyDict",
+    "InexactNumberError",
     "JsonWireError",
     "canonicalize",
     "duplicate_keys",
@@ -299,21 +300,16 @@ def key_segment(key: str) -> str:
     return f"[{encode_str(key)}]"
 
 
-def _find_inexact(value: Any, path: str) -> tuple[str, _Inexact] | None:
-    """The first inexact-number marker in document order, with its path."""
+def _find_inexact(value: Any, path: str) -> Iterator[tuple[str, _Inexact]]:
+    """The inexact-number markers in document order, with their paths."""
     if isinstance(value, _Inexact):
-        return path, value
-    if isinstance(value, dict):
+        yield path, value
+    elif isinstance(value, dict):
         for key, item in value.items():
-            found = _find_inexact(item, f"{path}{key_segment(key)}")
-            if found is not None:
-                return found
+            yield from _find_inexact(item, f"{path}{key_segment(key)}")
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            found = _find_inexact(item, f"{path}[{index}]")
-            if found is not None:
-                return found
-    return None
+            yield from _find_inexact(item, f"{path}[{index}]")
 
 
 # The number hooks cost less than any regex pre-scan that could avoid them.
@@ -389,13 +385,31 @@ def parse_json(
     return value
 
 
-def _locate_inexact(text: str, first: _Inexact) -> JsonWireError:
-    # Rare path: decode again, marking instead of raising, to name the path.
-    found = _find_inexact(_MARKING_DECODER.decode(text), "")
-    if found is None:  # it sat under a repeated key whose last value won
-        return JsonWireError(first.problem)
-    path, inexact = found
-    return JsonWireError(inexact.problem, path=path.removeprefix("."))
+class InexactNumberError(JsonWireError):
+    """``exact_numbers``: numbers that would not be kept exactly.
+
+    ``path`` and the message name the first; :attr:`inexact` lists every one
+    as ``(path, problem)`` in document order, so a caller that ignores parts
+    of the document (unknown members) can tell whether any of them matters.
+    """
+
+    code: ClassVar[str] = "inexact_number"
+
+    def __init__(self, problem: str, path: str | None, inexact: list[tuple[str, str]]) -> None:
+        super().__init__(problem, path=path)
+        self.inexact = inexact
+
+
+def _locate_inexact(text: str, first: _Inexact) -> InexactNumberError:
+    # Rare path: decode again, marking instead of raising, to name the paths.
+    found = [
+        (path.removeprefix("."), inexact.problem)
+        for path, inexact in _find_inexact(_MARKING_DECODER.decode(text), "")
+    ]
+    if not found:  # it sat under a repeated key whose last value won
+        return InexactNumberError(first.problem, None, [])
+    path, problem = found[0]
+    return InexactNumberError(problem, path, found)
 
 
 def _describe_decode_error(exc: json.JSONDecodeError) -> str:

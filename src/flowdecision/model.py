@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
 from flowdecision.errors import FlowDecisionError
 from flowdecision.jsonwire import (
+    InexactNumberError,
     JsonWireError,
     canonicalize,
     duplicate_keys,
@@ -60,6 +61,7 @@ __all__ = [
     "RetryPolicyError",
     "ScheduleStep",
     "ScheduleSteps",
+    "json_schemas",
     "request_hash",
 ]
 
@@ -721,6 +723,8 @@ class DecisionRequest:
             raise TypeError(f"expected JSON text or a mapping, got {type(data).__qualname__}")
         try:
             value = parse_json(data, exact_numbers=exact_numbers)
+        except InexactNumberError as exc:
+            return _parse_ignoring_unkept(data, exc)
         except JsonWireError as exc:
             if exc.path is not None:
                 raise InvalidRequestError(exc.path, exc.message) from exc
@@ -800,6 +804,41 @@ class DecisionRequest:
         return hash(self.to_json())
 
 
+def _kept_values(decision: Decision) -> tuple[str, ...]:
+    """The paths of the free-form values a request keeps (its other numbers are typed)."""
+    if isinstance(decision, Complete):
+        return ("decision.output",)
+    if isinstance(decision, ScheduleStep):
+        return ("decision.step.input",)
+    if isinstance(decision, ScheduleSteps):
+        return tuple(f"decision.steps[{index}].input" for index in range(len(decision.steps)))
+    return ()
+
+
+def _parse_ignoring_unkept(
+    data: bytes | bytearray | memoryview | str, error: InexactNumberError
+) -> DecisionRequest:
+    """``exact_numbers``: refuse an inexact number only where the request keeps it.
+
+    Unknown members are ignored (as serde does), so a number in one cannot be
+    lost; refusing it would turn away a request that nothing in it changes
+    (found by Schemathesis). Parsed again with rounding, the request's own
+    errors come first; then any inexact number inside ``input`` or ``output``
+    is refused, naming its path. Typed fields (retry counts) refuse a rounded
+    number by type anyway.
+    """
+    try:
+        request = _parse_request(parse_json(data), trusted=True)
+    except JsonWireError as exc:  # pragma: no cover - the exact parse got further
+        raise InvalidRequestError(exc.path or "", exc.message) from exc
+    kept = _kept_values(request.decision)
+    for path, problem in error.inexact:  # in document order: the first kept one is named
+        for prefix in kept:
+            if path == prefix or (path.startswith(prefix) and path[len(prefix)] in ".["):
+                raise InvalidRequestError(path, problem) from error
+    return request
+
+
 def _parse_request(obj: object, *, trusted: bool) -> DecisionRequest:
     m = _struct(obj, "", "FlowDecisionRequest")
     _reject_duplicates(m, "", _REQUEST_FIELDS)
@@ -818,3 +857,99 @@ def _parse_request(obj: object, *, trusted: bool) -> DecisionRequest:
 def request_hash(request: DecisionRequest) -> str:
     """Legacy ledger key: lowercase hex SHA-256 of :meth:`DecisionRequest.to_json`."""
     return hashlib.sha256(request.to_json()).hexdigest()
+
+
+# ------------------------------------------------------------------------ JSON Schema
+
+_SCHEMA_REF: Final = "#/components/schemas/"
+
+
+def json_schemas(ref_prefix: str = _SCHEMA_REF) -> dict[str, dict[str, Any]]:
+    """JSON Schemas (draft 2020-12) of the wire model, by name, referring to each
+    other as ``{ref_prefix}{name}``; ``DecisionRequest`` is the request.
+
+    Built from the same field, variant and range constants the parser above
+    uses, so the two cannot drift apart; tests/test_model_schema.py replays
+    tests/data/hash_vectors.jsonl against it. What JSON Schema cannot say is
+    left to the parser: JSON syntax, duplicate struct fields, lone surrogates,
+    and that an ``integer`` must be written without a fraction (``1.0``).
+    Unknown members are ignored on input, so every object admits them.
+    """
+
+    def ref(name: str) -> dict[str, Any]:
+        return {"$ref": ref_prefix + name}
+
+    def struct(
+        description: str, properties: dict[str, Any], optional: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "description": description,
+            "properties": properties,
+            "required": [name for name in properties if name not in optional],
+        }
+
+    def uint(maximum: int) -> dict[str, Any]:
+        return {"type": "integer", "minimum": 0, "maximum": maximum}
+
+    def variant(tag: str, description: str, **members: Any) -> dict[str, Any]:
+        return struct(description, {"type": {"const": tag}, **members})
+
+    any_json: dict[str, Any] = {"description": "any JSON value"}
+    string: dict[str, Any] = {"type": "string"}
+    retry_types = dict(
+        zip(
+            _RETRY_FIELDS,
+            (
+                uint(U32_MAX),
+                uint(U64_MAX),
+                {"enum": list(_BACKOFFS)},
+                uint(U64_MAX),
+                {"enum": list(_ON_EXHAUSTED)},
+            ),
+            strict=True,
+        )
+    )
+    variants = dict(
+        zip(
+            _VARIANTS,
+            (
+                variant("schedule_step", "Schedule one step.", step=ref("DecisionStep")),
+                variant(
+                    "schedule_steps",
+                    "Schedule several steps (possibly none).",
+                    steps={"type": "array", "items": ref("DecisionStep")},
+                ),
+                variant("complete", "Complete the run with `output`.", output=any_json),
+                variant("fail", "Fail the run with a message.", error=string),
+            ),
+            strict=True,
+        )
+    )
+    names = {tag: "".join(part.title() for part in tag.split("_")) for tag in _VARIANTS}
+    return {
+        "DecisionRequest": struct(
+            "A decision a flow graph proposes (the wire format of tests/data/VECTORS.md).",
+            dict(zip(_REQUEST_FIELDS, (string,) * 4 + (ref("Decision"),), strict=True)),
+        ),
+        "Decision": {
+            "description": "What the run does next, tagged by `type`.",
+            "oneOf": [ref(names[tag]) for tag in _VARIANTS],
+            "discriminator": {
+                "propertyName": "type",
+                "mapping": {tag: ref_prefix + names[tag] for tag in _VARIANTS},
+            },
+        },
+        **{names[tag]: schema for tag, schema in variants.items()},
+        "DecisionStep": struct(
+            "One step to schedule; `input` is any JSON value, `retry` defaults to "
+            "3 attempts without delay.",
+            dict(zip(_STEP_FIELDS, (string, string, any_json, ref("RetryPolicy")), strict=True)),
+            optional=("retry",),
+        ),
+        "RetryPolicy": struct(
+            "A3S Flow's retry policy (its rules are not checked on input).",
+            retry_types,
+            optional=("backoff", "max_delay_ms", "on_exhausted"),
+        ),
+    }

@@ -44,6 +44,9 @@ log = logging.getLogger("flowdecision.service")
 
 def create_app(settings: Settings, *, service: Service | None = None) -> Starlette:
     """The ASGI app. With ``service`` the app uses (and on shutdown closes) it."""
+    # Imported here so `python -m flowdecision.service.openapi` runs it fresh.
+    from .openapi import OPENAPI_PATH, openapi_route
+
     context = AppContext(
         settings=settings,
         service=service,
@@ -82,7 +85,10 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
             await current.stop(settings.shutdown_grace_s)
             log.info("service stopped")
 
-    public = frozenset() if settings.auth_healthz else frozenset({"/healthz"})
+    # The contract is public: it holds nothing a caller could not read in the repository.
+    all_routes = [*routes(), openapi_route()]
+    body_paths = [r.path for r in all_routes if r.methods and r.methods & {"POST", "PUT", "PATCH"}]
+    public = frozenset({OPENAPI_PATH} if settings.auth_healthz else {"/healthz", OPENAPI_PATH})
     middleware = [
         Middleware(UnreadBodyMiddleware),
         Middleware(
@@ -92,10 +98,11 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
         ),
         BrowserGuardMiddleware.middleware(settings),
         Middleware(AuthMiddleware, tokens=settings.tokens(), public=public),
-        Middleware(JsonContentTypeMiddleware),
+        # Only paths with a body route: elsewhere a POST is answered 405, not 415.
+        Middleware(JsonContentTypeMiddleware, paths=body_paths),
     ]
     app = Starlette(
-        routes=routes(),
+        routes=all_routes,
         middleware=middleware,
         lifespan=lifespan,
         exception_handlers={HTTPException: http_exception_handler},

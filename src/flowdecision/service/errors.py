@@ -24,15 +24,27 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..bodies import (
+    BranchDetails,
+    BusyDetails,
+    ConflictDetails,
+    FieldDetails,
+    LimitDetails,
+    NotFoundDetails,
+    ParameterDetails,
+    TooLargeDetails,
+)
 from ..errors import classified_code
 from .logs import current_request_id
 
 __all__ = [
     "HTTP_ERRORS",
     "INTERNAL",
+    "SERVICE_ERRORS",
     "ErrorContext",
     "HttpError",
     "RetryAfter",
+    "ServiceError",
     "busy_retry_after_s",
     "error_code_for",
     "error_response",
@@ -66,7 +78,9 @@ class ErrorContext:
     heartbeat_ms: int
 
 
-Details = Callable[[Any, ErrorContext], dict[str, Any]]
+#: Builds the extra members of ``error``; its return annotation (a TypedDict in
+#: :mod:`flowdecision.bodies`) is what the OpenAPI contract declares for the code.
+Details = Callable[[Any, ErrorContext], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +98,7 @@ class HttpError:
     details: Details | None = None
 
 
-def _fields(error: Any, _ctx: ErrorContext) -> dict[str, Any]:
+def _fields(error: Any, _ctx: ErrorContext) -> FieldDetails:
     field, problem = error.field, error.problem
     return {"field": field, "problem": problem, "fields": [{"field": field, "problem": problem}]}
 
@@ -99,27 +113,31 @@ def busy_retry_after_s(lease_expires_at_ms: int, ctx: ErrorContext) -> int:
     return max(1, min(remaining, math.ceil(ctx.heartbeat_ms / 1000)))
 
 
-def _busy(error: Any, ctx: ErrorContext) -> dict[str, Any]:
+def _busy(error: Any, ctx: ErrorContext) -> BusyDetails:
     return {
         "lease_expires_at_ms": error.lease_expires_at_ms,
         "retry_after_s": busy_retry_after_s(error.lease_expires_at_ms, ctx),
     }
 
 
-def _too_large(error: Any, _ctx: ErrorContext) -> dict[str, Any]:
+def _too_large(error: Any, _ctx: ErrorContext) -> TooLargeDetails:
     return {"size_bytes": error.size, "limit_bytes": error.limit}
+
+
+def _branch(error: Any, _ctx: ErrorContext) -> BranchDetails:
+    return {"expected_branch": error.expected, "branch": error.actual}
+
+
+def _conflict(error: Any, _ctx: ErrorContext) -> ConflictDetails:
+    return {"decision_id": error.decision_id}
 
 
 #: Error code -> HTTP answer. The codes are the error classes' ``code`` (see
 #: ``flowdecision/errors.py``); docs/SERVICE.md lists the same table.
 HTTP_ERRORS: dict[str, HttpError] = {
     # The caller's request: the message says what is wrong with it.
-    "forbidden_branch": HttpError(
-        403,
-        None,
-        details=lambda e, _c: {"expected_branch": e.expected, "branch": e.actual},
-    ),
-    "conflict": HttpError(409, None, details=lambda e, _c: {"decision_id": e.decision_id}),
+    "forbidden_branch": HttpError(403, None, details=_branch),
+    "conflict": HttpError(409, None, details=_conflict),
     "busy": HttpError(409, None, RetryAfter.HEARTBEAT, _busy),
     "decision_too_large": HttpError(413, None, details=_too_large),
     "invalid_request": HttpError(422, None, details=_fields),
@@ -161,6 +179,40 @@ HTTP_ERRORS: dict[str, HttpError] = {
 
 #: The answer to anything the table does not know.
 INTERNAL = HTTP_ERRORS["internal"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceError:
+    """A code the service answers itself (not a library error class): its status,
+    the TypedDict of its extra members and its ``Retry-After`` policy.
+
+    ``where`` names the module that sends it. tests/test_openapi.py checks that
+    every ``error_response``/``_raw_response`` in the service uses a code listed
+    here or in :data:`HTTP_ERRORS`, with the same status.
+    """
+
+    status: int
+    where: str
+    details: type | None = None
+    retry_after: RetryAfter = RetryAfter.NEVER
+
+
+#: Codes answered outside :data:`HTTP_ERRORS`, for the OpenAPI contract
+#: (service/openapi.py) and docs/SERVICE.md.
+SERVICE_ERRORS: dict[str, ServiceError] = {
+    "unauthorized": ServiceError(401, "auth"),
+    "origin_not_allowed": ServiceError(403, "guards"),
+    "not_found": ServiceError(404, "handlers", NotFoundDetails),
+    "no_outbox": ServiceError(404, "handlers"),
+    "method_not_allowed": ServiceError(405, "errors"),
+    "request_timeout": ServiceError(408, "transport"),
+    "payload_too_large": ServiceError(413, "handlers", LimitDetails),
+    "unsupported_media_type": ServiceError(415, "guards"),
+    "host_not_allowed": ServiceError(421, "guards"),
+    "invalid_parameter": ServiceError(422, "handlers", ParameterDetails),
+    "outbox_unavailable": ServiceError(503, "handlers", retry_after=RetryAfter.SOON),
+    "overloaded": ServiceError(503, "transport", retry_after=RetryAfter.SOON),
+}
 
 
 def error_response(

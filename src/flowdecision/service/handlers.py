@@ -13,7 +13,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -21,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from ..bodies import DecisionStateBody
 from ..dispatcher import DispatchOutcome
 from ..errors import DispatchError, LedgerError
 from ..health import HealthStatus
@@ -211,22 +211,22 @@ async def _dispatch(
 # -- reads ------------------------------------------------------------------------
 
 
-def _entry_body(entry: LedgerEntry) -> dict[str, Any]:
+def _entry_body(entry: LedgerEntry) -> DecisionStateBody:
     state = entry.state
-    body: dict[str, Any] = {
+    body: DecisionStateBody = {
         "decision_id": entry.decision_id,
         "state": state.kind,
         "attempts": entry.attempts,
         "request_hash": entry.request_hash,
+        "execution_identity": (
+            entry.execution_identity.to_dict() if entry.execution_identity else None
+        ),
+        "receipt": entry.result_receipt.to_dict() if entry.result_receipt else None,
     }
     if isinstance(state, Pending):
         body["lease_expires_at_ms"] = state.lease_expires_at_ms
     if isinstance(state, Completed):
         body["completed_at_ms"] = state.completed_at_ms
-    body["execution_identity"] = (
-        entry.execution_identity.to_dict() if entry.execution_identity else None
-    )
-    body["receipt"] = entry.result_receipt.to_dict() if entry.result_receipt else None
     return body
 
 
@@ -254,7 +254,11 @@ class _BadParam(Exception):
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
+    values = request.query_params.getlist(name)
+    if len(values) > 1:
+        # Starlette would use the last one and drop the rest unread (found by Schemathesis).
+        raise _BadParam(name, f"must be given at most once, got {len(values)} values")
+    raw = values[0] if values else None
     if raw is None or raw == "":
         return default
     if not raw.isdigit() or not low <= int(raw) <= high:

@@ -1,0 +1,257 @@
+"""The JSON bodies of the decision service, as typed dictionaries.
+
+One definition serves three readers: the code that builds a body (its
+``to_dict`` or handler is annotated with the type here, so mypy checks that it
+builds what is declared), the client that parses it, and the OpenAPI contract
+(``flowdecision.service.openapi`` derives the JSON Schemas from these types,
+see docs/openapi.json).
+
+This module uses run-time annotations (no ``from __future__ import
+annotations``): the schema generator reads :class:`typing.NotRequired` from
+``__required_keys__``, which needs them evaluated.
+"""
+
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
+
+__all__ = [
+    "BranchDetails",
+    "BusyDetails",
+    "CheckBody",
+    "ConflictDetails",
+    "DecisionStateBody",
+    "ErrorBody",
+    "ErrorMembers",
+    "ErrorRateCheckBody",
+    "FieldDetails",
+    "FieldProblem",
+    "HealthChecksBody",
+    "HealthExtras",
+    "IdentityBody",
+    "LimitDetails",
+    "NotFoundDetails",
+    "OutboxEntryBody",
+    "OutboxPageBody",
+    "OutcomeBody",
+    "ParameterDetails",
+    "ReceiptBody",
+    "Schema",
+    "TooLargeDetails",
+]
+
+
+class Schema:
+    """:data:`typing.Annotated` metadata: extra JSON Schema keywords for a member.
+
+    ``ref="Name"`` stands for the component schema of that name. Hashable, as
+    ``Annotated`` metadata in a union must be.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, **keywords: object) -> None:
+        self._items = tuple(keywords.items())
+
+    def keywords(self) -> dict[str, object]:
+        """The keywords, as given."""
+        return dict(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Schema) and other._items == self._items
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+
+NonNegative = Annotated[int, Schema(minimum=0)]
+Positive = Annotated[int, Schema(minimum=1)]
+RequestHash = Annotated[str, Schema(pattern="^[0-9a-f]{64}$")]
+
+
+class IdentityBody(TypedDict):
+    """An execution identity (``ExecutionIdentityV1``), in Rust field order.
+
+    (Its constants and patterns come from :mod:`flowdecision.identity`, which
+    the contract generator applies.)
+    """
+
+    schema: str
+    domain: str
+    digest: str
+
+
+class ReceiptBody(TypedDict):
+    """A result receipt (``ExecutionResultReceiptV1``).
+
+    ``succeeded`` carries ``result_digest`` and ``result_bytes`` above 0; the
+    other outcomes carry no digest and 0 bytes.
+    """
+
+    schema: str
+    identity: IdentityBody
+    evidence_digest: str
+    outcome: str
+    result_digest: NotRequired[str]
+    result_bytes: NonNegative
+
+
+class OutcomeBody(TypedDict):
+    """``POST /v1/decisions`` succeeded: 201 ``submitted`` or 200 ``duplicate``."""
+
+    outcome: Literal["submitted", "duplicate"]
+    decision_id: str
+    attempt: Positive | None
+    receipt: ReceiptBody | None
+
+
+class DecisionStateBody(TypedDict):
+    """``GET /v1/decisions/{decision_id}``: the claim record (never the owner).
+
+    ``lease_expires_at_ms`` is present while ``pending``, ``completed_at_ms``
+    once ``completed`` (null for records written before it was kept).
+    ``unavailable`` is the state a custom ledger without inspection reports.
+    """
+
+    decision_id: str
+    state: Annotated[str, Schema(enum=("pending", "completed", "unavailable"))]
+    attempts: NonNegative
+    request_hash: RequestHash
+    lease_expires_at_ms: NotRequired[int]
+    completed_at_ms: NotRequired[int | None]
+    execution_identity: IdentityBody | None
+    receipt: ReceiptBody | None
+
+
+class OutboxEntryBody(TypedDict):
+    """One accepted decision in the outbox; ``request`` is the stored wire JSON verbatim."""
+
+    seq: Positive
+    decision_id: str
+    request_hash: RequestHash
+    first_attempt: Positive
+    highest_attempt: Positive
+    accepted_at_ms: int
+    request: Annotated[dict[str, Any], Schema(ref="DecisionRequest")]
+
+
+class OutboxPageBody(TypedDict):
+    """``GET /v1/outbox``: entries in commit order; ask again with ``after=next_after``."""
+
+    entries: list[OutboxEntryBody]
+    next_after: NonNegative
+    has_more: bool
+
+
+class CheckBody(TypedDict):
+    """One health check: ``code`` says why it failed (or ``not_probed``)."""
+
+    status: Literal["ok", "failed"]
+    code: str | None
+
+
+class ErrorRateCheckBody(TypedDict):
+    """The error-rate check over the last ``window_s`` seconds."""
+
+    status: Literal["ok", "failed"]
+    window_s: Positive
+    dispatches: NonNegative
+    failures: NonNegative
+    rate: Annotated[float, Schema(minimum=0, maximum=1)]
+    threshold: float
+    min_dispatches: NonNegative
+
+
+class HealthChecksBody(TypedDict):
+    """The checks behind the service's health verdict."""
+
+    ledger: CheckBody
+    sink: CheckBody
+    error_rate: ErrorRateCheckBody
+
+
+class HealthExtras(TypedDict):
+    """What ``/healthz`` adds to the dispatcher's ``HealthSnapshot`` counters."""
+
+    reason: str | None
+    checks: HealthChecksBody
+
+
+# -- errors -----------------------------------------------------------------------
+
+
+class ErrorMembers(TypedDict):
+    """The members every error carries; each code may add its details.
+
+    ``request_id`` is absent only from the few answers sent before a request
+    exists (``request_timeout``, ``overloaded``).
+    """
+
+    code: str
+    message: str
+    request_id: NotRequired[str]
+
+
+class ErrorBody(TypedDict):
+    """Every error answer: ``{"error": {...}}``."""
+
+    error: ErrorMembers
+
+
+class BranchDetails(TypedDict):
+    """``forbidden_branch``: the branch sent and the one that may commit."""
+
+    expected_branch: str
+    branch: str
+
+
+class ConflictDetails(TypedDict):
+    """``conflict``: the id bound to other content."""
+
+    decision_id: str
+
+
+class BusyDetails(TypedDict):
+    """``busy``: when the owner's lease expires, and how long to wait (``Retry-After``)."""
+
+    lease_expires_at_ms: int
+    retry_after_s: Positive
+
+
+class TooLargeDetails(TypedDict):
+    """``decision_too_large``: the decision's JSON size and the receipt limit."""
+
+    size_bytes: NonNegative
+    limit_bytes: NonNegative
+
+
+class FieldProblem(TypedDict):
+    """One field of a refused request (a dotted path; ``""`` for the whole body)."""
+
+    field: str
+    problem: str
+
+
+class FieldDetails(TypedDict):
+    """``invalid_request``, ``invalid_identifier``: what is wrong, and where."""
+
+    field: str
+    problem: str
+    fields: list[FieldProblem]
+
+
+class LimitDetails(TypedDict):
+    """``payload_too_large``: the body limit."""
+
+    limit_bytes: NonNegative
+
+
+class ParameterDetails(TypedDict):
+    """``invalid_parameter``: the query parameter and what is wrong with it."""
+
+    field: str
+    problem: str
+
+
+class NotFoundDetails(TypedDict):
+    """``not_found``: ``decision_id`` is present when the path was right but the id unknown."""
+
+    decision_id: NotRequired[str]
