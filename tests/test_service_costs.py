@@ -15,7 +15,8 @@ import select
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 import uvicorn
@@ -217,69 +218,80 @@ def test_cached_request_counters_count_every_request() -> None:
 
 # -- one write per response ----------------------------------------------------------------
 
+ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
-async def _app(scope: dict[str, object], receive: object, send: object) -> None:
-    assert scope["type"] == "http"
+
+async def _plain_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     body = b'{"ok":true}'
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})  # type: ignore[operator]
-    await send({"type": "http.response.body", "body": body})  # type: ignore[operator]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
-async def _stream_app(scope: dict[str, object], receive: object, send: object) -> None:
-    await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
-    await send({"type": "http.response.body", "body": b"first", "more_body": True})  # type: ignore[operator]
-    await _release.wait()  # the client must see the first chunk before this returns
-    await send({"type": "http.response.body", "body": b"last"})  # type: ignore[operator]
+def _stream_app(release: asyncio.Event) -> ASGIApp:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"first", "more_body": True})
+        await release.wait()  # the client must see the first chunk before this returns
+        await send({"type": "http.response.body", "body": b"last"})
+
+    return app
 
 
-_release: asyncio.Event
+async def _serve_one(
+    app: ASGIApp, base: type[asyncio.Protocol], until: bytes
+) -> tuple[list[bytes], bytes]:
+    """Serve one GET on a real socket pair with the guarded ``base`` protocol.
+
+    Returns the writes the guarded protocol made to the real transport, and
+    what the client read until ``until`` arrived.
+    """
+    loop = asyncio.get_running_loop()
+    config = uvicorn.Config(app, http=base, lifespan="off", log_config=None)  # type: ignore[arg-type]
+    config.load()
+    protocol_class = guarded_protocol(base, ConnectionTable(TransportLimits()))
+    served, client = socket.socketpair()
+    client.setblocking(False)
+
+    def factory() -> asyncio.Protocol:
+        return protocol_class(config=config, server_state=ServerState(), app_state={})  # type: ignore[call-arg]
+
+    transport, _protocol = await loop.connect_accepted_socket(factory, sock=served)
+    writes: list[bytes] = []
+    real_write = transport.write
+
+    def counting_write(data: bytes) -> None:  # counts, then really writes
+        writes.append(bytes(data))
+        real_write(data)
+
+    transport.write = counting_write  # type: ignore[method-assign]
+    try:
+        await loop.sock_sendall(client, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = b""
+        while until not in received:
+            received += await asyncio.wait_for(loop.sock_recv(client, 4096), 10)
+        return writes, received
+    finally:
+        transport.close()
+        client.close()
 
 
 @pytest.mark.parametrize("base", [HttpToolsProtocol, H11Protocol], ids=["httptools", "h11"])
 def test_a_response_head_and_body_leave_in_one_write(base: type[asyncio.Protocol]) -> None:
-    async def main() -> tuple[list[bytes], bytes, bytes]:
-        global _release
-        _release = asyncio.Event()
-        writes: list[bytes] = []
-        served, client = socket.socketpair()
-        client.setblocking(False)
-        loop = asyncio.get_running_loop()
-        results = []
-        for app in (_app, _stream_app):
-            config = uvicorn.Config(app, http=base, lifespan="off", log_config=None)  # type: ignore[arg-type]
-            config.load()
-            protocol_class = guarded_protocol(base, ConnectionTable(TransportLimits()))
-            made: list[asyncio.Protocol] = []
+    writes, received = asyncio.run(_serve_one(_plain_app, base, b"true}"))
+    assert received.startswith(b"HTTP/1.1 200") and received.endswith(b'{"ok":true}')
+    assert writes == [received]  # head and body: one write to the socket's transport
 
-            def factory() -> asyncio.Protocol:
-                made.append(
-                    protocol_class(config=config, server_state=ServerState(), app_state={})  # type: ignore[call-arg]
-                )
-                return made[0]
 
-            transport, _ = await loop.connect_accepted_socket(factory, sock=served)
-            real_write = transport.write
+@pytest.mark.parametrize("base", [HttpToolsProtocol, H11Protocol], ids=["httptools", "h11"])
+def test_a_streamed_chunk_is_not_held_back(base: type[asyncio.Protocol]) -> None:
+    async def main() -> bytes:
+        release = asyncio.Event()
+        try:
+            # Read the first chunk while the app still waits: it was sent, not held.
+            _writes, received = await _serve_one(_stream_app(release), base, b"first")
+            return received
+        finally:
+            release.set()
 
-            def counting_write(data: bytes, real_write: object = real_write) -> None:
-                writes.append(bytes(data))
-                real_write(data)  # type: ignore[operator]
-
-            transport.write = counting_write  # type: ignore[method-assign]
-            await loop.sock_sendall(client, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            received = b""
-            while b"first" not in received and b"true}" not in received:
-                received += await asyncio.wait_for(loop.sock_recv(client, 4096), 10)
-            results.append(received)
-            if app is _stream_app:
-                _release.set()
-                await asyncio.sleep(0.05)
-            transport.close()
-            served, client = socket.socketpair()
-            client.setblocking(False)
-        return writes, results[0], results[1]
-
-    writes, plain, streamed = asyncio.run(main())
-    assert plain.startswith(b"HTTP/1.1 200") and plain.endswith(b'{"ok":true}')
-    assert writes[0] == plain  # head and body: one write to the socket's transport
-    assert b"first" in streamed  # a streamed chunk is not held back for the rest
+    assert b"first" in asyncio.run(main())

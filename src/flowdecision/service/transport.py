@@ -235,6 +235,8 @@ class _LingeringTransport(asyncio.Transport):
         return self._closing or self._real.is_closing()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return  # h11 writes b"" at the end of each message
         if not self._owner.response_in_progress():
             self.flush_held()
             self._real.write(data)
