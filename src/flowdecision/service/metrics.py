@@ -215,9 +215,13 @@ class ServiceMetrics:
             registry=own,
         )
         self._request_children: dict[tuple[str, str, int], Counter] = {}
+        self._dispatch_children: dict[str, Histogram] = {}
 
     def observe_dispatch(self, outcome: str, seconds: float) -> None:
-        self.dispatch_seconds.labels(outcome).observe(seconds)
+        child = self._dispatch_children.get(outcome)
+        if child is None:  # outcomes are the service's own codes: a small fixed set
+            child = self._dispatch_children[outcome] = self.dispatch_seconds.labels(outcome)
+        child.observe(seconds)
 
     def count_request(self, method: str, route: str, status: int) -> None:
         key = (method, route, status)

@@ -239,10 +239,11 @@ async def serve(
 
     metrics: ServiceMetrics = app.state.metrics
     parent = os.getppid()
+    early_stop: list[int] = []
 
     def every_second() -> None:
         metrics.publish()  # several workers: this one's health counters to the shared files
-        if supervised and os.getppid() != parent:
+        if supervised and (early_stop or os.getppid() != parent):
             server.leave()
 
     server = _Server(
@@ -253,14 +254,22 @@ async def serve(
         every_second=every_second,
         supervised=supervised,
     )
+
     # uvicorn re-raises the signal it caught after a graceful shutdown; make that a no-op
-    # so the process exits 0 instead of dying by the signal.
-    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # so the process exits 0 instead of dying by the signal. A worker's SIGTERM before
+    # uvicorn's handlers are in place is remembered instead of lost: every_second()
+    # then stops the server as soon as it runs.
+    def remember(signum: int, frame: object) -> None:
+        if signum == signal.SIGTERM:
+            early_stop.append(signum)
+
+    handler = remember if supervised else _ignore
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         await server.serve(sockets=[sock])
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
         if not service.stopped:  # startup failed before the lifespan took ownership
             await service.stop(0)
         metrics.publish()

@@ -201,7 +201,8 @@ class _Supervisor:
         if pid is not None:
             mark_process_dead(pid, self.metrics_dir)  # type: ignore[no-untyped-call]
         if self.stopping:
-            if code != 0 and self.exit_code == 0:
+            # -SIGTERM: our SIGTERM reached it before it could handle signals (still starting).
+            if code not in (0, -signal.SIGTERM) and self.exit_code == 0:
                 self.exit_code = 1
             return
         if not worker.started or not announced:
