@@ -96,6 +96,7 @@ class _Worker:
     process: BaseProcess
     ready: Connection
     started: bool = False
+    signalled: int = 0
     exits: list[float] = field(default_factory=list)
 
 
@@ -150,24 +151,32 @@ class _Supervisor:
         process.start()
         writer.close()  # the worker holds its own copy
         self.workers.append(_Worker(index, process, reader, exits=exits or []))
+        if self.stopping:  # a signal arrived while it was being started
+            self.forward()
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # Runs in the main thread between two bytecodes: only sets flags and sends signals.
+        # Runs in the main thread between two bytecodes: sets flags and sends signals.
         self.signals += 1
         self.stopping = True
+        self.forward()
+
+    def forward(self) -> None:
+        """Send each worker one SIGTERM per signal received (the first graceful, then forced)."""
         for worker in self.workers:
-            if worker.process.pid is not None and worker.process.exitcode is None:
-                try:
-                    os.kill(worker.process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+            while worker.signalled < self.signals and worker.process.exitcode is None:
+                worker.signalled += 1
+                if worker.process.pid is not None:
+                    try:
+                        os.kill(worker.process.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
 
     def stop_all(self, exit_code: int) -> None:
         if self.exit_code == 0:
             self.exit_code = exit_code
-        if not self.stopping:
-            self.on_signal(signal.SIGTERM, None)
-            self.signals -= 1  # not an operator's signal
+        self.stopping = True
+        self.signals = max(self.signals, 1)
+        self.forward()
 
     def run(self, on_ready: Callable[[], None]) -> int:
         for index in range(self.settings.workers):
