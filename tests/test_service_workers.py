@@ -221,6 +221,16 @@ class _Holder:
         self.proc = proc
 
 
+def test_workers_whose_supervisor_is_killed_shut_down_by_themselves(tmp_path: Path) -> None:
+    with ServiceProcess(tmp_path, "--workers", "2", "--ledger", "memory:") as service:
+        workers = _worker_pids(service)
+        service.proc.kill()  # SIGKILL: no chance to stop them
+        service.proc.wait()
+        wait_for(lambda: all(_is_zombie(pid) for pid in workers))
+    stopped = [r for r in _records(service) if r.get("message") == "service stopped"]
+    assert {r["pid"] for r in stopped} == set(workers)  # each one's graceful shutdown
+
+
 def test_workers_setting_from_flags_env_and_toml(tmp_path: Path) -> None:
     assert load_settings({"workers": 3}).workers == 3
     assert load_settings({}, env={"FLOWDECISION_WORKERS": "2"}).workers == 2
