@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -55,9 +55,30 @@ class HealthSnapshot:
 
     def to_dict(self) -> dict[str, Any]:
         """The seed's serde form (``status`` in snake_case, absent times as null)."""
-        out = asdict(self)
-        out["status"] = self.status.value
-        return out
+        # Written out: ``dataclasses.asdict`` deep-copies field by field, and
+        # /healthz builds this dict on every probe.
+        return {
+            "status": self.status.value,
+            "attempted": self.attempted,
+            "claimed": self.claimed,
+            "takeovers": self.takeovers,
+            "completed": self.completed,
+            "duplicates": self.duplicates,
+            "busy": self.busy,
+            "conflicts": self.conflicts,
+            "rejected": self.rejected,
+            "lease_renewals": self.lease_renewals,
+            "lease_lost": self.lease_lost,
+            "sink_failures": self.sink_failures,
+            "ledger_failures": self.ledger_failures,
+            "failures": self.failures,
+            "cancellations": self.cancellations,
+            "in_flight": self.in_flight,
+            "average_dispatch_micros": self.average_dispatch_micros,
+            "max_dispatch_micros": self.max_dispatch_micros,
+            "last_success_at_ms": self.last_success_at_ms,
+            "last_failure_at_ms": self.last_failure_at_ms,
+        }
 
 
 @dataclass(frozen=True, slots=True)

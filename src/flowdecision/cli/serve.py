@@ -62,6 +62,7 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 @_flag("--max-connections", type=int, help="Open connection cap.  [default: 1000]")
 @_flag("--http", help="HTTP parser: auto, httptools, h11.  [default: auto]")
 @_flag("--loop", help="Event loop: auto, uvloop, asyncio.  [default: auto]")
+@_flag("--workers", type=int, help="Server processes on the one port.  [default: 1]")
 def serve_cmd(config_file: str | None, **flags: Any) -> None:
     """Run the HTTP decision service (POST /v1/decisions, status page at /).
 
@@ -77,6 +78,7 @@ def serve_cmd(config_file: str | None, **flags: Any) -> None:
         event_loop_factory,
         http_protocol_class,
         serve,
+        service_url,
     )
 
     try:
@@ -105,6 +107,15 @@ def serve_cmd(config_file: str | None, **flags: Any) -> None:
         click.echo(f"    {curl_example(url, settings)}")
         sys.stdout.flush()
 
+    if settings.workers > 1:
+        from ..service.workers import prepare_stores, run_workers
+
+        try:
+            run(lambda: prepare_stores(settings))  # schema created once, errors reported once
+            code = run_workers(settings, sock, lambda: ready(service_url(sock)))
+        finally:
+            sock.close()
+        sys.exit(code)
     try:
         run(lambda: serve(settings, sock, ready), loop_factory=loop_factory)
     except KeyboardInterrupt:  # a second Ctrl-C during shutdown

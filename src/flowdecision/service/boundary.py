@@ -26,11 +26,10 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import error_response, static_error
-from .logs import request_id_for, request_id_var
+from .logs import request_id_for, request_id_var, write_access_line
 
 __all__ = ["CLIENT_CLOSED", "BoundaryMiddleware"]
 
-access_log = logging.getLogger("flowdecision.access")
 log = logging.getLogger("flowdecision.service")
 
 #: Status recorded (never sent) for a request whose client went away.
@@ -105,18 +104,14 @@ class BoundaryMiddleware:
                 self.on_response(scope["method"], template, status)
             if self.access_log_enabled:
                 client = scope.get("client")
-                access_log.info(
-                    "http request",
-                    extra={
-                        "event": "http_request",
-                        "request_id": request_id,
-                        "method": scope["method"],
-                        "path": scope["path"],
-                        "route": template,
-                        "status": status,
-                        "bytes": sent,
-                        "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-                        "client": f"{client[0]}:{client[1]}" if client else None,
-                    },
+                write_access_line(
+                    request_id,
+                    scope["method"],
+                    scope["path"],
+                    template,
+                    status,
+                    sent,
+                    round((time.perf_counter() - started) * 1000, 3),
+                    f"{client[0]}:{client[1]}" if client else None,
                 )
             request_id_var.reset(token)

@@ -29,6 +29,7 @@ __all__ = [
     "ENV_PREFIX",
     "EVENT_LOOPS",
     "HTTP_IMPLEMENTATIONS",
+    "MAX_WORKERS",
     "MIN_TOKEN_CHARS",
     "ConfigError",
     "Settings",
@@ -44,6 +45,8 @@ ENV_PREFIX = "FLOWDECISION_"
 HTTP_IMPLEMENTATIONS = ("auto", "httptools", "h11")
 #: ``loop`` values (``auto`` is uvloop when installed).
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+#: Most server processes ``workers`` may ask for.
+MAX_WORKERS = 64
 #: Shortest bearer token accepted on a non-loopback address (``serve`` warns on loopback).
 MIN_TOKEN_CHARS = 16
 DEFAULT_LEDGER_URL = "sqlite:///.flowdecision/ledger.db"
@@ -89,6 +92,8 @@ class Settings:
     max_connections: int = 1000
     http: str = "auto"
     loop: str = "auto"
+    #: Server processes sharing the listening socket (docs/SERVICE.md, "Workers").
+    workers: int = 1
 
     # -- derived -----------------------------------------------------------------
 
@@ -154,6 +159,8 @@ class Settings:
     def _validate_transport(self) -> None:
         if self.max_connections < 1:
             raise ConfigError(f"max_connections must be at least 1, got {self.max_connections}")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ConfigError(f"workers must be in 1..{MAX_WORKERS}, got {self.workers}")
         if self.http not in HTTP_IMPLEMENTATIONS:
             raise ConfigError(
                 f"http must be one of {', '.join(HTTP_IMPLEMENTATIONS)}, got {self.http!r}"
@@ -300,6 +307,7 @@ _TYPES: dict[str, type] = {
     "max_connections": int,
     "http": str,
     "loop": str,
+    "workers": int,
 }
 assert set(_TYPES) == set(_FIELDS)
 

@@ -8,20 +8,58 @@
   ``POST /v1/decisions`` dispatch latency by outcome;
 * ``flowdecision_http_requests_total{method,route,status}``; a client that
   disconnected before its answer is counted with status ``499``.
+
+Several workers (``serve --workers N``) run prometheus_client's multiprocess
+mode: the supervisor sets ``PROMETHEUS_MULTIPROC_DIR`` to a directory of its
+own for the run, every worker's metrics live in files there, and ``/metrics``
+from any worker shows the totals of all of them (counters of a worker that
+exited included). The dispatcher's health counters are kept in each process's
+memory; in that mode each worker publishes them to the shared files once a
+second and before it answers a scrape, so another worker's share of a total
+is at most a second old. Gauges: ``in_flight`` is the sum over live workers,
+``healthy`` the minimum (0 if any live worker is degraded), the maximum and
+timestamps the maximum.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from typing import Literal
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import generate_latest as _generate_latest
+from prometheus_client import values as _values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from ..health import HealthMetrics, HealthSnapshot
 
-__all__ = ["CONTENT_TYPE_LATEST", "HEALTH_COUNTERS", "ServiceMetrics"]
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "HEALTH_COUNTERS",
+    "MULTIPROC_ENV",
+    "ServiceMetrics",
+    "multiprocess_dir",
+]
+
+#: prometheus_client's variable naming the directory of multiprocess mode's files.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_dir() -> str | None:
+    """The shared metrics directory if this process runs in multiprocess mode, else None.
+
+    prometheus_client picks its value storage when it is first imported, so
+    the variable only counts if it was set by then (the supervisor sets it
+    before it starts the workers).
+    """
+    path = os.environ.get(MULTIPROC_ENV)
+    if path and _values.ValueClass is not _values.MutexValue:
+        return path
+    return None
+
 
 #: Snapshot fields exported as counters, with their help text.
 HEALTH_COUNTERS: dict[str, str] = {
@@ -41,9 +79,50 @@ HEALTH_COUNTERS: dict[str, str] = {
     "cancellations": "Dispatches cancelled from outside.",
 }
 
+#: Labelled request counters cached per (method, route, status), at most this many.
+_CHILD_CACHE_MAX = 1024
+
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
+
+
+_GAUGE_HELP = {
+    "in_flight": "Dispatches in progress.",
+    "healthy": "1 while /healthz says healthy, 0 while degraded (from the last probes).",
+    "max_seconds": "Longest dispatch since start.",
+    "last_success": "Unix time of the last completion or duplicate (0 if none).",
+    "last_failure": "Unix time of the last failed dispatch (0 if none).",
+}
+
+
+def _gauge_values(snap: HealthSnapshot, healthy: bool) -> dict[str, tuple[str, float]]:
+    """The health gauges: key -> (metric name, value)."""
+    return {
+        "in_flight": ("flowdecision_dispatch_in_flight", snap.in_flight),
+        "healthy": ("flowdecision_healthy", 1 if healthy else 0),
+        "max_seconds": ("flowdecision_dispatch_max_seconds", snap.max_dispatch_micros / 1e6),
+        "last_success": (
+            "flowdecision_last_success_timestamp_seconds",
+            (snap.last_success_at_ms or 0) / 1000,
+        ),
+        "last_failure": (
+            "flowdecision_last_failure_timestamp_seconds",
+            (snap.last_failure_at_ms or 0) / 1000,
+        ),
+    }
+
+
+_GaugeMode = Literal["livesum", "livemin", "max"]
+
+#: How each health gauge combines across workers in multiprocess mode.
+_GAUGE_MODES: dict[str, _GaugeMode] = {
+    "in_flight": "livesum",
+    "healthy": "livemin",
+    "max_seconds": "max",
+    "last_success": "max",
+    "last_failure": "max",
+}
 
 
 class _HealthCollector(Collector):
@@ -59,29 +138,45 @@ class _HealthCollector(Collector):
             yield CounterMetricFamily(
                 f"flowdecision_dispatch_{name}", help_text, value=getattr(snap, name)
             )
-        yield GaugeMetricFamily(
-            "flowdecision_dispatch_in_flight", "Dispatches in progress.", value=snap.in_flight
-        )
-        yield GaugeMetricFamily(
-            "flowdecision_healthy",
-            "1 while /healthz says healthy, 0 while degraded (from the last probes).",
-            value=1 if self._healthy() else 0,
-        )
-        yield GaugeMetricFamily(
-            "flowdecision_dispatch_max_seconds",
-            "Longest dispatch since start.",
-            value=snap.max_dispatch_micros / 1e6,
-        )
-        yield GaugeMetricFamily(
-            "flowdecision_last_success_timestamp_seconds",
-            "Unix time of the last completion or duplicate (0 if none).",
-            value=(snap.last_success_at_ms or 0) / 1000,
-        )
-        yield GaugeMetricFamily(
-            "flowdecision_last_failure_timestamp_seconds",
-            "Unix time of the last failed dispatch (0 if none).",
-            value=(snap.last_failure_at_ms or 0) / 1000,
-        )
+        for key, (name, value) in _gauge_values(snap, self._healthy()).items():
+            yield GaugeMetricFamily(name, _GAUGE_HELP[key], value=value)
+
+
+class _SharedHealth:
+    """The health metrics in multiprocess mode: published to the shared files."""
+
+    def __init__(
+        self,
+        snapshot: Callable[[], HealthSnapshot | None],
+        healthy: Callable[[], bool],
+        registry: CollectorRegistry,
+    ) -> None:
+        self._snapshot = snapshot
+        self._healthy = healthy
+        self._counters = {
+            name: Counter(f"flowdecision_dispatch_{name}", help_text, registry=registry)
+            for name, help_text in HEALTH_COUNTERS.items()
+        }
+        self._published = dict.fromkeys(HEALTH_COUNTERS, 0)
+        snap = HealthMetrics().snapshot()
+        self._gauges = {
+            key: Gauge(
+                name, _GAUGE_HELP[key], registry=registry, multiprocess_mode=_GAUGE_MODES[key]
+            )
+            for key, (name, _value) in _gauge_values(snap, True).items()
+        }
+
+    def publish(self) -> None:
+        """Write this process's current counts and gauges to the shared files."""
+        snap = self._snapshot() or HealthMetrics().snapshot()
+        for name, counter in self._counters.items():
+            value = getattr(snap, name)
+            delta = value - self._published[name]
+            if delta > 0:  # counters only grow; a restarted worker starts a new file
+                counter.inc(delta)
+                self._published[name] = value
+        for key, (_name, value) in _gauge_values(snap, self._healthy()).items():
+            self._gauges[key].set(value)
 
 
 class ServiceMetrics:
@@ -93,27 +188,57 @@ class ServiceMetrics:
         *,
         healthy: Callable[[], bool] = lambda: True,
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_HealthCollector(snapshot, healthy))
+        #: The shared directory in multiprocess mode (several workers), else None.
+        self.shared_dir = multiprocess_dir()
+        own = self.registry = CollectorRegistry(auto_describe=True)
+        self._shared_health: _SharedHealth | None = None
+        if self.shared_dir is None:
+            self.registry.register(_HealthCollector(snapshot, healthy))
+        else:
+            # Metrics write to the shared files whatever registry holds them; a
+            # scrape reads every worker's files instead of this process's values.
+            own = CollectorRegistry()
+            self.registry = CollectorRegistry()
+            MultiProcessCollector(self.registry, path=self.shared_dir)  # type: ignore[no-untyped-call]
+            self._shared_health = _SharedHealth(snapshot, healthy, own)
         self.dispatch_seconds = Histogram(
             "flowdecision_dispatch_duration_seconds",
             "Latency of POST /v1/decisions dispatches, by outcome.",
             ["outcome"],
             buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
+            registry=own,
         )
         self.http_requests = Counter(
             "flowdecision_http_requests",
             "HTTP requests served, by method, route template and status.",
             ["method", "route", "status"],
-            registry=self.registry,
+            registry=own,
         )
+        self._request_children: dict[tuple[str, str, int], Counter] = {}
+        self._dispatch_children: dict[str, Histogram] = {}
 
     def observe_dispatch(self, outcome: str, seconds: float) -> None:
-        self.dispatch_seconds.labels(outcome).observe(seconds)
+        child = self._dispatch_children.get(outcome)
+        if child is None:  # outcomes are the service's own codes: a small fixed set
+            child = self._dispatch_children[outcome] = self.dispatch_seconds.labels(outcome)
+        child.observe(seconds)
 
     def count_request(self, method: str, route: str, status: int) -> None:
-        self.http_requests.labels(method, route, str(status)).inc()
+        key = (method, route, status)
+        child = self._request_children.get(key)
+        if child is None:
+            # ``labels()`` builds and validates a key and takes a lock on every call;
+            # the labelled child is cached instead (bounded: the method is the client's).
+            child = self.http_requests.labels(method, route, str(status))
+            if len(self._request_children) < _CHILD_CACHE_MAX:
+                self._request_children[key] = child
+        child.inc()
+
+    def publish(self) -> None:
+        """In multiprocess mode, write the health counters to the shared files (else no-op)."""
+        if self._shared_health is not None:
+            self._shared_health.publish()
 
     def exposition(self) -> bytes:
+        self.publish()  # this worker's share is exact; the others' at most a second old
         return bytes(_generate_latest(self.registry))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import math
+import os
 import signal
 import socket
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from ..model import DecisionRequest, DecisionStep, ScheduleStep
 from .app import create_app
 from .config import ConfigError, Settings
+from .logs import flush_logs
+from .metrics import ServiceMetrics
 from .runtime import UNWIND_S, Service
 from .transport import Acceptor, ConnectionTable, TransportLimits, guarded_protocol
 
@@ -147,11 +150,22 @@ class _Server(uvicorn.Server):
         on_ready: Callable[[], None],
         on_exit: Callable[[], None],
         limits: TransportLimits | None = None,
+        *,
+        every_second: Callable[[], None] | None = None,
+        supervised: bool = False,
     ) -> None:
         super().__init__(config)
         self._on_ready = on_ready
         self._on_exit = on_exit
         self._limits = limits or TransportLimits()
+        self._every_second = every_second
+        self._supervised = supervised
+
+    async def on_tick(self, counter: int) -> bool:
+        # uvicorn ticks every 0.1 s; piggyback the once-a-second chores on it.
+        if counter % 10 == 0 and self._every_second is not None:
+            self._every_second()
+        return await super().on_tick(counter)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn runs the lifespan but listens on nothing: an Acceptor per socket
@@ -174,12 +188,34 @@ class _Server(uvicorn.Server):
         self._on_ready()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._supervised:
+            if sig == signal.SIGINT:
+                return  # Ctrl-C reaches the whole process group; the supervisor decides
+            if self.should_exit:
+                self.force_exit = True  # the supervisor's second signal: stop waiting
         super().handle_exit(sig, frame)
         self._on_exit()
 
+    def leave(self) -> None:
+        """Shut down gracefully, as on SIGTERM (the supervisor is gone)."""
+        if not self.should_exit:
+            self.should_exit = True
+            self._on_exit()
 
-async def serve(settings: Settings, sock: socket.socket, on_ready: Callable[[str], None]) -> None:
-    """Open the service, serve on ``sock`` until a signal, then shut down gracefully."""
+
+async def serve(
+    settings: Settings,
+    sock: socket.socket,
+    on_ready: Callable[[str], None],
+    *,
+    supervised: bool = False,
+) -> None:
+    """Open the service, serve on ``sock`` until a signal, then shut down gracefully.
+
+    ``supervised``: this process is one of several workers (see :mod:`.workers`):
+    SIGINT is left to the supervisor, a second SIGTERM cancels what is left, and
+    the worker shuts down by itself if its supervisor disappears.
+    """
     service = await Service.start(settings)
     app = create_app(settings, service=service)
     grace_s = settings.shutdown_grace_s
@@ -201,20 +237,44 @@ async def serve(settings: Settings, sock: socket.socket, on_ready: Callable[[str
         # Called from the signal handler: hand over to the loop, the safe way.
         loop.call_soon_threadsafe(service.begin_shutdown, grace_s)
 
+    metrics: ServiceMetrics = app.state.metrics
+    parent = os.getppid()
+    early_stop: list[int] = []
+
+    def every_second() -> None:
+        metrics.publish()  # several workers: this one's health counters to the shared files
+        if supervised and (early_stop or os.getppid() != parent):
+            server.leave()
+
     server = _Server(
-        config, lambda: on_ready(service_url(sock)), on_exit, transport_limits(settings)
+        config,
+        lambda: on_ready(service_url(sock)),
+        on_exit,
+        transport_limits(settings),
+        every_second=every_second,
+        supervised=supervised,
     )
+
     # uvicorn re-raises the signal it caught after a graceful shutdown; make that a no-op
-    # so the process exits 0 instead of dying by the signal.
-    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # so the process exits 0 instead of dying by the signal. A worker's SIGTERM before
+    # uvicorn's handlers are in place is remembered instead of lost: every_second()
+    # then stops the server as soon as it runs.
+    def remember(signum: int, frame: object) -> None:
+        if signum == signal.SIGTERM:
+            early_stop.append(signum)
+
+    handler = remember if supervised else _ignore
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         await server.serve(sockets=[sock])
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
         if not service.stopped:  # startup failed before the lifespan took ownership
             await service.stop(0)
+        metrics.publish()
         await asyncio.sleep(0)
+        flush_logs()
 
 
 def _ignore(signum: int, frame: object) -> None:

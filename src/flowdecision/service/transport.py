@@ -57,6 +57,10 @@ LINGER_S = 5.0
 #: Connections accepted per readiness event (bounds the descriptors that can be
 #: in flight between an accept and the eviction it causes).
 ACCEPT_BATCH = 32
+#: Bytes of a response held back before they are sent anyway (see _LingeringTransport).
+HOLD_BYTES = 64 * 1024
+#: Held writes up to this size are joined into one buffer (larger ones go out as a writev).
+JOIN_BYTES = 16 * 1024
 #: Descriptors kept free for everything else: the ledger, the sink, log files...
 FD_RESERVE_MIN = 64
 #: One summary log line per this many seconds, however many events.
@@ -197,17 +201,30 @@ _HEAD, _REQUEST, _LINGER, _CLOSED = "head", "request", "linger", "closed"
 
 
 class _LingeringTransport(asyncio.Transport):
-    """The transport uvicorn's protocol sees: ``close()`` may become a lingering close."""
+    """The transport uvicorn's protocol sees: one send per response, lingering close.
+
+    uvicorn writes a response's head and its body in separate ``write`` calls,
+    and each becomes a ``send`` system call (two TCP segments for one small
+    answer). While a response is incomplete its writes are held here and go
+    out together, in one ``writelines``, when it completes, when the
+    connection closes, past :data:`HOLD_BYTES`, or at the end of the current
+    event-loop iteration (streamed bodies and ``100 Continue`` are never held
+    longer than that).
+    """
 
     def __init__(self, real: asyncio.Transport, owner: _GuardMixin) -> None:
         super().__init__()
         self._real = real
         self._owner = owner
         self._closing = False
+        self._held: list[bytes | bytearray | memoryview] = []
+        self._held_size = 0
+        self._flush_scheduled = False
 
     def close(self) -> None:
         if self._closing:
             return
+        self.flush_held()
         self._closing = True
         if self._owner.request_body_pending() and self._real.can_write_eof():
             self._owner.start_linger()
@@ -218,12 +235,47 @@ class _LingeringTransport(asyncio.Transport):
         return self._closing or self._real.is_closing()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        self._real.write(data)
+        if not data:
+            return  # h11 writes b"" at the end of each message
+        if not self._owner.response_in_progress():
+            self.flush_held()
+            self._real.write(data)
+            return
+        self._held.append(data)
+        self._held_size += len(data)
+        if self._held_size >= HOLD_BYTES:
+            self.flush_held()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_flush)
 
     def writelines(self, list_of_data: Any) -> None:
-        self._real.writelines(list_of_data)
+        for data in list_of_data:
+            self.write(data)
+
+    def flush_held(self) -> None:
+        """Send the held writes (one system call for a head and its body)."""
+        if not self._held:
+            return
+        held, total = self._held, self._held_size
+        self._held, self._held_size = [], 0
+        if self._real.is_closing():
+            return
+        # One write: uvloop and asyncio send a buffer with one send() when the socket
+        # takes it (a small head and body are joined; large bodies are not copied).
+        if len(held) == 1:
+            self._real.write(held[0])
+        elif total <= JOIN_BYTES:
+            self._real.write(b"".join(held))
+        else:
+            self._real.writelines(held)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        self.flush_held()
 
     def write_eof(self) -> None:
+        self.flush_held()
         self._real.write_eof()
 
     def can_write_eof(self) -> bool:
@@ -231,6 +283,7 @@ class _LingeringTransport(asyncio.Transport):
 
     def abort(self) -> None:
         self._closing = True
+        self._held.clear()
         self._real.abort()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
@@ -273,6 +326,7 @@ class _GuardMixin(asyncio.Protocol):
 
     _table: ConnectionTable
     _real: asyncio.Transport
+    _proxy: _LingeringTransport
     _phase: str
     _head_started: bool
     _idle: bool
@@ -287,7 +341,8 @@ class _GuardMixin(asyncio.Protocol):
         self._phase = _HEAD
         self._head_started = False
         self._idle = False
-        super().connection_made(_LingeringTransport(self._real, self))
+        self._proxy = _LingeringTransport(self._real, self)
+        super().connection_made(self._proxy)
         self._table.wait(self)
         # A fresh connection must deliver its first request head in time.
         self._arm(self._table.limits.header_timeout_s, self._on_head_timeout)
@@ -323,6 +378,7 @@ class _GuardMixin(asyncio.Protocol):
     # -- uvicorn hooks ------------------------------------------------------------------
 
     def on_response_complete(self) -> None:
+        self._proxy.flush_held()  # the whole response, head and body, in one send
         if self._phase == _REQUEST and self.request_body_pending():
             # Answered before the body was read (413, 415...): close, but linger so
             # the client can finish sending and read the answer.
@@ -342,6 +398,11 @@ class _GuardMixin(asyncio.Protocol):
         self._arm(self._table.limits.keep_alive_timeout_s, self._on_idle_timeout)
 
     # -- used by the table and the transport ---------------------------------------------
+
+    def response_in_progress(self) -> bool:
+        """Whether a response is being written (its writes may be held and sent together)."""
+        cycle = self._cycle()
+        return cycle is not None and not cycle.response_complete and not cycle.disconnected
 
     def request_body_pending(self) -> bool:
         """Whether the client may still be sending the body of the current request."""
