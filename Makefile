@@ -25,10 +25,15 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # The status-page browser test needs Debian's chromium; install it only if missing.
+# ... and curl for the README's curl examples (the tests run them as written).
 chromium:
 	@if [ ! -x /usr/bin/chromium ]; then \
 		echo "installing chromium for the status-page browser test"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	fi
+	@if ! command -v curl >/dev/null 2>&1; then \
+		echo "installing curl for the README example tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl; \
 	fi
 
 pytest: $(STAMP) chromium

@@ -302,14 +302,15 @@ async def test_a_read_timeout_resends_and_the_ledger_makes_it_a_duplicate(
     ) as service:
         request = decision()
         async with DecisionClient(
-            service.url, timeout=httpx.Timeout(5, read=0.5), on_retry=on_retry
+            service.url,
+            timeout=httpx.Timeout(5, read=0.5),
+            on_retry=on_retry,
+            retry=RetryOptions(resend_after_ambiguous=True),
         ) as client:
             result = await client.submit(request)
         gate.unlink()
-        async with DecisionClient(
-            service.url,
-            timeout=httpx.Timeout(5, read=0.5),
-            retry=RetryOptions(resend_after_ambiguous=False),
+        async with DecisionClient(  # the default: a possibly-sent submit is not resent
+            service.url, timeout=httpx.Timeout(5, read=0.5)
         ) as careful:
             with pytest.raises(ServiceConnectionError) as error:
                 await careful.submit(decision())

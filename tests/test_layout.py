@@ -78,6 +78,25 @@ def test_package_imports_only_what_the_architecture_allows(package: str) -> None
     assert not offences, "\n".join(offences)
 
 
+#: package -> everything in flowdecision it may import (stricter than FORBIDDEN).
+ALLOWED = {
+    "store": {"store", "errors"},
+    "ledger": {"ledger", "store", "errors", "limits", "identity", "jsonwire"},
+    "sinks": {"sinks", "store", "errors", "limits", "model", "backoff"},
+}
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_storage_packages_import_only_their_allowlist(package: str) -> None:
+    offences = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in _files(package)
+        for name in sorted(_imports(path))
+        if _top(name) not in ALLOWED[package]
+    ]
+    assert not offences, "\n".join(offences)
+
+
 def test_the_checker_sees_relative_and_lazy_imports() -> None:
     # A guard for the guard: relative imports, and lazy ones inside a function, are found.
     assert "flowdecision.store.sqlite" in _imports(ROOT / "ledger" / "sqlite.py")

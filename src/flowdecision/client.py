@@ -47,14 +47,16 @@ honour ``Retry-After`` (never sooner; a ``Retry-After`` above
 * transport failures *before* the request was sent (connection refused or
   timed out, no pooled connection free): the service never saw it;
 * transport failures *after* it may have been sent (read timeout, connection
-  dropped mid-answer) -- for reads always, and for ``submit`` too unless
-  ``resend_after_ambiguous=False``. This is deliberate: a resent decision has
-  the same id and content, so the ledger turns it into ``duplicate`` (the first
-  send got through), ``busy`` (it is still running on another replica, and is
-  retried) or a fresh claim (it never arrived); the sink can never run twice
-  for it. The one visible difference: after such a resend, ``duplicate`` may
-  mean *this* call's first send submitted it. Treat ``submitted`` and
-  ``duplicate`` alike: the decision is in.
+  dropped mid-answer): for reads always; for ``submit`` only with
+  ``resend_after_ambiguous=True``. By default ``submit`` raises
+  :class:`ServiceConnectionError` with ``request_sent=True`` instead, so the
+  caller decides. Opting in is safe: a resent decision has the same id and
+  content, so the ledger turns it into ``duplicate`` (the first send got
+  through), ``busy`` (it is still running on another replica, and is retried)
+  or a fresh claim (it never arrived); the sink can never run twice for it. The
+  one visible difference: after such a resend, ``duplicate`` may mean *this*
+  call's first send submitted it. Treat ``submitted`` and ``duplicate`` alike:
+  the decision is in.
 
 Not retried: ``sink_failed`` (502; the sink applies its own retry policy, and
 its claim was released, so a later resubmission is safe and becomes attempt
@@ -498,7 +500,7 @@ class RetryOptions:
     #: Total time budget of one call, sleeps included (None: bounded by ``max_tries`` only).
     deadline_s: float | None = None
     #: Resend a decision after a failure that may have reached the service (see above).
-    resend_after_ambiguous: bool = True
+    resend_after_ambiguous: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tries < 1:

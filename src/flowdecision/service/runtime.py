@@ -27,6 +27,7 @@ from ..errors import FlowDecisionError
 from ..health import ErrorRate, HealthSnapshot
 from ..ledger.protocol import Ledger
 from ..ledger.url import open_ledger
+from ..limits import I64_MAX
 from ..sinks.base import Sink
 from ..sinks.loader import WebhookOptions, close_sink, open_sink
 from .config import Settings
@@ -137,7 +138,7 @@ def _sink_probe(sink: Sink) -> Callable[[], Awaitable[object]] | None:
         return probe  # type: ignore[no-any-return]
     fetch = getattr(sink, "fetch", None)
     if callable(fetch):
-        return lambda: fetch(after=2**63 - 1, limit=1)
+        return lambda: fetch(after=I64_MAX, limit=1)
     return None
 
 
