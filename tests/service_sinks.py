@@ -61,3 +61,26 @@ class SlowSink:
             handle.write(request.decision_id + "\n")
         index = int(request.decision_id.rsplit("-", 1)[-1]) % 20
         await asyncio.sleep(0.2 + 1.3 * index / 19)
+
+
+class ProbedSink:
+    """Accepts every decision; its ``probe()`` is what ``/healthz`` calls.
+
+    The probe raises while ``$FLOWDECISION_TEST_DIR/probe-fails`` exists and
+    hangs (far past the probe timeout) while ``probe-hangs`` exists; each call
+    appends a line to ``probes``, so a test sees that it was called.
+    """
+
+    def __init__(self) -> None:
+        self.dir = Path(os.environ["FLOWDECISION_TEST_DIR"])
+
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        return None
+
+    async def probe(self) -> None:
+        with open(self.dir / "probes", "a") as handle:
+            handle.write("probe\n")
+        if (self.dir / "probe-hangs").exists():
+            await asyncio.sleep(3600)
+        if (self.dir / "probe-fails").exists():
+            raise ConnectionRefusedError("engine at /srv/engine/private.sock refused the probe")
