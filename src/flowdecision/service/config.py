@@ -29,9 +29,12 @@ __all__ = [
     "ENV_PREFIX",
     "EVENT_LOOPS",
     "HTTP_IMPLEMENTATIONS",
+    "LEGACY_LEDGER_URL",
+    "LEGACY_SINK_URL",
     "MIN_TOKEN_CHARS",
     "ConfigError",
     "Settings",
+    "default_outbox_url",
     "is_loopback",
     "load_settings",
     "normalize_host_name",
@@ -46,8 +49,32 @@ HTTP_IMPLEMENTATIONS = ("auto", "httptools", "h11")
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 #: Shortest bearer token accepted on a non-loopback address (``serve`` warns on loopback).
 MIN_TOKEN_CHARS = 16
-DEFAULT_LEDGER_URL = "sqlite:///.flowdecision/ledger.db"
-DEFAULT_SINK_URL = "sqlite:///.flowdecision/outbox.db"
+#: The default layout: ledger and outbox in ONE SQLite file, so each accepted
+#: decision is claimed, written to the outbox and completed in one transaction.
+DEFAULT_LEDGER_URL = "sqlite:///.flowdecision/flowdecision.db"
+DEFAULT_SINK_URL = DEFAULT_LEDGER_URL
+#: The layout before the transactional outbox (two files). A working directory
+#: that holds it and not the new file keeps it: see docs/OPERATIONS.md, "Store layout".
+LEGACY_LEDGER_URL = "sqlite:///.flowdecision/ledger.db"
+LEGACY_SINK_URL = "sqlite:///.flowdecision/outbox.db"
+_SHARED_STORE_SCHEMES = ("sqlite", "postgres", "postgresql")
+
+
+def _sqlite_file(url: str) -> Path:
+    return Path(urlsplit(url).path[1:])
+
+
+def _legacy_layout_only() -> bool:
+    """The old default files exist here and the new default file does not."""
+    return (
+        _sqlite_file(LEGACY_LEDGER_URL).exists() and not _sqlite_file(DEFAULT_LEDGER_URL).exists()
+    )
+
+
+def default_outbox_url() -> str:
+    """The outbox ``serve`` uses by default here: the shared store, or the legacy
+    ``outbox.db`` in a working directory still laid out the old way."""
+    return LEGACY_SINK_URL if _legacy_layout_only() else DEFAULT_SINK_URL
 
 
 class ConfigError(FlowDecisionError):
@@ -403,4 +430,24 @@ def load_settings(
             raise ConfigError(f"unknown setting `{name}`")
         if value is not None:
             merged[name] = _coerce(name, value, "command line")
+    _default_stores(merged)
     return replace(Settings(), **merged).validate()
+
+
+def _default_stores(merged: dict[str, Any]) -> None:
+    """Fill in the ledger and sink left unset (docs/OPERATIONS.md, "Store layout").
+
+    Neither set: the shared SQLite file, unless this directory still has the
+    old two-file layout (and not the new file), which is then kept as it is
+    (never silently replaced by an empty store). Only the ledger set: a SQLite
+    or PostgreSQL ledger's own store holds the outbox too; any other ledger
+    (memory, file) gets the old separate SQLite outbox.
+    """
+    if "ledger" not in merged and "sink" not in merged:
+        if _legacy_layout_only():
+            merged["ledger"], merged["sink"] = LEGACY_LEDGER_URL, LEGACY_SINK_URL
+        return
+    if "sink" not in merged:
+        ledger = merged["ledger"]
+        shared = urlsplit(ledger).scheme.lower() in _SHARED_STORE_SCHEMES
+        merged["sink"] = ledger if shared else LEGACY_SINK_URL
