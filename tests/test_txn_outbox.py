@@ -293,3 +293,20 @@ async def test_a_joint_write_for_another_store_is_refused(tmp_path: Path) -> Non
     finally:
         await other.close()
         await ledger.close()
+
+
+async def test_either_store_may_be_created_first_in_the_shared_file(tmp_path: Path) -> None:
+    """The ledger refuses a file holding something else, but not the outbox beside it."""
+    for first in ("outbox", "ledger"):
+        url = f"sqlite:///{tmp_path / f'{first}-first.db'}"
+        if first == "outbox":
+            await (await OutboxSink(url).open()).close()
+            ledger, outbox = await _open(url)
+        else:
+            ledger = await open_ledger(url)
+            outbox = await OutboxSink(url).open()
+        try:
+            assert (await Dispatcher(BRANCH, outbox, ledger).dispatch(_req("x"))).submitted
+        finally:
+            await outbox.close()
+            await ledger.close()
