@@ -345,17 +345,20 @@ def _sqlite_put(
     conn: sqlite3.Connection, decision_id: str, text: str, hash_: str, attempt: int
 ) -> bool:
     """Insert-if-absent inside an open transaction; True when inserted (see the module docs)."""
+    # One statement in the common case (a new row): on the ledger's thread every
+    # statement is a GIL hand-off with the event loop.
+    cursor = conn.execute(
+        f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
+        "first_attempt, highest_attempt, accepted_at_ms) VALUES (?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (decision_id) DO NOTHING",
+        (decision_id, text, hash_, attempt, attempt, time.time_ns() // 1_000_000),
+    )
+    if cursor.rowcount == 1:
+        return True
     row = conn.execute(
         f"SELECT request_hash, highest_attempt FROM {OUTBOX_TABLE} WHERE decision_id = ?",
         (decision_id,),
     ).fetchone()
-    if row is None:
-        conn.execute(
-            f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
-            "first_attempt, highest_attempt, accepted_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
-            (decision_id, text, hash_, attempt, attempt, time.time_ns() // 1_000_000),
-        )
-        return True
     if row[0] != hash_:
         raise OutboxConflictError(decision_id, str(row[0]), hash_)
     if attempt > int(row[1]):
