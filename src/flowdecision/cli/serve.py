@@ -157,7 +157,7 @@ def tail_cmd(
     --after <last seq>. Reads only: a missing outbox, or a database without
     outbox tables, is reported (exit 4), never created.
     """
-    from ..service.config import default_outbox_url
+    from ..defaults import default_outbox_url
     from ..sinks.loader import sink_kind
 
     sink_url = sink_url or default_outbox_url()

@@ -19,6 +19,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from ..defaults import (
+    DEFAULT_STORE_URL,
+    LEGACY_LEDGER_URL,
+    LEGACY_OUTBOX_URL,
+    default_outbox_url,
+    legacy_layout_only,
+)
 from ..dispatcher import DEFAULT_LEASE_MS
 from ..errors import FlowDecisionError
 from ..limits import identifier_problem
@@ -49,32 +56,11 @@ HTTP_IMPLEMENTATIONS = ("auto", "httptools", "h11")
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 #: Shortest bearer token accepted on a non-loopback address (``serve`` warns on loopback).
 MIN_TOKEN_CHARS = 16
-#: The default layout: ledger and outbox in ONE SQLite file, so each accepted
-#: decision is claimed, written to the outbox and completed in one transaction.
-DEFAULT_LEDGER_URL = "sqlite:///.flowdecision/flowdecision.db"
-DEFAULT_SINK_URL = DEFAULT_LEDGER_URL
-#: The layout before the transactional outbox (two files). A working directory
-#: that holds it and not the new file keeps it: see docs/OPERATIONS.md, "Store layout".
-LEGACY_LEDGER_URL = "sqlite:///.flowdecision/ledger.db"
-LEGACY_SINK_URL = "sqlite:///.flowdecision/outbox.db"
+#: The default layout: ledger and outbox in ONE SQLite file (flowdecision.defaults).
+DEFAULT_LEDGER_URL = DEFAULT_STORE_URL
+DEFAULT_SINK_URL = DEFAULT_STORE_URL
+LEGACY_SINK_URL = LEGACY_OUTBOX_URL
 _SHARED_STORE_SCHEMES = ("sqlite", "postgres", "postgresql")
-
-
-def _sqlite_file(url: str) -> Path:
-    return Path(urlsplit(url).path[1:])
-
-
-def _legacy_layout_only() -> bool:
-    """The old default files exist here and the new default file does not."""
-    return (
-        _sqlite_file(LEGACY_LEDGER_URL).exists() and not _sqlite_file(DEFAULT_LEDGER_URL).exists()
-    )
-
-
-def default_outbox_url() -> str:
-    """The outbox ``serve`` uses by default here: the shared store, or the legacy
-    ``outbox.db`` in a working directory still laid out the old way."""
-    return LEGACY_SINK_URL if _legacy_layout_only() else DEFAULT_SINK_URL
 
 
 class ConfigError(FlowDecisionError):
@@ -444,7 +430,7 @@ def _default_stores(merged: dict[str, Any]) -> None:
     (memory, file) gets the old separate SQLite outbox.
     """
     if "ledger" not in merged and "sink" not in merged:
-        if _legacy_layout_only():
+        if legacy_layout_only():
             merged["ledger"], merged["sink"] = LEGACY_LEDGER_URL, LEGACY_SINK_URL
         return
     if "sink" not in merged:
