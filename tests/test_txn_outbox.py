@@ -310,3 +310,37 @@ async def test_either_store_may_be_created_first_in_the_shared_file(tmp_path: Pa
         finally:
             await outbox.close()
             await ledger.close()
+
+
+async def test_racing_proposals_of_one_new_id_answer_as_the_claim_rules_do(
+    store_url: str,
+) -> None:
+    """Two dispatchers (two processes' worth: own ledger and outbox) race with
+    different content for the same new ids: one is submitted, the other is told
+    `conflict` by the claim rules, never a sink error from the outbox's refusal."""
+    opened = [await _open(store_url) for _ in range(2)]
+    try:
+        one, two = (
+            Dispatcher(BRANCH, outbox, ledger, owner_id=f"owner-{n}")
+            for n, (ledger, outbox) in enumerate(opened)
+        )
+        ids = [f"race-{n}" for n in range(30)]
+
+        async def attempt(dispatcher: Dispatcher, item: DecisionRequest) -> str:
+            try:
+                return (await dispatcher.dispatch_until_done(item, deadline_s=30)).outcome
+            except DecisionConflictError:
+                return "conflict"
+
+        answers = await asyncio.gather(
+            *(attempt(one, _req(key, output="a")) for key in ids),
+            *(attempt(two, _req(key, output="b")) for key in ids),
+        )
+        for index in range(len(ids)):
+            pair = sorted((answers[index], answers[len(ids) + index]))
+            assert pair == ["conflict", "submitted"], (ids[index], pair)
+        assert await opened[0][1].count() == len(ids)
+    finally:
+        for ledger, outbox in opened:
+            await outbox.close()
+            await ledger.close()

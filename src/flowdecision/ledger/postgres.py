@@ -126,6 +126,7 @@ _LOCK_MANY_SQL = (
     f"SELECT decision_id, record FROM {_TABLE} "
     "WHERE decision_id = ANY($1::text[]) ORDER BY decision_id FOR UPDATE"
 )
+_EXISTS_SQL = f"SELECT EXISTS (SELECT 1 FROM {_TABLE} WHERE decision_id = $1)"
 _PRUNE_SQL = f"""
 WITH doomed AS (
     SELECT decision_id FROM {_TABLE}
@@ -530,6 +531,15 @@ class PostgresLedger(StoredLedger):
                 # The writer failed, not the ledger: its callers get its error as is.
                 raise _WriterFailed(error, [item for item, _, _ in group]) from error
             for (item, taken, record), refusal in zip(group, refusals, strict=True):
+                if (
+                    refusal is not None
+                    and item.decision_id not in stored
+                    and await conn.fetchval(_EXISTS_SQL, item.decision_id)
+                ):
+                    # Another transaction created this id (its claim and its row) after
+                    # our read and has committed: start over, the claim rules then
+                    # answer (Conflict, AlreadyCompleted) instead of the row's refusal.
+                    raise _LostInsert
                 if refusal is not None:
                     item.error = refusal
                 else:
