@@ -17,13 +17,18 @@ from typing import Any
 import pytest
 
 from flowdecision import Dispatcher, request_hash
-from flowdecision.errors import DecisionBusyError, DecisionConflictError, SinkError
+from flowdecision.errors import (
+    DecisionBusyError,
+    DecisionConflictError,
+    DispatchLedgerError,
+    SinkError,
+)
 from flowdecision.identity import decision_receipt
 from flowdecision.ledger.memory import MemoryLedger
 from flowdecision.ledger.protocol import Ledger
 from flowdecision.ledger.url import open_ledger
 from flowdecision.model import Complete, DecisionRequest
-from flowdecision.sinks import OutboxConflictError, OutboxSink, TransactionalSink
+from flowdecision.sinks import OutboxConflictError, OutboxError, OutboxSink, TransactionalSink
 from flowdecision.store.joint import JointWrite
 from tests.helpers import request
 
@@ -136,42 +141,64 @@ async def test_busy_and_conflicting_claims_write_nothing(store_url: str) -> None
 
 
 class _FailAfterWrite:
-    """Writes the real outbox row, then fails: a failure between the row and completion."""
+    """Writes the real outbox row, then fails: a failure between the row and completion.
 
-    def __init__(self, outbox: OutboxSink) -> None:
+    ``database`` makes it a database error (the whole batch fails, as a ledger
+    failure); otherwise the writer's own error (this decision fails, as a sink
+    failure).
+    """
+
+    def __init__(self, outbox: OutboxSink, database: bool) -> None:
         self.outbox = outbox
+        self.database = database
+
+    def _error(self) -> Exception:
+        if self.database:
+            return sqlite3.OperationalError("injected: disk I/O error after the row")
+        return OutboxError("injected: failed after the outbox row was written")
 
     def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> None:
         self.outbox.write_sqlite(conn, write, attempt)
         assert write.inserted is True
-        raise RuntimeError("injected: failed after the outbox row was written")
+        raise self._error()
 
     async def write_postgres(
         self, conn: Any, writes: Sequence[tuple[JointWrite, int]]
     ) -> list[BaseException | None]:
         await self.outbox.write_postgres(conn, writes)
         assert all(write.inserted is True for write, _ in writes)
-        raise RuntimeError("injected: failed after the outbox rows were written")
+        raise (
+            ConnectionResetError("injected: connection lost") if self.database else self._error()
+        )
 
 
 class _FailingOutbox(OutboxSink):
+    database = False
+
     async def prepare(self, request: DecisionRequest) -> JointWrite:
         write = await super().prepare(request)
-        write.writer = _FailAfterWrite(self)
+        write.writer = _FailAfterWrite(self, self.database)
         return write
 
 
-async def test_a_failure_after_the_row_was_written_leaves_neither(store_url: str) -> None:
+@pytest.mark.parametrize("database", [False, True], ids=["sink-error", "database-error"])
+async def test_a_failure_after_the_row_was_written_leaves_neither(
+    store_url: str, database: bool
+) -> None:
     ledger = await open_ledger(store_url)
-    failing = await _FailingOutbox(store_url).open()
+    failing = _FailingOutbox(store_url)
+    failing.database = database
+    await failing.open()
     try:
         dispatcher = Dispatcher(BRANCH, failing, ledger, owner_id="owner-a")
         assert dispatcher.transactional
-        with pytest.raises(SinkError, match="injected"):
+        expected = DispatchLedgerError if database else SinkError
+        with pytest.raises(expected, match="injected"):
             await dispatcher.dispatch(_req("doomed"))
         assert await failing.get("doomed") is None
         assert await ledger.read_record("doomed") is None  # not even a claim remains
-        assert dispatcher.health().to_dict()["sink_failures"] == 1
+        counter = "ledger_failures" if database else "sink_failures"
+        assert dispatcher.health().to_dict()[counter] == 1
         # The same decision then goes through whole.
         fine = Dispatcher(BRANCH, await OutboxSink(store_url).open(), ledger, owner_id="b")
         assert (await fine.dispatch(_req("doomed"))).attempt == 1
@@ -234,6 +261,9 @@ async def test_concurrent_dispatches_write_exactly_one_row_each(
         # seq order is commit order: the cursor has no holes.
         seqs = [row.seq for row in rows]
         assert seqs == sorted(seqs)
+        # Concurrent decisions shared commits (group commit), row and completion alike.
+        commits = sum(getattr(ledger, "commits", 0) for ledger, _ in opened)
+        assert 1 <= commits < len(ids)
     finally:
         for ledger, outbox in opened:
             await outbox.close()

@@ -49,7 +49,7 @@ from ..errors import LedgerCorruptError, LedgerError, LedgerUnavailableError
 from ..store.batching import copy_error, settle
 from ..store.joint import JointWrite, StoreKey, postgres_key
 from ..store.lifecycle import check_group_commit, started
-from ..store.postgres import CLOCK_SQL, PgPool, retryable
+from ..store.postgres import CLOCK_SQL, PgPool, driver_error, retryable
 from ..store.url import describe_dsn
 from .base import JointOperation, Operation, PruneProgress, StoredLedger, wall_clock_ms
 from .machine import ClaimRecord
@@ -526,8 +526,8 @@ class PostgresLedger(StoredLedger):
                     conn, [(_write_of(item), taken.attempt) for item, taken, _ in group]
                 )
             except Exception as error:
-                if retryable(error):
-                    raise
+                if driver_error(error):
+                    raise  # the database failed (or a retryable conflict): the whole batch
                 # The writer failed, not the ledger: its callers get its error as is.
                 raise _WriterFailed(error, [item for item, _, _ in group]) from error
             for (item, taken, record), refusal in zip(group, refusals, strict=True):

@@ -306,6 +306,8 @@ class SqliteLedger(StoredLedger):
                     transition: Transition[Any] = _joint(conn, op, slot.record, self.now_ms())
                 else:
                     transition = op(slot.record, self.now_ms())
+            except sqlite3.Error:
+                raise  # the database failed (in a joint row's write): the whole batch
             except Exception as error:  # a rule failure: this caller only, nothing stored
                 job.error = error
                 continue
