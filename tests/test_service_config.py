@@ -279,6 +279,12 @@ def test_default_layout_is_one_store_and_an_old_layout_is_kept(
     settings = load_settings({}, env={})
     assert (settings.ledger, settings.sink) == (LEGACY_LEDGER_URL, LEGACY_SINK_URL)
     assert default_outbox_url() == LEGACY_SINK_URL
+    # ... and so does an outbox.db beside a ledger named alone (its consumers' cursors).
+    (tmp_path / ".flowdecision" / "outbox.db").write_bytes(b"")
+    assert load_settings({"ledger": "sqlite:///x.db"}, env={}).sink == LEGACY_SINK_URL
+    assert load_settings({"ledger": "sqlite:///x.db", "sink": "sqlite:///x.db"}, env={}).sink == (
+        "sqlite:///x.db"
+    )
     # ... until the shared file exists (an operator moved to it).
     (tmp_path / ".flowdecision" / "flowdecision.db").write_bytes(b"")
     settings = load_settings({}, env={})

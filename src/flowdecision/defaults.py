@@ -20,6 +20,7 @@ __all__ = [
     "default_ledger_url",
     "default_outbox_url",
     "legacy_layout_only",
+    "legacy_outbox_exists",
 ]
 
 #: The ledger and the outbox, together.
@@ -36,6 +37,11 @@ def _file(url: str) -> Path:
 def legacy_layout_only() -> bool:
     """The old default ledger file exists here and the new default file does not."""
     return _file(LEGACY_LEDGER_URL).exists() and not _file(DEFAULT_STORE_URL).exists()
+
+
+def legacy_outbox_exists() -> bool:
+    """The old default outbox file (``.flowdecision/outbox.db``) exists here."""
+    return _file(LEGACY_OUTBOX_URL).exists()
 
 
 def default_ledger_url() -> str:

@@ -10,6 +10,7 @@ the name with dashes (``--lease-ms``). The bearer token itself is never a flag
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 import os
 import tomllib
@@ -25,6 +26,7 @@ from ..defaults import (
     LEGACY_OUTBOX_URL,
     default_outbox_url,
     legacy_layout_only,
+    legacy_outbox_exists,
 )
 from ..dispatcher import DEFAULT_LEASE_MS
 from ..errors import FlowDecisionError
@@ -48,6 +50,8 @@ __all__ = [
     "normalize_origin",
     "redact_url",
 ]
+
+_log = logging.getLogger("flowdecision.service")
 
 ENV_PREFIX = "FLOWDECISION_"
 #: ``http`` values: uvicorn's HTTP/1.1 parsers (``auto`` is httptools when installed).
@@ -424,16 +428,28 @@ def _default_stores(merged: dict[str, Any]) -> None:
     """Fill in the ledger and sink left unset (docs/OPERATIONS.md, "Store layout").
 
     Neither set: the shared SQLite file, unless this directory still has the
-    old two-file layout (and not the new file), which is then kept as it is
-    (never silently replaced by an empty store). Only the ledger set: a SQLite
-    or PostgreSQL ledger's own store holds the outbox too; any other ledger
-    (memory, file) gets the old separate SQLite outbox.
+    old two-file layout (and not the new file), which is then kept as it is.
+    Only the ledger set: a SQLite or PostgreSQL ledger's own store holds the
+    outbox too, unless the old default ``.flowdecision/outbox.db`` exists here
+    (earlier releases put the outbox there whatever the ledger): it is kept, so
+    its consumers' ``seq`` cursors stay valid. Any other ledger (memory, file)
+    gets that separate SQLite outbox. Existing stores are never silently
+    replaced by new, empty ones.
     """
     if "ledger" not in merged and "sink" not in merged:
         if legacy_layout_only():
             merged["ledger"], merged["sink"] = LEGACY_LEDGER_URL, LEGACY_SINK_URL
+            _log.warning(
+                "keeping the two-file store layout found here (.flowdecision/ledger.db "
+                "and outbox.db); see docs/OPERATIONS.md, 'Store layout', to move to one store"
+            )
         return
     if "sink" not in merged:
         ledger = merged["ledger"]
         shared = urlsplit(ledger).scheme.lower() in _SHARED_STORE_SCHEMES
-        merged["sink"] = ledger if shared else LEGACY_SINK_URL
+        if shared and legacy_outbox_exists():
+            _log.warning(
+                "keeping the existing outbox .flowdecision/outbox.db; name --sink to move "
+                "the outbox into the ledger's store (docs/OPERATIONS.md, 'Store layout')"
+            )
+        merged["sink"] = ledger if shared and not legacy_outbox_exists() else LEGACY_SINK_URL

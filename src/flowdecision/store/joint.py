@@ -64,7 +64,8 @@ class JointWriter(Protocol):
         """Write one row on the ledger's SQLite connection (its transaction is open).
 
         Set ``write.inserted``; raise to refuse (the ledger rolls the row back
-        and stores nothing for this decision).
+        and stores nothing for this decision; its caller gets the error). A
+        :class:`sqlite3.Error` is the database failing: the whole batch fails.
         """
         ...
 
@@ -74,8 +75,10 @@ class JointWriter(Protocol):
         """Write a batch's rows on the ledger's asyncpg connection (transaction open).
 
         Returns one entry per write: None when written (``inserted`` set), or
-        the error refusing that write (nothing written for it). Raising fails
-        the whole batch (the transaction rolls back).
+        the error refusing that write (nothing written for it). Raising rolls
+        the transaction back: a driver or database error fails the whole batch
+        (a ledger failure); any other error fails these writes' callers with
+        it, and the rest of the batch is tried again without them.
         """
         ...
 
