@@ -374,3 +374,42 @@ async def test_racing_proposals_of_one_new_id_answer_as_the_claim_rules_do(
         for ledger, outbox in opened:
             await outbox.close()
             await ledger.close()
+
+
+async def test_a_consumer_following_the_cursor_never_skips_a_row(store_url: str) -> None:
+    """seq order is commit order on the transactional path too: a consumer that
+    pages with fetch(after=last seq) while two dispatchers commit batches sees
+    every row (a batch committing a lower seq after a higher one would be skipped)."""
+    opened = [await _open(store_url) for _ in range(2)]
+    reader = await OutboxSink(store_url).open()
+    try:
+        fleet = [
+            Dispatcher(BRANCH, outbox, ledger, owner_id=f"owner-{n}")
+            for n, (ledger, outbox) in enumerate(opened)
+        ]
+        ids = [f"cursor-{n}" for n in range(150)]
+        seen: list[str] = []
+        writing = True
+
+        async def consume() -> None:
+            cursor = 0
+            while True:
+                done = not writing  # read once more after the writers finished
+                page = await reader.fetch(after=cursor, limit=1000)
+                seen.extend(row.decision_id for row in page)
+                if page:
+                    cursor = page[-1].seq
+                if done and not page:
+                    return
+                await asyncio.sleep(0)
+
+        consumer = asyncio.create_task(consume())
+        await asyncio.gather(*(fleet[n % 2].dispatch(_req(key)) for n, key in enumerate(ids)))
+        writing = False
+        await asyncio.wait_for(consumer, 60)
+        assert sorted(seen) == sorted(ids)  # every row, none twice
+    finally:
+        await reader.close()
+        for ledger, outbox in opened:
+            await outbox.close()
+            await ledger.close()

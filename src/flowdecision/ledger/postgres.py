@@ -34,6 +34,13 @@ Design:
   schema is older or newer than this code fails with :class:`LedgerSchemaError`
   (PostgreSQL's policy, see :mod:`flowdecision.store.migrations`).
 * Prune deletes in batches, each its own short transaction.
+* **Joint operations** (``claim_and_complete``, the transactional outbox) queue
+  with the rest; a batch's joint ones share one locking transaction: existing
+  records locked in id order, one clock read, claim and completion rules per
+  decision, the joint rows in one statement (the outbox's advisory lock, held
+  to the commit, keeps its ``seq`` order = commit order), the ledger rows in
+  one statement, ``COMMIT``. A new id another host created meanwhile rolls the
+  batch back and retries it.
 
 Pool setup, error translation, the clock SQL and the migration runner live in
 :mod:`flowdecision.store`; this module is the ledger's dialect adapter.

@@ -16,6 +16,16 @@ Delivery is **insert-if-absent** keyed by ``decision_id``:
 are inserted under a transaction-scoped advisory lock), so a consumer reading
 ``fetch(after=last_seq)`` never skips a row.
 
+**The transactional path.** An outbox in the ledger's own store (same SQLite
+file, same PostgreSQL database: :meth:`OutboxSink.joins`) is a
+:class:`~flowdecision.sinks.TransactionalSink`: the dispatcher hands the row
+(:meth:`OutboxSink.prepare`) to ``Ledger.claim_and_complete``, which writes it
+on the ledger's connection between the claim and the completion rules, in the
+ledger's group-committed transaction (:meth:`write_sqlite`,
+:meth:`write_postgres`: the same insert-if-absent). A decision is then never
+delivered twice. On PostgreSQL a batch takes the advisory lock once, before
+inserting its rows, and holds it to its commit: seq order stays commit order.
+
 The schema is versioned in ``flow_decision_outbox_schema`` with migrations in
 ``sinks/sql/<dialect>/`` and follows the same policy as the ledger's (see
 :mod:`flowdecision.store.migrations`): a SQLite outbox is created or upgraded
