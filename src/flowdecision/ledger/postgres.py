@@ -185,6 +185,7 @@ class PostgresLedger(StoredLedger):
         )
         self.dsn = dsn
         self.where = describe_dsn(dsn)
+        self._store_key = postgres_key(dsn)
         self._closed = False
         self._clock_offset_ms = 0
         self.group_commit = bool(group_commit)
@@ -251,7 +252,7 @@ class PostgresLedger(StoredLedger):
 
     def store_key(self) -> StoreKey:
         """The database: an outbox in it joins this ledger's transactions."""
-        return postgres_key(self.dsn)
+        return self._store_key
 
     async def _apply_joint(self, decision_id: str, joint: JointOperation) -> ClaimOutcome:
         # Queued with every other mutation; _run_batch gives joint ones a transaction.

@@ -147,6 +147,7 @@ class SqliteLedger(StoredLedger):
             max_wait_ms=self.max_wait_ms,
         )
         self._decoded = DecodedRecords(f"sqlite ledger `{self.path}`")
+        self._store_key: StoreKey | None = None
         #: Transactions committed by this ledger's mutations and the operations in them.
         self.commits = 0
         self.committed_ops = 0
@@ -199,7 +200,9 @@ class SqliteLedger(StoredLedger):
 
     def store_key(self) -> StoreKey:
         """The database file: an outbox in the same file joins this ledger's transactions."""
-        return sqlite_key(self.path)
+        if self._store_key is None:  # resolved once: it is checked on every joint call
+            self._store_key = sqlite_key(self.path)
+        return self._store_key
 
     async def _apply_joint(self, decision_id: str, joint: JointOperation) -> ClaimOutcome:
         # Queued like any mutation: it shares its batch's BEGIN IMMEDIATE ... COMMIT.
