@@ -47,19 +47,51 @@ def _assert_passed(report: ChaosReport, decisions: int = 400) -> None:
     )  # every decision has 2 proposers
 
 
-@pytest.mark.parametrize("kind", ["file", "sqlite"])
-def test_short_chaos_run_on_a_local_ledger(kind: str, tmp_path: Path) -> None:
+def _assert_exactly_once_without_replays(report: ChaosReport) -> None:
+    """The shared layout: nothing for the outbox to absorb, not merely nothing lost."""
+    figures = report.figures
+    assert figures["layout"] == "shared"
+    assert figures["duplicates_suppressed_outbox"] == 0, figures
+    assert figures["outbox_rows_replayed"] == 0, figures
+    # A kill can no longer leave a claim without its completion: nothing to take over.
+    assert figures["takeovers_ledger"] == 0, figures
+
+
+@pytest.mark.parametrize(
+    ("kind", "layout"), [("file", "separate"), ("sqlite", "separate"), ("sqlite", "shared")]
+)
+def test_short_chaos_run_on_a_local_ledger(kind: str, layout: str, tmp_path: Path) -> None:
     url = f"file://{tmp_path / 'ledger'}" if kind == "file" else f"sqlite:///{tmp_path / 'l.db'}"
     # The file ledger rewrites its whole file per mutation: fewer decisions, same faults.
     short = {**SHORT, "decisions": 150} if kind == "file" else SHORT
-    report = run_chaos(ChaosConfig(ledger_url=url, workdir=str(tmp_path / "work"), **short))
+    report = run_chaos(
+        ChaosConfig(ledger_url=url, workdir=str(tmp_path / "work"), layout=layout, **short)
+    )
     _assert_passed(report, short["decisions"])
+    if layout == "shared":
+        assert report.config["outbox_url"] == url  # one SQLite file
+        _assert_exactly_once_without_replays(report)
 
 
-def test_short_chaos_run_on_postgres(pg_url: str, tmp_path: Path) -> None:
-    report = run_chaos(ChaosConfig(ledger_url=pg_url, workdir=str(tmp_path / "work"), **SHORT))
+@pytest.mark.parametrize("layout", ["separate", "shared"])
+def test_short_chaos_run_on_postgres(pg_url: str, layout: str, tmp_path: Path) -> None:
+    import asyncpg
+
+    async def empty() -> None:  # verify flags rows of an earlier run as unexpected
+        conn = await asyncpg.connect(pg_url)
+        try:
+            await conn.execute("TRUNCATE flowdecision_claims, flow_decision_outbox")
+        finally:
+            await conn.close()
+
+    asyncio.run(empty())
+    report = run_chaos(
+        ChaosConfig(ledger_url=pg_url, workdir=str(tmp_path / "work"), layout=layout, **SHORT)
+    )
     _assert_passed(report)
     assert report.config["outbox_url"] == pg_url
+    if layout == "shared":
+        _assert_exactly_once_without_replays(report)
 
 
 def test_verify_catches_a_missing_row_and_a_completion_after_expiry(tmp_path: Path) -> None:
@@ -74,7 +106,8 @@ def test_verify_catches_a_missing_row_and_a_completion_after_expiry(tmp_path: Pa
     assert report.ok, report.to_dict()
     first = f"chaos-{cfg.run_id}-000000"
     second = f"chaos-{cfg.run_id}-000001"
-    outbox = sqlite3.connect(tmp_path / "work" / "outbox.db", isolation_level=None)
+    assert cfg.layout == "shared"  # the default: the outbox is in the ledger's file
+    outbox = sqlite3.connect(db, isolation_level=None)
     outbox.execute("DELETE FROM flow_decision_outbox WHERE decision_id = ?", (first,))
     outbox.close()
     ledger = sqlite3.connect(db, isolation_level=None)

@@ -245,7 +245,7 @@ async def test_a_retry_after_beyond_the_bounds_ends_the_retries_at_once(
     """Another replica holds a long lease: waiting that long is the caller's choice."""
     request = decision()
     identity, _receipt = decision_receipt(request)
-    ledger = await open_ledger(f"sqlite:///{service.cwd / '.flowdecision' / 'ledger.db'}")
+    ledger = await open_ledger(f"sqlite:///{service.cwd / '.flowdecision' / 'flowdecision.db'}")
     try:
         await ledger.claim(request.decision_id, request_hash(request), "replica-b-owner",
                            lease_ms=60_000, identity=identity)  # fmt: skip

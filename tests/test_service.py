@@ -130,7 +130,7 @@ async def test_409_busy_with_retry_after_from_the_lease(
     request = decision()
     identity, _receipt = decision_receipt(request)
     # Another replica sharing the ledger holds a live lease on this decision.
-    ledger = await open_ledger(f"sqlite:///{service.cwd / '.flowdecision' / 'ledger.db'}")
+    ledger = await open_ledger(f"sqlite:///{service.cwd / '.flowdecision' / 'flowdecision.db'}")
     try:
         await ledger.claim(
             request.decision_id,
@@ -356,7 +356,7 @@ async def test_outbox_pages_in_order(client: httpx.AsyncClient) -> None:
 
 
 def test_outbox_tail_cli_reads_the_same_rows(service: ServiceProcess) -> None:
-    url = f"sqlite:///{service.cwd / '.flowdecision' / 'outbox.db'}"
+    url = f"sqlite:///{service.cwd / '.flowdecision' / 'flowdecision.db'}"
     result = CliRunner().invoke(cli, ["outbox", "tail", "--sink", url, "--json", "--limit", "3"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.output.splitlines()]
@@ -478,7 +478,7 @@ async def test_sigterm_lets_the_in_flight_dispatch_finish(tmp_path: Path) -> Non
     finally:
         service.stop()
     assert Path(f"{gate}.accepted").read_text() == f"{request.decision_id} 1\n"
-    ledger = await open_ledger(f"sqlite:///{tmp_path / '.flowdecision' / 'ledger.db'}")
+    ledger = await open_ledger(f"sqlite:///{tmp_path / '.flowdecision' / 'flowdecision.db'}")
     try:
         entry = await ledger.lookup(request.decision_id)
     finally:

@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 
 from flowdecision.service.config import (
+    LEGACY_LEDGER_URL,
+    LEGACY_SINK_URL,
     MIN_TOKEN_CHARS,
     ConfigError,
     Settings,
+    default_outbox_url,
     load_settings,
     redact_url,
 )
@@ -20,11 +23,12 @@ from tests.service_process import decision
 from tests.service_sinks import GateSink
 
 
-def test_defaults_need_nothing_external() -> None:
+def test_defaults_need_nothing_external(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     settings = load_settings({}, env={})
     assert (settings.host, settings.port) == ("127.0.0.1", 8080)
-    assert settings.ledger == "sqlite:///.flowdecision/ledger.db"
-    assert settings.sink == "sqlite:///.flowdecision/outbox.db"
+    assert settings.ledger == "sqlite:///.flowdecision/flowdecision.db"
+    assert settings.sink == settings.ledger  # one file: the transactional outbox
     assert settings.production_branch == "production"
     assert settings.tokens() == ()
     assert settings.auth_healthz is False
@@ -253,3 +257,36 @@ def test_serve_warns_about_a_short_token_on_loopback(monkeypatch: pytest.MonkeyP
     assert f"warning: a bearer token is shorter than {MIN_TOKEN_CHARS} characters" in (
         result.output
     )
+
+
+def test_default_layout_is_one_store_and_an_old_layout_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    shared = "sqlite:///.flowdecision/flowdecision.db"
+    assert default_outbox_url() == shared
+    # Only the ledger given: a SQL ledger's own store holds the outbox.
+    for ledger in ("sqlite:///elsewhere.db", "postgresql://db.example/flow"):
+        settings = load_settings({"ledger": ledger}, env={})
+        assert settings.sink == ledger
+    for ledger in ("memory:", f"file://{tmp_path / 'files'}"):
+        assert load_settings({"ledger": ledger}, env={}).sink == LEGACY_SINK_URL
+    # A sink given explicitly is kept whatever the ledger.
+    assert load_settings({"sink": "sqlite:///o.db"}, env={}).ledger == shared
+    # A directory laid out the old way (two files) keeps that layout...
+    (tmp_path / ".flowdecision").mkdir()
+    (tmp_path / ".flowdecision" / "ledger.db").write_bytes(b"")
+    settings = load_settings({}, env={})
+    assert (settings.ledger, settings.sink) == (LEGACY_LEDGER_URL, LEGACY_SINK_URL)
+    assert default_outbox_url() == LEGACY_SINK_URL
+    # ... and so does an outbox.db beside a ledger named alone (its consumers' cursors).
+    (tmp_path / ".flowdecision" / "outbox.db").write_bytes(b"")
+    assert load_settings({"ledger": "sqlite:///x.db"}, env={}).sink == LEGACY_SINK_URL
+    assert load_settings({"ledger": "sqlite:///x.db", "sink": "sqlite:///x.db"}, env={}).sink == (
+        "sqlite:///x.db"
+    )
+    # ... until the shared file exists (an operator moved to it).
+    (tmp_path / ".flowdecision" / "flowdecision.db").write_bytes(b"")
+    settings = load_settings({}, env={})
+    assert (settings.ledger, settings.sink) == (shared, shared)
+    assert default_outbox_url() == shared

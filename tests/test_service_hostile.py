@@ -172,7 +172,7 @@ def test_a_service_started_on_a_corrupt_ledger_is_not_ready(tmp_path: Path) -> N
 
 
 async def test_prefer_wait_returns_the_other_owners_answer(tmp_path: Path) -> None:
-    db = tmp_path / ".flowdecision" / "ledger.db"
+    db = tmp_path / ".flowdecision" / "flowdecision.db"
     with ServiceProcess(tmp_path, "--lease-ms", "3000") as svc:
         # Another replica (a dispatcher in this process, same SQLite ledger) is
         # submitting the decision and its sink is slow.

@@ -7,6 +7,12 @@ claim, a heartbeat that renews the lease while the sink runs (cancelling the
 sink if the lease is lost), then completion with the receipt. A sink failure
 releases the claim so a retry can claim it at once.
 
+A :class:`~flowdecision.sinks.TransactionalSink` that shares the ledger's
+store (an outbox in the ledger's SQLite file or PostgreSQL database) takes the
+transactional path instead: claim, the sink's row and completion are one
+ledger transaction (``Ledger.claim_and_complete``), so there is no lease to
+hold while the sink runs and nothing a crash could deliver twice.
+
 ``dispatch`` returns a :class:`DispatchOutcome` (submitted or duplicate, the
 attempt, the receipt); every failure is a :class:`DispatchError`, whose
 ``code`` is classified once, in :data:`ERROR_CLASSES`.
@@ -20,7 +26,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from .bodies import OutcomeBody
 from .errors import (
@@ -39,10 +45,10 @@ from .health import HealthMetrics, HealthSnapshot
 from .identity import ExecutionIdentity, ResultReceipt, decision_receipt
 from .ledger.memory import MemoryLedger
 from .ledger.protocol import Ledger
-from .ledger.states import AlreadyCompleted, Busy, Claimed, Conflict
+from .ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict
 from .limits import check_identifier, check_identifiers
 from .model import DecisionRequest, request_hash
-from .sinks.base import Sink, check_sink
+from .sinks.base import Sink, TransactionalSink, check_sink, joins_ledger
 
 __all__ = ["DEFAULT_LEASE_MS", "ERROR_CLASSES", "DispatchOutcome", "Dispatcher", "ErrorClass"]
 
@@ -252,6 +258,8 @@ class Dispatcher:
         self.metrics = HealthMetrics()
         self._heartbeat_s = max(lease_ms // 3, 1) / 1000
         self._gates: dict[str, _IdGate] = {}
+        #: The sink writes inside the ledger's transaction (they share one store).
+        self.transactional = joins_ledger(self.sink, self.ledger)
 
     @property
     def heartbeat_s(self) -> float:
@@ -384,6 +392,8 @@ class Dispatcher:
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
     ) -> DispatchOutcome:
+        if self.transactional:
+            return await self._claim_and_complete(request, hash_, identity, receipt)
         decision_id = request.decision_id
         ledger = self.ledger
         try:
@@ -392,16 +402,9 @@ class Dispatcher:
             )
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
-        if isinstance(outcome, AlreadyCompleted):
-            return await self._duplicate(decision_id, outcome)
-        if isinstance(outcome, Busy):
-            raise DecisionBusyError(outcome.lease_expires_at_ms)
-        if isinstance(outcome, Conflict):
-            raise DecisionConflictError(decision_id)
-        assert isinstance(outcome, Claimed)
-        self.metrics.claimed += 1
-        if outcome.attempt > 1:
-            self.metrics.takeovers += 1
+        if not isinstance(outcome, Claimed):
+            return await self._not_claimed(decision_id, outcome)
+        self._count_claim(outcome)
 
         await self._submit(request, outcome.attempt, (decision_id, hash_, identity))
 
@@ -416,6 +419,50 @@ class Dispatcher:
             # pause longer than the lease): our delivery was a late duplicate.
             raise LeaseLostError(decision_id)
         return DispatchOutcome(True, decision_id, outcome.attempt, receipt)
+
+    async def _claim_and_complete(
+        self,
+        request: DecisionRequest,
+        hash_: str,
+        identity: ExecutionIdentity,
+        receipt: ResultReceipt,
+    ) -> DispatchOutcome:
+        """The transactional path: claim, the sink's row and completion in one commit."""
+        decision_id = request.decision_id
+        sink = cast(TransactionalSink, self.sink)
+        try:
+            write = await sink.prepare(request)
+            outcome = await self.ledger.claim_and_complete(
+                decision_id,
+                hash_,
+                self.owner_id,
+                lease_ms=self.lease_ms,
+                identity=identity,
+                receipt=receipt,
+                write=write,
+            )
+        except LedgerError as error:
+            raise DispatchLedgerError.wrap(error) from error
+        except Exception as error:  # the sink refused its row (e.g. different content)
+            raise SinkError(str(error) or type(error).__name__) from error
+        if not isinstance(outcome, Claimed):
+            return await self._not_claimed(decision_id, outcome)
+        self._count_claim(outcome)
+        return DispatchOutcome(True, decision_id, outcome.attempt, receipt)
+
+    def _count_claim(self, claimed: Claimed) -> None:
+        self.metrics.claimed += 1
+        if claimed.attempt > 1:
+            self.metrics.takeovers += 1
+
+    async def _not_claimed(self, decision_id: str, outcome: ClaimOutcome) -> DispatchOutcome:
+        """A duplicate's outcome; raises for a busy or conflicting claim."""
+        if isinstance(outcome, AlreadyCompleted):
+            return await self._duplicate(decision_id, outcome)
+        if isinstance(outcome, Busy):
+            raise DecisionBusyError(outcome.lease_expires_at_ms)
+        assert isinstance(outcome, Conflict), outcome
+        raise DecisionConflictError(decision_id)
 
     async def _duplicate(self, decision_id: str, done: AlreadyCompleted) -> DispatchOutcome:
         if done.attempts is not None:  # every built-in ledger says what it stored

@@ -24,11 +24,19 @@ def wall_ms() -> int:
 
 @dataclass(slots=True)
 class ChaosConfig:
-    """One harness run. ``outbox_url`` defaults to ``sqlite:///<workdir>/outbox.db``
-    for file and SQLite ledgers and to the ledger's own database for PostgreSQL."""
+    """One harness run.
+
+    ``layout`` is where the outbox lives: ``shared`` (the default for SQLite and
+    PostgreSQL ledgers, as ``serve`` lays them out) puts it in the ledger's own
+    store, so every decision is claimed, written and completed in one
+    transaction; ``separate`` (the only choice for a file ledger) puts it in
+    ``<workdir>/outbox.db`` (for PostgreSQL: still the ledger's database, but
+    written on the claim, submit, complete path). ``outbox_url`` overrides it.
+    """
 
     ledger_url: str
     outbox_url: str | None = None
+    layout: str | None = None
     workers: int = 8
     decisions: int = 5000
     lease_ms: int = 200
@@ -60,10 +68,15 @@ class ChaosConfig:
         out.pause_ms = self.pause_ms if self.pause_ms is not None else 3 * self.lease_ms
         if out.workdir is None:
             out.workdir = tempfile.mkdtemp(prefix="flowdecision-chaos-")
+        if self.layout not in (None, "shared", "separate"):
+            raise ValueError(f"layout must be `shared` or `separate`, got {self.layout!r}")
+        if self.layout == "shared" and kind == "file":
+            raise ValueError("a file ledger cannot share its store with the outbox")
+        out.layout = self.layout or ("separate" if kind == "file" else "shared")
         if out.outbox_url is None:
             out.outbox_url = (
                 self.ledger_url
-                if kind == "postgresql"
+                if kind == "postgresql" or out.layout == "shared"
                 else f"sqlite:///{Path(out.workdir).resolve() / 'outbox.db'}"
             )
         return out

@@ -16,6 +16,7 @@ from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..ledger.protocol import DelegatingLedger, Ledger
 from ..ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict
+from ..store.joint import JointWrite
 from .config import wall_ms
 
 __all__ = ["Journal", "JournalingLedger", "read_journal"]
@@ -66,8 +67,9 @@ _CLAIM_RESULT = {Busy: "busy", Conflict: "conflict", AlreadyCompleted: "complete
 class JournalingLedger(DelegatingLedger):
     """Delegates to a real ledger and journals every mutation with its timing.
 
-    Renewals and completions are also journaled *before* the call (``renew0``,
-    ``complete0``), so a call cut short by a kill is visible.
+    Renewals, completions and joint claim-and-completes are also journaled
+    *before* the call (``renew0``, ``complete0``, ``joint0``), so a call cut
+    short by a kill is visible.
     """
 
     def __init__(self, inner: Ledger, journal: Journal) -> None:
@@ -158,6 +160,54 @@ class JournalingLedger(DelegatingLedger):
             raise
         self.journal.write(e="complete", d=decision_id, t0=t0, t1=wall_ms(), ok=True, ours=ours)
         return ours
+
+    async def claim_and_complete(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        identity: ExecutionIdentity,
+        receipt: ResultReceipt,
+        write: JointWrite,
+    ) -> ClaimOutcome:
+        """Journaled as the claim, then the completion, then the sink's row: the
+        three happened in one transaction, inside the lease the claim granted.
+
+        ``joint0`` is journaled before the call: a kill after the commit but
+        before the answer is journaled leaves a completion whose only trace is
+        that line (the verifier accepts it: the claim and the completion were
+        one transaction, so the completer held the lease it completed under).
+        """
+        t0 = wall_ms()
+        self.journal.write(e="joint0", d=decision_id, t0=t0)
+        try:
+            outcome = await super().claim_and_complete(
+                decision_id, request_hash, owner_id, lease_ms=lease_ms, identity=identity,
+                receipt=receipt, write=write,
+            )  # fmt: skip
+        except LedgerError as error:
+            self.journal.write(
+                e="claim", d=decision_id, t0=t0, t1=wall_ms(), r="error", m=str(error)
+            )
+            raise
+        t1 = wall_ms()
+        if not isinstance(outcome, Claimed):
+            self.journal.write(
+                e="claim", d=decision_id, t0=t0, t1=t1, r=_CLAIM_RESULT[type(outcome)]
+            )
+            return outcome
+        self.journal.claims += 1
+        if outcome.attempt > 1:
+            self.journal.takeovers += 1
+        self.journal.write(e="claim", d=decision_id, t0=t0, t1=t1, r="claimed", a=outcome.attempt)
+        self.journal.write(e="complete0", d=decision_id, t0=t0)
+        self.journal.write(e="complete", d=decision_id, t0=t0, t1=t1, ok=True, ours=True)
+        self.journal.write(
+            e="sink", d=decision_id, a=outcome.attempt, r="insert" if write.inserted else "replay"
+        )
+        return outcome
 
     async def release(
         self,

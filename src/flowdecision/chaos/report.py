@@ -36,7 +36,7 @@ class ChaosReport:
 def summary_rows(report: ChaosReport) -> Iterator[tuple[str, str]]:
     """``(name, value)`` rows for the printed summary."""
     f = report.figures
-    yield "ledger", str(f["ledger"])
+    yield "ledger", f"{f['ledger']} (outbox layout: {f.get('layout', 'separate')})"
     yield (
         "decisions",
         f"{f['decisions']} ({f['proposals']} proposals, {f['dispatches']} dispatches)",
@@ -49,7 +49,8 @@ def summary_rows(report: ChaosReport) -> Iterator[tuple[str, str]]:
     yield (
         "duplicates suppressed",
         f"{f['duplicates_suppressed_dispatcher']} by the ledger, "
-        f"{f['duplicates_suppressed_outbox']} by the outbox",
+        f"{f['duplicates_suppressed_outbox']} absorbed by the outbox "
+        f"({f['outbox_rows_replayed']} rows replayed)",
     )
     yield "conflicts refused", str(f["conflicts_refused"])
     yield "busy retries", str(f["busy_retries"])

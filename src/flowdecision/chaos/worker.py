@@ -30,7 +30,9 @@ from ..ledger.postgres import PostgresLedger
 from ..ledger.protocol import Ledger
 from ..ledger.url import open_ledger, parse_ledger_url
 from ..model import DecisionRequest, request_hash
+from ..sinks.base import HasStoreKey
 from ..sinks.outbox import OutboxConflictError, OutboxSink
+from ..store.joint import JointWrite
 from .config import BRANCH, ChaosConfig, wall_ms
 from .journal import Journal, JournalingLedger, read_journal
 from .workload import make_request
@@ -43,7 +45,11 @@ TERMINAL = frozenset({"accepted", "duplicate", "conflict"})
 
 class ChaosSink:
     """The outbox, made slow at random (before and after the write) and sometimes
-    raising *after* it wrote, so SIGSTOP and SIGKILL land mid-sink."""
+    raising *after* it wrote, so SIGSTOP and SIGKILL land mid-sink.
+
+    On the shared layout it is a transactional sink: the dispatcher asks it for
+    the row (:meth:`prepare`) and the ledger writes it in its own transaction.
+    """
 
     def __init__(
         self, outbox: OutboxSink, journal: Journal, cfg: ChaosConfig, rng: random.Random
@@ -56,6 +62,18 @@ class ChaosSink:
     async def _maybe_sleep(self) -> None:
         if self.rng.random() < self.cfg.slow_sink_rate:
             await asyncio.sleep(self.rng.uniform(0, 1.5 * self.cfg.lease_ms) / 1000)
+
+    def joins(self, ledger: HasStoreKey) -> bool:
+        """The shared layout (the outbox in the ledger's store) unless the run says
+        ``separate``: then even a PostgreSQL outbox in the ledger's database is
+        written on the claim, submit, complete path."""
+        return self.cfg.layout != "separate" and self.outbox.joins(ledger)
+
+    async def prepare(self, request: DecisionRequest) -> JointWrite:
+        """The outbox's row; slow at random before the transaction (the kills and
+        pauses then land between the request and its one commit, or inside it)."""
+        await self._maybe_sleep()
+        return await self.outbox.prepare(request)
 
     async def submit(self, request: DecisionRequest, attempt: int) -> None:
         await self._maybe_sleep()

@@ -94,8 +94,15 @@ __all__ = ["chaos"]
     "--outbox",
     "outbox_url",
     default=None,
-    help="Outbox URL (default: sqlite in the work directory; the ledger's database for "
-    "PostgreSQL).",
+    help="Outbox URL (default: set by --layout).",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["shared", "separate"]),
+    default=None,
+    help="shared: the outbox in the ledger's own store, one transaction per decision "
+    "(default for SQLite and PostgreSQL ledgers); separate: claim, submit, complete "
+    "with a SQLite outbox in the work directory (PostgreSQL: its database, same path).",
 )
 @click.option("--workers", default=8, show_default=True, type=click.IntRange(2, 64))
 @click.option("--decisions", default=5000, show_default=True, type=click.IntRange(1))
@@ -129,6 +136,7 @@ __all__ = ["chaos"]
 def chaos(
     ledger_url: str,
     outbox_url: str | None,
+    layout: str | None,
     workers: int,
     decisions: int,
     lease_ms: int,
@@ -162,6 +170,7 @@ def chaos(
         cfg = ChaosConfig(
             ledger_url=ledger_url,
             outbox_url=outbox_url,
+            layout=layout,
             workers=workers,
             decisions=decisions,
             lease_ms=lease_ms,

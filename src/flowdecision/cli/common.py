@@ -12,11 +12,12 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from ..defaults import DEFAULT_STORE_URL, default_ledger_url
 from ..errors import FlowDecisionError, StoreMissingError
 
 T = TypeVar("T")
 
-DEFAULT_LEDGER_URL = "sqlite:///.flowdecision/ledger.db"
+DEFAULT_LEDGER_URL = DEFAULT_STORE_URL
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -33,8 +34,9 @@ SERVICE_MODULES = frozenset({"starlette", "uvicorn", "httpx", "prometheus_client
 ledger_option = click.option(
     "--ledger",
     "ledger_url",
-    default=DEFAULT_LEDGER_URL,
-    show_default=True,
+    default=default_ledger_url,
+    show_default=f"{DEFAULT_STORE_URL}, or sqlite:///.flowdecision/ledger.db where the old "
+    "two-file layout is kept",
     envvar="FLOWDECISION_LEDGER",
     help="Ledger URL: memory:, file:///dir (or a bare directory), sqlite:///path, postgresql://...",
 )

@@ -28,11 +28,12 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 @_flag("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file.")
 @_flag("--host", help="Address to listen on.  [default: 127.0.0.1]")
 @_flag("--port", type=int, help="Port to listen on (0 picks a free one).  [default: 8080]")
-@_flag("--ledger", help="Ledger URL.  [default: sqlite:///.flowdecision/ledger.db]")
+@_flag("--ledger", help="Ledger URL.  [default: sqlite:///.flowdecision/flowdecision.db]")
 @_flag(
     "--sink",
     help="Sink URL: sqlite:///path or postgresql://... (outbox), http(s)://... (webhook), "
-    "python:module:attribute.  [default: sqlite:///.flowdecision/outbox.db]",
+    "python:module:attribute.  [default: the ledger's own SQLite or PostgreSQL store "
+    "(one transaction per decision); sqlite:///.flowdecision/outbox.db for other ledgers]",
 )
 @_flag("--production-branch", help="The branch allowed to submit.  [default: production]")
 @_flag("--lease-ms", type=int, help="Claim lease in milliseconds.  [default: 30000]")
@@ -142,11 +143,12 @@ def _when(ms: int) -> str:
 @click.option(
     "--sink",
     "sink_url",
-    default="sqlite:///.flowdecision/outbox.db",
-    show_default=True,
+    default=None,
     envvar="FLOWDECISION_SINK",
     allow_from_autoenv=False,
-    help="Outbox URL: sqlite:///path or postgresql://...",
+    help="Outbox URL: sqlite:///path or postgresql://...  [default: serve's default "
+    "store, sqlite:///.flowdecision/flowdecision.db, or .flowdecision/outbox.db "
+    "where the old two-file layout is kept]",
 )
 @click.option("--after", type=click.IntRange(min=0), default=0, show_default=True,
               help="Start after this seq cursor.")  # fmt: skip
@@ -157,7 +159,7 @@ def _when(ms: int) -> str:
               help="Seconds between polls with --follow.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row (JSON lines).")
 def tail_cmd(
-    sink_url: str, after: int, limit: int, follow: bool, interval: float, as_json: bool
+    sink_url: str | None, after: int, limit: int, follow: bool, interval: float, as_json: bool
 ) -> None:
     """Print outbox rows after a cursor; --follow keeps printing new ones.
 
@@ -166,8 +168,10 @@ def tail_cmd(
     --after <last seq>. Reads only: a missing outbox, or a database without
     outbox tables, is reported (exit 4), never created.
     """
+    from ..defaults import default_outbox_url
     from ..sinks.loader import sink_kind
 
+    sink_url = sink_url or default_outbox_url()
     try:
         kind = sink_kind(sink_url)
     except FlowDecisionError as error:

@@ -20,22 +20,49 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..limits import IDENTIFIER_FIELDS, check_identifier
+from ..store.joint import JointWrite
 from . import machine
 from .machine import ClaimRecord, Transition, check_u64
 from .protocol import Ledger, LedgerEntry, PruneProgress
 from .states import ClaimOutcome, ClaimState
 
-__all__ = ["Ledger", "LedgerEntry", "Operation", "PruneProgress", "StoredLedger", "wall_clock_ms"]
+__all__ = [
+    "JointOperation",
+    "Ledger",
+    "LedgerEntry",
+    "Operation",
+    "PruneProgress",
+    "StoredLedger",
+    "wall_clock_ms",
+]
 
 T = TypeVar("T")
 
 #: A transition bound to its arguments: ``op(record, clock_ms) -> Transition``.
 Operation = Callable[[ClaimRecord | None, int], Transition[T]]
+
+
+@dataclass(frozen=True, slots=True)
+class JointOperation:
+    """``claim_and_complete`` bound to its arguments, for a backend's ``_apply_joint``.
+
+    A backend runs, in one transaction and on one clock value: ``claim`` on the
+    record; if its result is ``Claimed(attempt)``, the joint ``write`` with that
+    attempt, then ``complete`` on the claimed record; and stores the completed
+    record only if all three succeeded. Otherwise it stores what ``claim``
+    alone left (a refused claim changes nothing, except a legacy completed
+    record binding its identity).
+    """
+
+    claim: Operation[ClaimOutcome]
+    complete: Operation[bool]
+    write: JointWrite
 
 
 def wall_clock_ms() -> int:
@@ -103,6 +130,13 @@ class StoredLedger(Ledger):
 
         Call ``progress(total_so_far)`` after each committed batch.
         """
+
+    async def _apply_joint(self, decision_id: str, joint: JointOperation) -> ClaimOutcome:
+        """Atomically claim, write the joint row and complete (see :class:`JointOperation`).
+
+        Only backends with a :meth:`store_key` implement it.
+        """
+        raise LedgerError(f"{type(self).__name__} cannot write other rows in its transactions")
 
     def now_ms(self) -> int:
         """The ledger's clock, in Unix-epoch milliseconds."""
@@ -188,6 +222,43 @@ class StoredLedger(Ledger):
                 clock if fixed is None else fixed,
             ),
         )
+
+    async def claim_and_complete(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        identity: ExecutionIdentity,
+        receipt: ResultReceipt,
+        write: JointWrite,
+    ) -> ClaimOutcome:
+        _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
+        check_u64("lease_ms", lease_ms)
+        _check_identity(identity)
+        _check_receipt(identity, receipt)
+        key = self.store_key()
+        if key is None or write.store != key:
+            where = "no shared store" if key is None else f"{key.kind} store {key.where}"
+            raise LedgerError(
+                f"a joint write for {write.store.kind} store {write.store.where} cannot join "
+                f"this ledger's transaction ({where})"
+            )
+        if write.decision_id != decision_id:
+            raise LedgerError(
+                f"joint write for decision `{write.decision_id}` offered with `{decision_id}`"
+            )
+
+        def claim(record: ClaimRecord | None, clock: int) -> Transition[ClaimOutcome]:
+            return machine.claim(record, request_hash, identity, owner_id, clock, lease_ms)
+
+        def complete(record: ClaimRecord | None, clock: int) -> Transition[bool]:
+            return machine.complete(
+                record, decision_id, request_hash, identity, owner_id, receipt, clock
+            )
+
+        return await self._apply_joint(decision_id, JointOperation(claim, complete, write))
 
     async def release(
         self,

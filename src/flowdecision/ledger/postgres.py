@@ -34,6 +34,13 @@ Design:
   schema is older or newer than this code fails with :class:`LedgerSchemaError`
   (PostgreSQL's policy, see :mod:`flowdecision.store.migrations`).
 * Prune deletes in batches, each its own short transaction.
+* **Joint operations** (``claim_and_complete``, the transactional outbox) queue
+  with the rest; a batch's joint ones share one locking transaction: existing
+  records locked in id order, one clock read, claim and completion rules per
+  decision, the joint rows in one statement (the outbox's advisory lock, held
+  to the commit, keeps its ``seq`` order = commit order), the ledger rows in
+  one statement, ``COMMIT``. A new id another host created meanwhile rolls the
+  batch back and retries it.
 
 Pool setup, error translation, the clock SQL and the migration runner live in
 :mod:`flowdecision.store`; this module is the ledger's dialect adapter.
@@ -47,12 +54,14 @@ from typing import Any, TypeVar
 
 from ..errors import LedgerCorruptError, LedgerError, LedgerUnavailableError
 from ..store.batching import copy_error, settle
+from ..store.joint import JointWrite, StoreKey, postgres_key
 from ..store.lifecycle import check_group_commit, started
-from ..store.postgres import CLOCK_SQL, PgPool, retryable
+from ..store.postgres import CLOCK_SQL, PgPool, driver_error, retryable
 from ..store.url import describe_dsn
-from .base import Operation, PruneProgress, StoredLedger, wall_clock_ms
+from .base import JointOperation, Operation, PruneProgress, StoredLedger, wall_clock_ms
 from .machine import ClaimRecord
 from .rows import LEDGER, TABLE, DecodedRecords, encode_row
+from .states import Claimed, ClaimOutcome
 
 __all__ = ["SCHEMA_VERSION", "PostgresLedger", "describe_dsn"]
 
@@ -118,6 +127,13 @@ WITH input AS (
 )
 SELECT decision_id FROM inserted UNION ALL SELECT decision_id FROM updated
 """
+# The transactional path locks the batch's existing rows (in id order, so two
+# batches never deadlock on each other) for the whole transaction.
+_LOCK_MANY_SQL = (
+    f"SELECT decision_id, record FROM {_TABLE} "
+    "WHERE decision_id = ANY($1::text[]) ORDER BY decision_id FOR UPDATE"
+)
+_EXISTS_SQL = f"SELECT EXISTS (SELECT 1 FROM {_TABLE} WHERE decision_id = $1)"
 _PRUNE_SQL = f"""
 WITH doomed AS (
     SELECT decision_id FROM {_TABLE}
@@ -169,6 +185,7 @@ class PostgresLedger(StoredLedger):
         )
         self.dsn = dsn
         self.where = describe_dsn(dsn)
+        self._store_key = postgres_key(dsn)
         self._closed = False
         self._clock_offset_ms = 0
         self.group_commit = bool(group_commit)
@@ -233,6 +250,14 @@ class PostgresLedger(StoredLedger):
 
     # -- primitives -----------------------------------------------------------
 
+    def store_key(self) -> StoreKey:
+        """The database: an outbox in it joins this ledger's transactions."""
+        return self._store_key
+
+    async def _apply_joint(self, decision_id: str, joint: JointOperation) -> ClaimOutcome:
+        # Queued with every other mutation; _run_batch gives joint ones a transaction.
+        return await self._apply(decision_id, joint)  # type: ignore[arg-type]
+
     async def _apply(self, decision_id: str, op: Operation[T]) -> T:
         if not self.group_commit:
             item = _Item(decision_id, op, None)
@@ -290,6 +315,12 @@ class PostgresLedger(StoredLedger):
 
     async def _run_batch(self, items: list[_Item]) -> None:
         """Apply ``items``; sets each item's result or error, never raises an Exception."""
+        joint = [item for item in items if isinstance(item.op, JointOperation)]
+        if joint:
+            await self._run_joint(joint)
+            items = [item for item in items if not isinstance(item.op, JointOperation)]
+            if not items:
+                return
         todo = items
         try:
             pool = await self._pg.ready()
@@ -391,6 +422,164 @@ class PostgresLedger(StoredLedger):
                 losers.extend(groups[decision_id])
         return losers
 
+    # -- the transactional path (claim, a joint row, complete: one commit) ------------
+
+    async def _run_joint(self, items: list[_Item]) -> None:
+        """Apply joint operations, a batch per transaction; never raises an Exception.
+
+        A transaction takes at most one operation per decision id; a second one
+        for the same id goes into the next transaction and sees the first's
+        outcome (typically ``AlreadyCompleted``).
+        """
+        todo = items
+        while todo:
+            now: list[_Item] = []
+            later: list[_Item] = []
+            seen: set[str] = set()
+            for item in todo:
+                (later if item.decision_id in seen else now).append(item)
+                seen.add(item.decision_id)
+            await self._joint_round(now)
+            todo = later
+
+    async def _joint_round(self, items: list[_Item]) -> None:
+        try:
+            pool = await self._pg.ready()
+            for _ in range(_MAX_RETRIES):
+                for item in items:
+                    item.result, item.error = None, None
+                try:
+                    async with pool.acquire() as conn, conn.transaction():
+                        committed = await self._joint_transaction(conn, items)
+                except _LostInsert:
+                    continue  # another host created one of these ids meanwhile: start over
+                except _WriterFailed as failed:
+                    # Rolled back: nothing of this batch was stored; the writer's callers
+                    # get its error, the others try again without them.
+                    for index, item in enumerate(failed.items):
+                        item.error = failed.error if index == 0 else copy_error(failed.error)
+                    items = [item for item in items if item not in failed.items]
+                    for item in failed.items:
+                        _write_of(item).inserted = None
+                        item.done = True
+                    if not items:
+                        return
+                    continue
+                except Exception as error:
+                    if retryable(error):
+                        continue
+                    raise
+                committed()
+                break
+            else:
+                raise LedgerUnavailableError(
+                    f"PostgreSQL ledger {self.where}: a transactional batch kept "
+                    f"losing races ({_MAX_RETRIES} attempts)"
+                )
+        except Exception as error:
+            failure = self._pg.translate(error)
+            if failure is not error:
+                failure.__cause__ = error
+            for index, item in enumerate(items):
+                item.error = failure if index == 0 else copy_error(failure)
+                item.result = None
+        for item in items:
+            if item.error is not None and isinstance(item.op, JointOperation):
+                item.op.write.inserted = None
+            item.done = True
+
+    async def _joint_transaction(self, conn: Any, items: list[_Item]) -> Any:
+        """One transaction's work (distinct ids); returns what to do once it committed.
+
+        Order, per decision: the claim rules on the locked record; if claimed, the
+        joint row (written for the whole batch in one statement, under the
+        outbox's advisory lock, which is held until this transaction commits, so
+        ``seq`` order is commit order); then the completion rules on the claimed
+        record; finally the ledger rows, in one statement. A refused row or a
+        rule failure answers only its own caller and writes nothing for it.
+        """
+        stored = {
+            row[0]: row[1]
+            for row in await conn.fetch(_LOCK_MANY_SQL, [item.decision_id for item in items])
+        }
+        clock = int(await conn.fetchval(f"SELECT {_CLOCK}"))
+        self._clock_offset_ms = clock - wall_clock_ms()
+        rows: list[tuple[_Item, ClaimRecord]] = []  # ledger rows to write
+        joined: list[tuple[_Item, Claimed, ClaimRecord]] = []  # waiting for their joint row
+        for item in items:
+            joint: JointOperation = item.op  # type: ignore[assignment]
+            try:
+                text = stored.get(item.decision_id)
+                record = None if text is None else self._decoded.decode(item.decision_id, text)
+                claimed = joint.claim(record, clock)
+                outcome = claimed.result
+                if not isinstance(outcome, Claimed):
+                    item.result = outcome
+                    if claimed.changed and claimed.record is not None:
+                        rows.append((item, claimed.record))
+                    continue
+                completed = joint.complete(claimed.record, clock)
+            except Exception as error:  # a rule failure: this caller only
+                item.error = error
+                continue
+            assert completed.record is not None
+            joined.append((item, outcome, completed.record))
+        by_writer: dict[int, list[tuple[_Item, Claimed, ClaimRecord]]] = {}
+        for entry in joined:
+            by_writer.setdefault(id(_write_of(entry[0]).writer), []).append(entry)
+        for group in by_writer.values():
+            writer = _write_of(group[0][0]).writer
+            try:
+                refusals = await writer.write_postgres(
+                    conn, [(_write_of(item), taken.attempt) for item, taken, _ in group]
+                )
+            except Exception as error:
+                if driver_error(error):
+                    raise  # the database failed (or a retryable conflict): the whole batch
+                # The writer failed, not the ledger: its callers get its error as is.
+                raise _WriterFailed(error, [item for item, _, _ in group]) from error
+            for (item, taken, record), refusal in zip(group, refusals, strict=True):
+                if (
+                    refusal is not None
+                    and item.decision_id not in stored
+                    and await conn.fetchval(_EXISTS_SQL, item.decision_id)
+                ):
+                    # Another transaction created this id (its claim and its row) after
+                    # our read and has committed: start over, the claim rules then
+                    # answer (Conflict, AlreadyCompleted) instead of the row's refusal.
+                    raise _LostInsert
+                if refusal is not None:
+                    item.error = refusal
+                else:
+                    item.result = taken
+                    rows.append((item, record))
+        return await self._write_joint_rows(conn, rows, stored)
+
+    async def _write_joint_rows(
+        self, conn: Any, rows: list[tuple[_Item, ClaimRecord]], stored: dict[str, str]
+    ) -> Any:
+        encoded = [
+            (encode_row(item.decision_id, record, index_max=None), record) for item, record in rows
+        ]
+        if encoded:
+            columns: list[list[Any]] = [[], [], [], [], []]
+            for values, _ in encoded:
+                old = stored.get(values[0])
+                for column, value in zip(columns, (*values, old), strict=True):
+                    column.append(value)
+            written = {r[0] for r in await conn.fetch(_WRITE_MANY_SQL, *columns)}
+            if len(written) < len(encoded):
+                raise _LostInsert  # an id we saw as new was inserted by another host
+
+        def committed() -> None:
+            if encoded:
+                self.commits += 1
+            self.committed_ops += len(encoded)
+            for values, record in encoded:
+                self._decoded.remember(values[0], values[3], record)
+
+        return committed
+
     async def _apply_locked(self, decision_id: str, op: Operation[T]) -> T:
         """The pessimistic path: one transaction holding the row lock."""
         pool = await self._pg.ready()
@@ -452,6 +641,24 @@ class PostgresLedger(StoredLedger):
                     return total
         except Exception as error:
             raise self._pg.translate(error) from error
+
+
+class _WriterFailed(Exception):
+    """A joint writer raised: the transaction rolls back and its callers get ``error``."""
+
+    def __init__(self, error: BaseException, items: list[_Item]) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.items = items
+
+
+class _LostInsert(Exception):
+    """A joint transaction found an id it saw as new already inserted: roll back, retry."""
+
+
+def _write_of(item: _Item) -> JointWrite:
+    joint: JointOperation = item.op  # type: ignore[assignment]
+    return joint.write
 
 
 class _Item:

@@ -16,7 +16,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
+from ..store.joint import JointWrite, StoreKey
 from ..store.lifecycle import Closable
 from .machine import ClaimRecord
 from .states import ClaimOutcome, ClaimState
@@ -161,14 +163,50 @@ class Ledger(Closable, abc.ABC):
     def now_ms(self) -> int:
         """The ledger's clock, in Unix-epoch milliseconds."""
 
+    # -- the transactional path (a sink sharing the ledger's store) ---------------
+
+    def store_key(self) -> StoreKey | None:
+        """Where the ledger lives, if other components can write in its transactions.
+
+        None (the default, and for memory and JSON file ledgers): no sink can
+        join; the dispatcher uses claim, submit, complete.
+        """
+        return None
+
+    async def claim_and_complete(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        identity: ExecutionIdentity,
+        receipt: ResultReceipt,
+        write: JointWrite,
+    ) -> ClaimOutcome:
+        """Claim, write ``write``'s row and complete, in ONE transaction.
+
+        The claim rules run first, exactly as :meth:`claim`'s; only when they
+        answer ``Claimed(attempt)`` is the row written (with that attempt), and
+        then the completion rules run on the claimed record, exactly as
+        :meth:`complete`'s. All of it commits together or not at all: a
+        refused row or a rule failure raises and stores nothing. ``Busy``,
+        ``Conflict`` and ``AlreadyCompleted`` are returned as :meth:`claim`
+        returns them, with nothing written. Concurrent calls share commits
+        (group commit) like every other mutation.
+
+        Only ledgers whose :meth:`store_key` is not None support it.
+        """
+        raise LedgerError(f"{type(self).__name__} cannot write other rows in its transactions")
+
 
 class DelegatingLedger(Ledger):
     """A :class:`Ledger` that forwards every call to ``inner``.
 
     Extend it to observe or alter calls of a real ledger and override only
-    what changes: :meth:`intercept` sees each of the four mutations (``claim``,
-    ``renew``, ``complete``, ``release``) as it is forwarded; any method can be
-    overridden as well. Closing it closes ``inner``.
+    what changes: :meth:`intercept` sees each mutation (``claim``, ``renew``,
+    ``complete``, ``release``, ``claim_and_complete``) as it is forwarded; any
+    method can be overridden as well. Closing it closes ``inner``.
     """
 
     def __init__(self, inner: Ledger) -> None:
@@ -285,6 +323,33 @@ class DelegatingLedger(Ledger):
 
     def now_ms(self) -> int:
         return self.inner.now_ms()
+
+    def store_key(self) -> StoreKey | None:
+        return self.inner.store_key()
+
+    async def claim_and_complete(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        identity: ExecutionIdentity,
+        receipt: ResultReceipt,
+        write: JointWrite,
+    ) -> ClaimOutcome:
+        return await self.intercept(
+            "claim_and_complete",
+            self.inner.claim_and_complete(
+                decision_id,
+                request_hash,
+                owner_id,
+                lease_ms=lease_ms,
+                identity=identity,
+                receipt=receipt,
+                write=write,
+            ),
+        )
 
     async def close(self) -> None:
         await self.inner.close()

@@ -44,6 +44,8 @@ LEDGER = Component(
     migrate_hint="run `flowdecision migrate` (or the ledger's migrate()) against it first",
     legacy_user_version=True,
     refuse_foreign=True,
+    # The outbox may live in the ledger's file (the transactional outbox's layout).
+    shares_with=("flow_decision_outbox", "flow_decision_outbox_schema"),
 )
 
 # SQLite integers and PostgreSQL's index column are signed 64-bit (I64_MAX);

@@ -27,13 +27,15 @@ from typing import Any, Literal, TypeVar
 
 from ..errors import LedgerCorruptError, LedgerError
 from ..store.batching import copy_error
+from ..store.joint import StoreKey, sqlite_key
 from ..store.lifecycle import check_group_commit, started
 from ..store.migrations import sqlite_schema_version, sqlite_transaction
 from ..store.sqlite import SqliteOpener
 from ..store.sqlite_thread import Job, SqliteThread
-from .base import Operation, PruneProgress, StoredLedger
-from .machine import ClaimRecord, is_prunable
+from .base import JointOperation, Operation, PruneProgress, StoredLedger
+from .machine import ClaimRecord, Transition, is_prunable
 from .rows import I64_MAX, LEDGER, TABLE, DecodedRecords, encode_row
+from .states import Claimed, ClaimOutcome
 
 __all__ = [
     "DEFAULT_SQLITE_PATH",
@@ -145,6 +147,7 @@ class SqliteLedger(StoredLedger):
             max_wait_ms=self.max_wait_ms,
         )
         self._decoded = DecodedRecords(f"sqlite ledger `{self.path}`")
+        self._store_key: StoreKey | None = None
         #: Transactions committed by this ledger's mutations and the operations in them.
         self.commits = 0
         self.committed_ops = 0
@@ -193,6 +196,17 @@ class SqliteLedger(StoredLedger):
 
     async def _apply(self, decision_id: str, op: Operation[T]) -> T:
         result: T = await self._thread.apply((decision_id, op))
+        return result
+
+    def store_key(self) -> StoreKey:
+        """The database file: an outbox in the same file joins this ledger's transactions."""
+        if self._store_key is None:  # resolved once: it is checked on every joint call
+            self._store_key = sqlite_key(self.path)
+        return self._store_key
+
+    async def _apply_joint(self, decision_id: str, joint: JointOperation) -> ClaimOutcome:
+        # Queued like any mutation: it shares its batch's BEGIN IMMEDIATE ... COMMIT.
+        result: ClaimOutcome = await self._thread.apply((decision_id, joint))
         return result
 
     async def _read(self, decision_id: str) -> ClaimRecord | None:
@@ -291,7 +305,12 @@ class SqliteLedger(StoredLedger):
                 job.error = copy_error(slot.error)
                 continue
             try:
-                transition = op(slot.record, self.now_ms())
+                if isinstance(op, JointOperation):
+                    transition: Transition[Any] = _joint(conn, op, slot.record, self.now_ms())
+                else:
+                    transition = op(slot.record, self.now_ms())
+            except sqlite3.Error:
+                raise  # the database failed (in a joint row's write): the whole batch
             except Exception as error:  # a rule failure: this caller only, nothing stored
                 job.error = error
                 continue
@@ -300,3 +319,29 @@ class SqliteLedger(StoredLedger):
                 slot.dirty = True
             job.result = transition.result
         return slots
+
+
+def _joint(
+    conn: sqlite3.Connection, joint: JointOperation, record: ClaimRecord | None, clock: int
+) -> Transition[ClaimOutcome]:
+    """Claim, write the joint row, complete: the record to store and the claim's outcome.
+
+    Runs inside the batch's transaction. The row is written in a savepoint, so
+    a refused row or a completion rule failure rolls it back and this decision
+    stores nothing (the rest of the batch is untouched).
+    """
+    claimed = joint.claim(record, clock)
+    outcome = claimed.result
+    if not isinstance(outcome, Claimed):
+        return claimed  # Busy / Conflict / AlreadyCompleted: no row, as claim() answers
+    conn.execute("SAVEPOINT flowdecision_joint")
+    try:
+        joint.write.writer.write_sqlite(conn, joint.write, outcome.attempt)
+        completed = joint.complete(claimed.record, clock)
+    except BaseException:
+        joint.write.inserted = None
+        conn.execute("ROLLBACK TO flowdecision_joint")
+        conn.execute("RELEASE flowdecision_joint")
+        raise
+    conn.execute("RELEASE flowdecision_joint")
+    return Transition(completed.record, outcome, True)

@@ -10,6 +10,7 @@ the name with dashes (``--lease-ms``). The bearer token itself is never a flag
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 import os
 import tomllib
@@ -19,6 +20,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from ..defaults import (
+    DEFAULT_STORE_URL,
+    LEGACY_LEDGER_URL,
+    LEGACY_OUTBOX_URL,
+    default_outbox_url,
+    legacy_layout_only,
+    legacy_outbox_exists,
+)
 from ..dispatcher import DEFAULT_LEASE_MS
 from ..errors import FlowDecisionError
 from ..limits import identifier_problem
@@ -29,16 +38,21 @@ __all__ = [
     "ENV_PREFIX",
     "EVENT_LOOPS",
     "HTTP_IMPLEMENTATIONS",
+    "LEGACY_LEDGER_URL",
+    "LEGACY_SINK_URL",
     "MAX_WORKERS",
     "MIN_TOKEN_CHARS",
     "ConfigError",
     "Settings",
+    "default_outbox_url",
     "is_loopback",
     "load_settings",
     "normalize_host_name",
     "normalize_origin",
     "redact_url",
 ]
+
+_log = logging.getLogger("flowdecision.service")
 
 ENV_PREFIX = "FLOWDECISION_"
 #: ``http`` values: uvicorn's HTTP/1.1 parsers (``auto`` is httptools when installed).
@@ -49,8 +63,11 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 MAX_WORKERS = 64
 #: Shortest bearer token accepted on a non-loopback address (``serve`` warns on loopback).
 MIN_TOKEN_CHARS = 16
-DEFAULT_LEDGER_URL = "sqlite:///.flowdecision/ledger.db"
-DEFAULT_SINK_URL = "sqlite:///.flowdecision/outbox.db"
+#: The default layout: ledger and outbox in ONE SQLite file (flowdecision.defaults).
+DEFAULT_LEDGER_URL = DEFAULT_STORE_URL
+DEFAULT_SINK_URL = DEFAULT_STORE_URL
+LEGACY_SINK_URL = LEGACY_OUTBOX_URL
+_SHARED_STORE_SCHEMES = ("sqlite", "postgres", "postgresql")
 
 
 class ConfigError(FlowDecisionError):
@@ -411,4 +428,36 @@ def load_settings(
             raise ConfigError(f"unknown setting `{name}`")
         if value is not None:
             merged[name] = _coerce(name, value, "command line")
+    _default_stores(merged)
     return replace(Settings(), **merged).validate()
+
+
+def _default_stores(merged: dict[str, Any]) -> None:
+    """Fill in the ledger and sink left unset (docs/OPERATIONS.md, "Store layout").
+
+    Neither set: the shared SQLite file, unless this directory still has the
+    old two-file layout (and not the new file), which is then kept as it is.
+    Only the ledger set: a SQLite or PostgreSQL ledger's own store holds the
+    outbox too, unless the old default ``.flowdecision/outbox.db`` exists here
+    (earlier releases put the outbox there whatever the ledger): it is kept, so
+    its consumers' ``seq`` cursors stay valid. Any other ledger (memory, file)
+    gets that separate SQLite outbox. Existing stores are never silently
+    replaced by new, empty ones.
+    """
+    if "ledger" not in merged and "sink" not in merged:
+        if legacy_layout_only():
+            merged["ledger"], merged["sink"] = LEGACY_LEDGER_URL, LEGACY_SINK_URL
+            _log.warning(
+                "keeping the two-file store layout found here (.flowdecision/ledger.db "
+                "and outbox.db); see docs/OPERATIONS.md, 'Store layout', to move to one store"
+            )
+        return
+    if "sink" not in merged:
+        ledger = merged["ledger"]
+        shared = urlsplit(ledger).scheme.lower() in _SHARED_STORE_SCHEMES
+        if shared and legacy_outbox_exists():
+            _log.warning(
+                "keeping the existing outbox .flowdecision/outbox.db; name --sink to move "
+                "the outbox into the ledger's store (docs/OPERATIONS.md, 'Store layout')"
+            )
+        merged["sink"] = ledger if shared and not legacy_outbox_exists() else LEGACY_SINK_URL

@@ -1,6 +1,6 @@
 """Sinks: the boundary where accepted decisions leave for the workflow engine."""
 
-from .base import InvalidSinkError, Sink
+from .base import InvalidSinkError, Sink, TransactionalSink
 from .outbox import (
     OutboxConflictError,
     OutboxEntry,
@@ -19,4 +19,5 @@ __all__ = [
     "OutboxSchemaError",
     "OutboxSink",
     "Sink",
+    "TransactionalSink",
 ]

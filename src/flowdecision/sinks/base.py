@@ -1,4 +1,5 @@
-"""The sink protocol."""
+"""The sink protocols: :class:`Sink`, and :class:`TransactionalSink` for a sink
+that can write inside the ledger's own transaction."""
 
 from __future__ import annotations
 
@@ -7,8 +8,17 @@ from typing import ClassVar, Protocol, cast, runtime_checkable
 
 from ..errors import FlowDecisionError
 from ..model import DecisionRequest
+from ..store.joint import JointWrite, StoreKey
 
-__all__ = ["InvalidSinkError", "Sink", "check_sink", "has_async_submit"]
+__all__ = [
+    "HasStoreKey",
+    "InvalidSinkError",
+    "Sink",
+    "TransactionalSink",
+    "check_sink",
+    "has_async_submit",
+    "joins_ledger",
+]
 
 
 @runtime_checkable
@@ -26,6 +36,40 @@ class Sink(Protocol):
     async def submit(self, request: DecisionRequest, attempt: int) -> None:
         """Deliver ``request``; return only once the engine has accepted it."""
         ...
+
+
+class HasStoreKey(Protocol):
+    """Anything that says where it is stored (a ledger: ``Ledger.store_key``)."""
+
+    def store_key(self) -> StoreKey | None:
+        """The store, or None when nothing can join its transactions."""
+        ...
+
+
+@runtime_checkable
+class TransactionalSink(Sink, Protocol):
+    """A sink that can take part in the ledger's transaction when they share a store.
+
+    When ``joins(ledger)`` is true, the dispatcher does not claim, submit under
+    a lease and complete: it asks :meth:`prepare` for the row and hands it to
+    ``ledger.claim_and_complete``, which claims, writes the row and completes in
+    one transaction. A crash then leaves either all three or none, so the sink
+    sees each decision exactly once (no replay to absorb). When it is false
+    (another store) the sink is used through :meth:`Sink.submit` as usual.
+    """
+
+    def joins(self, ledger: HasStoreKey) -> bool:
+        """True if this sink's rows can be written in ``ledger``'s transactions."""
+        ...
+
+    async def prepare(self, request: DecisionRequest) -> JointWrite:
+        """The row for ``request``, ready for the ledger to write (no write yet)."""
+        ...
+
+
+def joins_ledger(sink: object, ledger: HasStoreKey) -> bool:
+    """True when ``sink`` is a :class:`TransactionalSink` sharing ``ledger``'s store."""
+    return isinstance(sink, TransactionalSink) and sink.joins(ledger)
 
 
 class InvalidSinkError(FlowDecisionError, TypeError):

@@ -16,6 +16,16 @@ Delivery is **insert-if-absent** keyed by ``decision_id``:
 are inserted under a transaction-scoped advisory lock), so a consumer reading
 ``fetch(after=last_seq)`` never skips a row.
 
+**The transactional path.** An outbox in the ledger's own store (same SQLite
+file, same PostgreSQL database: :meth:`OutboxSink.joins`) is a
+:class:`~flowdecision.sinks.TransactionalSink`: the dispatcher hands the row
+(:meth:`OutboxSink.prepare`) to ``Ledger.claim_and_complete``, which writes it
+on the ledger's connection between the claim and the completion rules, in the
+ledger's group-committed transaction (:meth:`write_sqlite`,
+:meth:`write_postgres`: the same insert-if-absent). A decision is then never
+delivered twice. On PostgreSQL a batch takes the advisory lock once, before
+inserting its rows, and holds it to its commit: seq order stays commit order.
+
 The schema is versioned in ``flow_decision_outbox_schema`` with migrations in
 ``sinks/sql/<dialect>/`` and follows the same policy as the ledger's (see
 :mod:`flowdecision.store.migrations`): a SQLite outbox is created or upgraded
@@ -34,6 +44,7 @@ import asyncio
 import hashlib
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -42,12 +53,14 @@ from ..errors import FlowDecisionError, StoreMissingError
 from ..limits import OUTBOX_FETCH_MAX
 from ..model import DecisionRequest
 from ..store.component import Component, ErrorKinds
+from ..store.joint import JointWrite, StoreKey, postgres_key, sqlite_key
 from ..store.lifecycle import Closable, started
 from ..store.migrations import sqlite_transaction
 from ..store.postgres import CLOCK_SQL, PgPool
 from ..store.sqlite import SqliteOpener
 from ..store.sqlite_thread import SqliteThread
 from ..store.url import describe_dsn, parse_store_url
+from .base import HasStoreKey
 
 __all__ = [
     "OUTBOX_SCHEMA_VERSION",
@@ -201,6 +214,9 @@ class OutboxSink(Closable):
         self.create = bool(create)
         self.kind, self._target = _parse_url(url)
         self.busy_timeout_ms = busy_timeout_ms
+        self._store_key = (
+            sqlite_key(self._target) if self.kind == "sqlite" else postgres_key(self._target)
+        )
         self._backend: _SqliteOutbox | _PostgresOutbox | None = None
         self._lock = asyncio.Lock()
         self._closed = False
@@ -275,6 +291,40 @@ class OutboxSink(Closable):
         backend = await self._ready()
         return await backend.deliver(request.decision_id, text.decode("utf-8"), hash_, attempt)
 
+    # -- the transactional path (a TransactionalSink) ---------------------------------
+
+    def store_key(self) -> StoreKey:
+        """Where the outbox lives (the resolved SQLite file, or the PostgreSQL database)."""
+        return self._store_key
+
+    def joins(self, ledger: HasStoreKey) -> bool:
+        """True when ``ledger`` lives in the same store: deliveries then take part in
+        the ledger's own transaction (see :meth:`prepare`), so each accepted decision
+        is claimed, written here and completed in one commit: exactly once."""
+        return ledger.store_key() == self._store_key
+
+    async def prepare(self, request: DecisionRequest) -> JointWrite:
+        """The row for ``request``, to write in the ledger's transaction.
+
+        Opens the outbox first (a SQLite outbox creates or upgrades its tables in
+        the shared file), so the ledger's connection finds them.
+        """
+        text = request.to_json()
+        await self._ready()
+        payload = (text.decode("utf-8"), hashlib.sha256(text).hexdigest())
+        return JointWrite(self, self._store_key, request.decision_id, payload)
+
+    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> None:
+        """Insert-if-absent on the ledger's connection (its transaction is open)."""
+        text, hash_ = write.payload
+        write.inserted = _sqlite_put(conn, write.decision_id, text, hash_, attempt)
+
+    async def write_postgres(
+        self, conn: Any, writes: Sequence[tuple[JointWrite, int]]
+    ) -> list[BaseException | None]:
+        """Insert-if-absent for a whole batch on the ledger's connection (transaction open)."""
+        return await _postgres_put_many(conn, writes)
+
     # -- reading ------------------------------------------------------------------
 
     async def fetch(self, after: int = 0, limit: int = 100) -> list[OutboxEntry]:
@@ -301,6 +351,34 @@ class OutboxSink(Closable):
 # ------------------------------------------------------------------------------- SQLite
 
 
+def _sqlite_put(
+    conn: sqlite3.Connection, decision_id: str, text: str, hash_: str, attempt: int
+) -> bool:
+    """Insert-if-absent inside an open transaction; True when inserted (see the module docs)."""
+    # One statement in the common case (a new row): on the ledger's thread every
+    # statement is a GIL hand-off with the event loop.
+    cursor = conn.execute(
+        f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
+        "first_attempt, highest_attempt, accepted_at_ms) VALUES (?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (decision_id) DO NOTHING",
+        (decision_id, text, hash_, attempt, attempt, time.time_ns() // 1_000_000),
+    )
+    if cursor.rowcount == 1:
+        return True
+    row = conn.execute(
+        f"SELECT request_hash, highest_attempt FROM {OUTBOX_TABLE} WHERE decision_id = ?",
+        (decision_id,),
+    ).fetchone()
+    if row[0] != hash_:
+        raise OutboxConflictError(decision_id, str(row[0]), hash_)
+    if attempt > int(row[1]):
+        conn.execute(
+            f"UPDATE {OUTBOX_TABLE} SET highest_attempt = ? WHERE decision_id = ?",
+            (attempt, decision_id),
+        )
+    return False
+
+
 class _SqliteOutbox:
     """The outbox in a SQLite file, on the store's connection thread."""
 
@@ -323,27 +401,7 @@ class _SqliteOutbox:
     async def deliver(self, decision_id: str, text: str, hash_: str, attempt: int) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
             with sqlite_transaction(conn):
-                row = conn.execute(
-                    f"SELECT request_hash, highest_attempt FROM {OUTBOX_TABLE} "
-                    "WHERE decision_id = ?",
-                    (decision_id,),
-                ).fetchone()
-                if row is None:
-                    conn.execute(
-                        f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
-                        "first_attempt, highest_attempt, accepted_at_ms) "
-                        "VALUES (?, ?, ?, ?, ?, ?)",
-                        (decision_id, text, hash_, attempt, attempt, time.time_ns() // 1_000_000),
-                    )
-                    return True
-                if row[0] != hash_:
-                    raise OutboxConflictError(decision_id, str(row[0]), hash_)
-                if attempt > int(row[1]):
-                    conn.execute(
-                        f"UPDATE {OUTBOX_TABLE} SET highest_attempt = ? WHERE decision_id = ?",
-                        (attempt, decision_id),
-                    )
-                return False
+                return _sqlite_put(conn, decision_id, text, hash_, attempt)
 
         return await self._thread.run(work)
 
@@ -375,6 +433,71 @@ class _SqliteOutbox:
 
 
 # ---------------------------------------------------------------------------- PostgreSQL
+
+
+async def _postgres_put_many(
+    conn: Any, writes: Sequence[tuple[JointWrite, int]]
+) -> list[BaseException | None]:
+    """Insert-if-absent for a batch (distinct decision ids), inside an open transaction.
+
+    New rows are inserted in the batch's order under the same transaction-scoped
+    advisory lock as :meth:`_PostgresOutbox.deliver`: the lock is held until
+    the ledger's batch commits, so batches that add rows commit one after the
+    other and ``seq`` order stays commit order. A stored row with the same hash
+    is a replay (``highest_attempt`` rises); a different hash refuses that write.
+    """
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", _INSERT_LOCK)
+    ids = [write.decision_id for write, _ in writes]
+    inserted = {
+        row[0]
+        for row in await conn.fetch(
+            f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
+            "first_attempt, highest_attempt, accepted_at_ms) "
+            f"SELECT d, j, h, a, a, {CLOCK_SQL} "
+            "FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) "
+            "WITH ORDINALITY AS t(d, j, h, a, n) ORDER BY n "
+            "ON CONFLICT (decision_id) DO NOTHING RETURNING decision_id",
+            ids,
+            [write.payload[0] for write, _ in writes],
+            [write.payload[1] for write, _ in writes],
+            [attempt for _, attempt in writes],
+        )
+    }
+    errors: list[BaseException | None] = [None] * len(writes)
+    rest = [(i, w, a) for i, (w, a) in enumerate(writes) if w.decision_id not in inserted]
+    for write, _ in writes:
+        write.inserted = write.decision_id in inserted
+    if not rest:
+        return errors
+    stored = {
+        row[0]: row[1]
+        for row in await conn.fetch(
+            f"SELECT decision_id, request_hash FROM {OUTBOX_TABLE} "
+            "WHERE decision_id = ANY($1::text[]) ORDER BY decision_id FOR UPDATE",
+            [write.decision_id for _, write, _ in rest],
+        )
+    }
+    raise_ids: list[str] = []
+    raise_to: list[int] = []
+    for index, write, attempt in rest:
+        hash_ = write.payload[1]
+        if stored.get(write.decision_id) != hash_:
+            errors[index] = OutboxConflictError(
+                write.decision_id, str(stored.get(write.decision_id)), hash_
+            )
+            write.inserted = None
+            continue
+        raise_ids.append(write.decision_id)
+        raise_to.append(attempt)
+    if raise_ids:
+        await conn.execute(
+            f"UPDATE {OUTBOX_TABLE} AS o SET highest_attempt = t.a "
+            "FROM unnest($1::text[], $2::bigint[]) AS t(d, a) "
+            "WHERE o.decision_id = t.d AND o.highest_attempt < t.a",
+            raise_ids,
+            raise_to,
+        )
+    return errors
 
 
 class _PostgresOutbox:

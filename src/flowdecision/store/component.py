@@ -54,6 +54,9 @@ class Component:
     legacy_user_version: bool = False
     #: SQLite only: refuse to create the schema in a database holding other tables
     refuse_foreign: bool = False
+    #: tables of other components that may share the database (not "foreign"):
+    #: the outbox beside the ledger, for the transactional outbox
+    shares_with: tuple[str, ...] = ()
     #: the dialects it ships migrations for
     dialects: tuple[str, ...] = ("sqlite", "postgres")
 

@@ -195,10 +195,11 @@ def sqlite_migrate(conn: sqlite3.Connection, component: Component, where: str) -
         before = sqlite_schema_version(conn, component)
         _refuse_newer(component, where, before, newest)
         tables = _sqlite_tables(conn)
-        if before == 0 and component.refuse_foreign and tables:
+        foreign = [name for name in tables if name not in component.shares_with]
+        if before == 0 and component.refuse_foreign and foreign:
             if component.main_table not in tables:
                 raise component.errors.schema(
-                    f"{where} is a database of something else (tables: {', '.join(tables)}); "
+                    f"{where} is a database of something else (tables: {', '.join(foreign)}); "
                     f"point the {component.name} at a new file"
                 )
         table = component.version_table

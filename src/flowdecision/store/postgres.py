@@ -41,6 +41,13 @@ if asyncpg is not None:
             return "ROLLBACK" if self.is_in_transaction() else ""
 
 
+def driver_error(error: BaseException) -> bool:
+    """An error of the database or the connection (not of the caller's own code)."""
+    if isinstance(error, OSError | TimeoutError):
+        return True
+    return asyncpg is not None and isinstance(error, asyncpg.PostgresError | asyncpg.InterfaceError)
+
+
 def retryable(error: BaseException) -> bool:
     """A serialization failure or deadlock: the transaction may simply be retried."""
     return asyncpg is not None and isinstance(

@@ -1,0 +1,99 @@
+"""Writing another component's row inside the ledger's transaction.
+
+The ledger and the outbox meet here, in ``store``, and nowhere else: neither
+imports the other. A store that holds both (one SQLite file, one PostgreSQL
+database) can accept a decision in ONE transaction: the ledger applies the
+claim rules, asks the :class:`JointWriter` to write its row on the ledger's
+own connection, then applies the completion rules to the evolving record.
+
+* :class:`StoreKey` names where a store lives, so a sink can tell whether it
+  shares the ledger's store (:func:`sqlite_key`, :func:`postgres_key`).
+* :class:`JointWrite` is one row to write, prepared by the sink before the
+  transaction (encoding and hashing stay off the ledger's thread).
+* :class:`JointWriter` writes such rows, once per dialect: alone on the SQLite
+  connection thread (inside a savepoint the ledger opened), or as a whole
+  batch on a PostgreSQL connection (inside the ledger's batch transaction).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from .url import describe_dsn
+
+__all__ = ["JointWrite", "JointWriter", "StoreKey", "postgres_key", "sqlite_key"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreKey:
+    """Where a store lives: ``kind`` (``sqlite`` or ``postgresql``) and a
+    canonical location (the resolved file path; host, port, database and user)."""
+
+    kind: str
+    where: str
+
+
+def sqlite_key(path: str | os.PathLike[str]) -> StoreKey:
+    """The key of a SQLite file: two paths to one file (symlinks, ``..``) compare equal."""
+    return StoreKey("sqlite", os.path.realpath(Path(path)))
+
+
+def postgres_key(dsn: str) -> StoreKey:
+    """The key of a PostgreSQL database: host, port, database and user (no password).
+
+    The user is part of it because the ledger's connection writes the joined
+    rows: a store reached as another role is not treated as the same store.
+    """
+    try:
+        user = urlsplit(dsn).username or os.environ.get("PGUSER", "")
+    except ValueError:
+        user = ""
+    return StoreKey("postgresql", f"{describe_dsn(dsn)} as {user}")
+
+
+class JointWriter(Protocol):
+    """Writes :class:`JointWrite` rows on the ledger's connection, in its transaction."""
+
+    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> None:
+        """Write one row on the ledger's SQLite connection (its transaction is open).
+
+        Set ``write.inserted``; raise to refuse (the ledger rolls the row back
+        and stores nothing for this decision; its caller gets the error). A
+        :class:`sqlite3.Error` is the database failing: the whole batch fails.
+        """
+        ...
+
+    async def write_postgres(
+        self, conn: Any, writes: Sequence[tuple[JointWrite, int]]
+    ) -> list[BaseException | None]:
+        """Write a batch's rows on the ledger's asyncpg connection (transaction open).
+
+        Returns one entry per write: None when written (``inserted`` set), or
+        the error refusing that write (nothing written for it). Raising rolls
+        the transaction back: a driver or database error fails the whole batch
+        (a ledger failure); any other error fails these writes' callers with
+        it, and the rest of the batch is tried again without them.
+        """
+        ...
+
+
+@dataclass(slots=True, eq=False)
+class JointWrite:
+    """One row to write in the ledger's transaction, for ``decision_id``.
+
+    ``payload`` is the writer's own (the encoded row); ``inserted`` is set by
+    the writer once written: True for a new row, False when an identical row
+    was already there (a replay).
+    """
+
+    writer: JointWriter
+    store: StoreKey
+    decision_id: str
+    payload: Any
+    inserted: bool | None = field(default=None)
