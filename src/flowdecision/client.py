@@ -87,6 +87,8 @@ from .errors import (
     DecisionConflictError,
     DispatchLedgerError,
     FlowDecisionError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     LeaseLostError,
     SinkError,
     UnauthorizedBranchError,
@@ -504,9 +506,9 @@ class RetryOptions:
 
     def __post_init__(self) -> None:
         if self.max_tries < 1:
-            raise ValueError(f"max_tries must be at least 1, got {self.max_tries}")
+            raise InvalidArgumentError(f"max_tries must be at least 1, got {self.max_tries}")
         if self.backoff_base_s < 0 or self.backoff_max_s < 0 or self.max_retry_after_s < 0:
-            raise ValueError("backoff and Retry-After bounds must not be negative")
+            raise InvalidArgumentError("backoff and Retry-After bounds must not be negative")
 
 
 @dataclass(frozen=True, slots=True)
@@ -590,11 +592,11 @@ class _Protocol:
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ValueError(f"service URL must be http(s)://host[:port], got `{url}`")
+            raise InvalidArgumentError(f"service URL must be http(s)://host[:port], got `{url}`")
         if token is not None and (not token.strip() or "\n" in token or "\r" in token):
-            raise ValueError("token must be a non-empty single line")
+            raise InvalidArgumentError("token must be a non-empty single line")
         if wait_s is not None and wait_s < 0:
-            raise ValueError(f"wait_s must not be negative, got {wait_s}")
+            raise InvalidArgumentError(f"wait_s must not be negative, got {wait_s}")
         self.base_url = url.rstrip("/")
         self.token = token.strip() if token else None
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
@@ -648,7 +650,7 @@ class _Protocol:
 
     def get(self, decision_id: str, *, request_id: str | None) -> _Exchange[DecisionState | None]:
         if not decision_id:
-            raise ValueError("decision_id must not be empty")
+            raise InvalidArgumentError("decision_id must not be empty")
 
         def missing(response: httpx.Response) -> bool:
             # A 404 only means "no such decision" when the service says so for this
@@ -698,7 +700,9 @@ class _Protocol:
 
     def outbox(self, after: int, limit: int, *, request_id: str | None) -> _Exchange[OutboxPage]:
         if after < 0 or limit < 1:
-            raise ValueError(f"need after >= 0 and limit >= 1, got after={after} limit={limit}")
+            raise InvalidArgumentError(
+                f"need after >= 0 and limit >= 1, got after={after} limit={limit}"
+            )
         response, _tries = yield from self._exchange(
             "GET",
             "/v1/outbox",
@@ -801,7 +805,7 @@ def _encode_request(request: DecisionRequest | bytes | Mapping[str, Any]) -> byt
         return bytes(request)  # sent verbatim: the service parses and validates it
     if isinstance(request, Mapping):
         return json.dumps(request, ensure_ascii=False, allow_nan=False).encode()
-    raise TypeError(
+    raise InvalidArgumentTypeError(
         f"submit() takes a DecisionRequest, JSON bytes or a dict, not {type(request).__name__}"
     )
 
@@ -912,11 +916,11 @@ def read_token_file(path: str | Path) -> str:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"cannot read token file `{path}`: {error}") from error
+        raise InvalidArgumentError(f"cannot read token file `{path}`: {error}") from error
     for line in text.splitlines():
         if line.strip():
             return line.strip()
-    raise ValueError(f"token file `{path}` has no token")
+    raise InvalidArgumentError(f"token file `{path}` has no token")
 
 
 # -- the two clients ----------------------------------------------------------------

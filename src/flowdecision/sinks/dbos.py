@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import FlowDecisionError
+from ..errors import FlowDecisionError, InvalidArgumentError
 from ..model import DecisionRequest
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class DBOSSink:
     async def start(self, request: DecisionRequest, attempt: int) -> str:
         """Like :meth:`submit`; returns the workflow id (the decision id)."""
         if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-            raise ValueError(f"attempt must be a non-negative integer, got {attempt!r}")
+            raise InvalidArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
         from dbos import DBOS, SetWorkflowID
 
         text = request.to_json().decode("utf-8")

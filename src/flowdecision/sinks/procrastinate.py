@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import FlowDecisionError
+from ..errors import FlowDecisionError, InvalidArgumentError
 from ..model import DecisionRequest
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ class ProcrastinateSink:
     async def defer(self, request: DecisionRequest, attempt: int) -> bool:
         """Like :meth:`submit`; True when this call deferred the job, False for a replay."""
         if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-            raise ValueError(f"attempt must be a non-negative integer, got {attempt!r}")
+            raise InvalidArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
         await self.open()
         from procrastinate import PsycopgConnector
         from procrastinate.exceptions import AlreadyEnqueued

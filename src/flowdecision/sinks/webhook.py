@@ -28,7 +28,7 @@ from typing import ClassVar
 import httpx
 
 from ..backoff import parse_retry_after
-from ..errors import FlowDecisionError
+from ..errors import FlowDecisionError, InvalidArgumentError
 from ..model import DecisionRequest
 
 __all__ = [
@@ -84,7 +84,7 @@ class WebhookSink:
         rng: random.Random | None = None,
     ) -> None:
         if max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+            raise InvalidArgumentError(f"max_attempts must be at least 1, got {max_attempts}")
         self.url = url
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
