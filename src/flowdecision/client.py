@@ -82,6 +82,7 @@ from typing import Any, ClassVar, TypeVar
 import httpx
 
 from .backoff import full_jitter, parse_retry_after
+from .closing import Closable
 from .errors import (
     DecisionBusyError,
     DecisionConflictError,
@@ -935,7 +936,7 @@ def _send_kwargs(step: _Send) -> dict[str, Any]:
     }
 
 
-class DecisionClient:
+class DecisionClient(Closable):
     """Async client for the decision service. Use ``async with`` or call :meth:`aclose`.
 
     ``url`` is the service's base URL; ``token`` its bearer token (None when it
@@ -1026,20 +1027,13 @@ class DecisionClient:
             result: T = stop.value
             return result
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
+        """Close the HTTP connection pool if this client created it (``async with`` does)."""
         if self._owns_http:
             await self._http.aclose()
 
-    async def __aenter__(self) -> DecisionClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+    #: httpx's spelling of :meth:`close`.
+    aclose = close
 
 
 class SyncDecisionClient:
