@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Final, Generic, TypeVar
 
 import httpx
 
@@ -936,17 +936,18 @@ def _send_kwargs(step: _Send) -> dict[str, Any]:
     }
 
 
-class DecisionClient(Closable):
-    """Async client for the decision service. Use ``async with`` or call :meth:`aclose`.
+H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 
-    ``url`` is the service's base URL; ``token`` its bearer token (None when it
-    runs without auth); ``timeout`` bounds each HTTP request (seconds, or an
-    ``httpx.Timeout``); ``retry`` says when to retry; ``wait_s`` sends
-    ``Prefer: wait=N`` with every submission, so a service that supports it
-    answers with another owner's result instead of ``busy``; ``on_retry`` is
-    called before each retry's sleep. Pass ``http`` to reuse an
-    ``httpx.AsyncClient`` (its TLS, proxies, limits); it is not closed here.
-    """
+#: The settings of the httpx client a client builds (and owns) when none is given.
+_HTTP_DEFAULTS: Final[dict[str, Any]] = {
+    "headers": {"User-Agent": _USER_AGENT},
+    "follow_redirects": False,
+}
+
+
+class _Client(Generic[H]):
+    """What :class:`DecisionClient` and :class:`SyncDecisionClient` share: the
+    arguments, the sans-I/O core and the httpx client (built here unless given)."""
 
     def __init__(
         self,
@@ -957,7 +958,7 @@ class DecisionClient(Closable):
         retry: RetryOptions | None = None,
         wait_s: float | None = None,
         on_retry: OnRetry | None = None,
-        http: httpx.AsyncClient | None = None,
+        http: H | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self._protocol = _Protocol(
@@ -970,13 +971,30 @@ class DecisionClient(Closable):
             rng=rng,
         )
         self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(
-            headers={"User-Agent": _USER_AGENT}, follow_redirects=False
-        )
+        self._http: H = self._new_http() if http is None else http
 
     @property
     def url(self) -> str:
         return self._protocol.base_url
+
+    def _new_http(self) -> H:
+        raise NotImplementedError
+
+
+class DecisionClient(_Client[httpx.AsyncClient], Closable):
+    """Async client for the decision service. Use ``async with`` or call :meth:`aclose`.
+
+    ``url`` is the service's base URL; ``token`` its bearer token (None when it
+    runs without auth); ``timeout`` bounds each HTTP request (seconds, or an
+    ``httpx.Timeout``); ``retry`` says when to retry; ``wait_s`` sends
+    ``Prefer: wait=N`` with every submission, so a service that supports it
+    answers with another owner's result instead of ``busy``; ``on_retry`` is
+    called before each retry's sleep. Pass ``http`` to reuse an
+    ``httpx.AsyncClient`` (its TLS, proxies, limits); it is not closed here.
+    """
+
+    def _new_http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**_HTTP_DEFAULTS)
 
     async def submit(
         self,
@@ -1036,38 +1054,11 @@ class DecisionClient(Closable):
     aclose = close
 
 
-class SyncDecisionClient:
+class SyncDecisionClient(_Client[httpx.Client]):
     """The blocking twin of :class:`DecisionClient`: same arguments, same results and errors."""
 
-    def __init__(
-        self,
-        url: str = DEFAULT_URL,
-        *,
-        token: str | None = None,
-        timeout: float | httpx.Timeout = 10.0,
-        retry: RetryOptions | None = None,
-        wait_s: float | None = None,
-        on_retry: OnRetry | None = None,
-        http: httpx.Client | None = None,
-        rng: random.Random | None = None,
-    ) -> None:
-        self._protocol = _Protocol(
-            url,
-            token=token,
-            timeout=timeout,
-            retry=retry or RetryOptions(),
-            wait_s=wait_s,
-            on_retry=on_retry,
-            rng=rng,
-        )
-        self._owns_http = http is None
-        self._http = http or httpx.Client(
-            headers={"User-Agent": _USER_AGENT}, follow_redirects=False
-        )
-
-    @property
-    def url(self) -> str:
-        return self._protocol.base_url
+    def _new_http(self) -> httpx.Client:
+        return httpx.Client(**_HTTP_DEFAULTS)
 
     def submit(
         self,
