@@ -78,6 +78,29 @@ def test_no_raise_site_in_the_package_raises_a_built_in_exception() -> None:
     assert _builtin_raises() == []
 
 
+def test_private_exceptions_never_leave_their_module() -> None:
+    # A private exception (``_TooLarge``, ``_InputError``) is an internal signal, not
+    # under the root; it is allowed only where the same module catches it by name.
+    escaping = []
+    for path in sorted(ROOT.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        caught = {
+            ast.unparse(handler.type)
+            for handler in ast.walk(tree)
+            if isinstance(handler, ast.ExceptHandler) and handler.type is not None
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                name = ast.unparse(node.exc.func)
+                if (
+                    name.startswith("_")
+                    and name[1:2].isupper()
+                    and not any(name in handler for handler in caught)
+                ):
+                    escaping.append(f"{path.relative_to(ROOT)}:{node.lineno}: raise {name}")
+    assert escaping == []
+
+
 def test_the_walk_would_see_a_built_in_raise() -> None:
     # A guard for the guard: the checker flags a call, a bare class, and lets a re-raise pass.
     assert _builtin_exception(ast.parse("raise ValueError('x')").body[0].exc) == "ValueError"  # type: ignore[attr-defined,arg-type]
