@@ -5,10 +5,10 @@ from __future__ import annotations
 import inspect
 from typing import ClassVar, Protocol, cast, runtime_checkable
 
-from ..errors import FlowDecisionError
+from ..errors import FlowDecisionError, InvalidArgumentError
 from ..model import DecisionRequest
 
-__all__ = ["InvalidSinkError", "Sink", "check_sink", "has_async_submit"]
+__all__ = ["InvalidSinkError", "Sink", "check_attempt", "check_sink", "has_async_submit"]
 
 
 @runtime_checkable
@@ -32,6 +32,13 @@ class InvalidSinkError(FlowDecisionError, TypeError):
     """An object handed in as a sink has no ``async def submit(request, attempt)``."""
 
     code: ClassVar[str] = "invalid_sink"
+
+
+def check_attempt(attempt: object) -> int:
+    """``attempt`` if it is a non-negative int (not a bool), else :class:`InvalidArgumentError`."""
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        raise InvalidArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
+    return attempt
 
 
 def has_async_submit(sink: object) -> bool:

@@ -48,6 +48,7 @@ from ..store.postgres import CLOCK_SQL, PgPool
 from ..store.sqlite import SqliteOpener
 from ..store.sqlite_thread import SqliteThread
 from ..store.url import describe_dsn, parse_store_url
+from .base import check_attempt
 
 __all__ = [
     "OUTBOX_SCHEMA_VERSION",
@@ -268,8 +269,7 @@ class OutboxSink(Closable):
 
     async def deliver(self, request: DecisionRequest, attempt: int) -> bool:
         """Like :meth:`submit`; True when this call inserted the row, False for a replay."""
-        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-            raise InvalidArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
+        check_attempt(attempt)
         text = request.to_json()
         hash_ = hashlib.sha256(text).hexdigest()
         backend = await self._ready()

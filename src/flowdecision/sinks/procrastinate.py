@@ -45,8 +45,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from ..closing import Openable
-from ..errors import FlowDecisionError, InvalidArgumentError
+from ..errors import FlowDecisionError
 from ..model import DecisionRequest
+from .base import check_attempt
 
 if TYPE_CHECKING:
     import procrastinate
@@ -191,8 +192,7 @@ class ProcrastinateSink(Openable):
 
     async def defer(self, request: DecisionRequest, attempt: int) -> bool:
         """Like :meth:`submit`; True when this call deferred the job, False for a replay."""
-        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-            raise InvalidArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
+        check_attempt(attempt)
         await self.open()
         from procrastinate import PsycopgConnector
         from procrastinate.exceptions import AlreadyEnqueued
