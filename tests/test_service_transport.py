@@ -27,7 +27,7 @@ import requests
 
 from flowdecision.model import DecisionRequest
 from flowdecision.service.config import ConfigError, Settings, load_settings
-from flowdecision.service.server import bind_socket, event_loop_factory, serve
+from flowdecision.service.server import _optional, bind_socket, event_loop_factory, serve
 from flowdecision.service.transport import effective_max_connections
 from tests.service_process import ServiceProcess, decision, wait_for
 
@@ -540,3 +540,13 @@ def test_the_connection_cap_leaves_descriptors_for_everything_else() -> None:
         assert effective_max_connections(100) == 100
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_an_optional_module_resolves_auto_and_refuses_to_be_named_when_missing() -> None:
+    # The one rule behind --http and --loop, checked with a module no machine has.
+    missing = "flowdecision_no_such_module"
+    assert _optional("loop", "auto", missing, "asyncio") == "asyncio"
+    assert _optional("loop", "asyncio", missing, "asyncio") == "asyncio"
+    assert _optional("http", "auto", "json", "h11") == "json"
+    with pytest.raises(ConfigError, match=f"loop = {missing}, but {missing} is not installed"):
+        _optional("loop", missing, missing, "asyncio")

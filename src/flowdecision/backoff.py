@@ -11,6 +11,8 @@ import email.utils
 import random
 import time
 
+from .errors import InvalidArgumentError
+
 __all__ = ["full_jitter", "parse_retry_after"]
 
 
@@ -34,6 +36,6 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
 def full_jitter(retry: int, *, base_s: float, cap_s: float, rng: random.Random) -> float:
     """Delay before retry ``retry`` (1-based): uniform in ``[0, min(cap, base·2^(retry-1))]``."""
     if retry < 1:
-        raise ValueError(f"retry must be at least 1, got {retry}")
+        raise InvalidArgumentError(f"retry must be at least 1, got {retry}")
     ceiling = min(cap_s, base_s * 2.0 ** min(retry - 1, 62))
     return rng.uniform(0.0, ceiling)

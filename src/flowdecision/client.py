@@ -77,16 +77,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Final, Generic, TypeVar
 
 import httpx
 
 from .backoff import full_jitter, parse_retry_after
+from .closing import Closable
 from .errors import (
     DecisionBusyError,
     DecisionConflictError,
     DispatchLedgerError,
     FlowDecisionError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     LeaseLostError,
     SinkError,
     UnauthorizedBranchError,
@@ -504,9 +507,9 @@ class RetryOptions:
 
     def __post_init__(self) -> None:
         if self.max_tries < 1:
-            raise ValueError(f"max_tries must be at least 1, got {self.max_tries}")
+            raise InvalidArgumentError(f"max_tries must be at least 1, got {self.max_tries}")
         if self.backoff_base_s < 0 or self.backoff_max_s < 0 or self.max_retry_after_s < 0:
-            raise ValueError("backoff and Retry-After bounds must not be negative")
+            raise InvalidArgumentError("backoff and Retry-After bounds must not be negative")
 
 
 @dataclass(frozen=True, slots=True)
@@ -590,11 +593,11 @@ class _Protocol:
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ValueError(f"service URL must be http(s)://host[:port], got `{url}`")
+            raise InvalidArgumentError(f"service URL must be http(s)://host[:port], got `{url}`")
         if token is not None and (not token.strip() or "\n" in token or "\r" in token):
-            raise ValueError("token must be a non-empty single line")
+            raise InvalidArgumentError("token must be a non-empty single line")
         if wait_s is not None and wait_s < 0:
-            raise ValueError(f"wait_s must not be negative, got {wait_s}")
+            raise InvalidArgumentError(f"wait_s must not be negative, got {wait_s}")
         self.base_url = url.rstrip("/")
         self.token = token.strip() if token else None
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
@@ -648,7 +651,7 @@ class _Protocol:
 
     def get(self, decision_id: str, *, request_id: str | None) -> _Exchange[DecisionState | None]:
         if not decision_id:
-            raise ValueError("decision_id must not be empty")
+            raise InvalidArgumentError("decision_id must not be empty")
 
         def missing(response: httpx.Response) -> bool:
             # A 404 only means "no such decision" when the service says so for this
@@ -698,7 +701,9 @@ class _Protocol:
 
     def outbox(self, after: int, limit: int, *, request_id: str | None) -> _Exchange[OutboxPage]:
         if after < 0 or limit < 1:
-            raise ValueError(f"need after >= 0 and limit >= 1, got after={after} limit={limit}")
+            raise InvalidArgumentError(
+                f"need after >= 0 and limit >= 1, got after={after} limit={limit}"
+            )
         response, _tries = yield from self._exchange(
             "GET",
             "/v1/outbox",
@@ -801,7 +806,7 @@ def _encode_request(request: DecisionRequest | bytes | Mapping[str, Any]) -> byt
         return bytes(request)  # sent verbatim: the service parses and validates it
     if isinstance(request, Mapping):
         return json.dumps(request, ensure_ascii=False, allow_nan=False).encode()
-    raise TypeError(
+    raise InvalidArgumentTypeError(
         f"submit() takes a DecisionRequest, JSON bytes or a dict, not {type(request).__name__}"
     )
 
@@ -912,11 +917,11 @@ def read_token_file(path: str | Path) -> str:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"cannot read token file `{path}`: {error}") from error
+        raise InvalidArgumentError(f"cannot read token file `{path}`: {error}") from error
     for line in text.splitlines():
         if line.strip():
             return line.strip()
-    raise ValueError(f"token file `{path}` has no token")
+    raise InvalidArgumentError(f"token file `{path}` has no token")
 
 
 # -- the two clients ----------------------------------------------------------------
@@ -931,17 +936,18 @@ def _send_kwargs(step: _Send) -> dict[str, Any]:
     }
 
 
-class DecisionClient:
-    """Async client for the decision service. Use ``async with`` or call :meth:`aclose`.
+H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 
-    ``url`` is the service's base URL; ``token`` its bearer token (None when it
-    runs without auth); ``timeout`` bounds each HTTP request (seconds, or an
-    ``httpx.Timeout``); ``retry`` says when to retry; ``wait_s`` sends
-    ``Prefer: wait=N`` with every submission, so a service that supports it
-    answers with another owner's result instead of ``busy``; ``on_retry`` is
-    called before each retry's sleep. Pass ``http`` to reuse an
-    ``httpx.AsyncClient`` (its TLS, proxies, limits); it is not closed here.
-    """
+#: The settings of the httpx client a client builds (and owns) when none is given.
+_HTTP_DEFAULTS: Final[dict[str, Any]] = {
+    "headers": {"User-Agent": _USER_AGENT},
+    "follow_redirects": False,
+}
+
+
+class _Client(Generic[H]):
+    """What :class:`DecisionClient` and :class:`SyncDecisionClient` share: the
+    arguments, the sans-I/O core and the httpx client (built here unless given)."""
 
     def __init__(
         self,
@@ -952,7 +958,7 @@ class DecisionClient:
         retry: RetryOptions | None = None,
         wait_s: float | None = None,
         on_retry: OnRetry | None = None,
-        http: httpx.AsyncClient | None = None,
+        http: H | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self._protocol = _Protocol(
@@ -965,13 +971,30 @@ class DecisionClient:
             rng=rng,
         )
         self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(
-            headers={"User-Agent": _USER_AGENT}, follow_redirects=False
-        )
+        self._http: H = self._new_http() if http is None else http
 
     @property
     def url(self) -> str:
         return self._protocol.base_url
+
+    def _new_http(self) -> H:
+        raise NotImplementedError
+
+
+class DecisionClient(_Client[httpx.AsyncClient], Closable):
+    """Async client for the decision service. Use ``async with`` or call :meth:`aclose`.
+
+    ``url`` is the service's base URL; ``token`` its bearer token (None when it
+    runs without auth); ``timeout`` bounds each HTTP request (seconds, or an
+    ``httpx.Timeout``); ``retry`` says when to retry; ``wait_s`` sends
+    ``Prefer: wait=N`` with every submission, so a service that supports it
+    answers with another owner's result instead of ``busy``; ``on_retry`` is
+    called before each retry's sleep. Pass ``http`` to reuse an
+    ``httpx.AsyncClient`` (its TLS, proxies, limits); it is not closed here.
+    """
+
+    def _new_http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**_HTTP_DEFAULTS)
 
     async def submit(
         self,
@@ -1022,54 +1045,20 @@ class DecisionClient:
             result: T = stop.value
             return result
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
+        """Close the HTTP connection pool if this client created it (``async with`` does)."""
         if self._owns_http:
             await self._http.aclose()
 
-    async def __aenter__(self) -> DecisionClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+    #: httpx's spelling of :meth:`close`.
+    aclose = close
 
 
-class SyncDecisionClient:
+class SyncDecisionClient(_Client[httpx.Client]):
     """The blocking twin of :class:`DecisionClient`: same arguments, same results and errors."""
 
-    def __init__(
-        self,
-        url: str = DEFAULT_URL,
-        *,
-        token: str | None = None,
-        timeout: float | httpx.Timeout = 10.0,
-        retry: RetryOptions | None = None,
-        wait_s: float | None = None,
-        on_retry: OnRetry | None = None,
-        http: httpx.Client | None = None,
-        rng: random.Random | None = None,
-    ) -> None:
-        self._protocol = _Protocol(
-            url,
-            token=token,
-            timeout=timeout,
-            retry=retry or RetryOptions(),
-            wait_s=wait_s,
-            on_retry=on_retry,
-            rng=rng,
-        )
-        self._owns_http = http is None
-        self._http = http or httpx.Client(
-            headers={"User-Agent": _USER_AGENT}, follow_redirects=False
-        )
-
-    @property
-    def url(self) -> str:
-        return self._protocol.base_url
+    def _new_http(self) -> httpx.Client:
+        return httpx.Client(**_HTTP_DEFAULTS)
 
     def submit(
         self,

@@ -34,6 +34,7 @@ from .errors import (
     DecisionConflictError,
     DispatchError,
     DispatchLedgerError,
+    InvalidArgumentError,
     InvalidIdentityError,
     LeaseLostError,
     LedgerError,
@@ -247,7 +248,7 @@ class Dispatcher:
         owner_id: str | None = None,
     ) -> None:
         if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 1:
-            raise ValueError(f"lease_ms must be a positive integer, got {lease_ms!r}")
+            raise InvalidArgumentError(f"lease_ms must be a positive integer, got {lease_ms!r}")
         self.production_branch_id = check_identifier("production_branch_id", production_branch_id)
         self.sink = check_sink(sink)
         self.ledger: Ledger = ledger if ledger is not None else MemoryLedger()
@@ -323,7 +324,9 @@ class Dispatcher:
         try counts in :meth:`health` as a dispatch.
         """
         if not deadline_s >= 0:  # also refuses NaN
-            raise ValueError(f"deadline_s must be a non-negative number, got {deadline_s!r}")
+            raise InvalidArgumentError(
+                f"deadline_s must be a non-negative number, got {deadline_s!r}"
+            )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + deadline_s
         delay = RETRY_BASE_S

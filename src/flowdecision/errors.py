@@ -17,6 +17,9 @@ __all__ = [
     "DispatchLedgerError",
     "DispatchLedgerSchemaError",
     "FlowDecisionError",
+    "HarnessError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "InvalidIdentifierError",
     "InvalidIdentityError",
     "LeaseLostError",
@@ -39,6 +42,32 @@ class FlowDecisionError(Exception):
 
     #: Stable machine-readable code: metric label, HTTP error code, log field.
     code: ClassVar[str] = "error"
+
+
+class InvalidArgumentError(FlowDecisionError, ValueError):
+    """An argument passed to a flowdecision function or constructor is out of range.
+
+    It is a :class:`ValueError` too, so ``except ValueError`` keeps catching it.
+    Nothing was started, sent or stored.
+    """
+
+    code: ClassVar[str] = "invalid_argument"
+
+
+class InvalidArgumentTypeError(FlowDecisionError, TypeError):
+    """An argument passed to a flowdecision function has a type it does not take.
+
+    It is a :class:`TypeError` too, so ``except TypeError`` keeps catching it.
+    """
+
+    code: ClassVar[str] = "invalid_argument_type"
+
+
+class HarnessError(FlowDecisionError, RuntimeError):
+    """The crash-test harness (:mod:`flowdecision.chaos`) cannot go on, e.g. a worker
+    keeps crashing. It is a :class:`RuntimeError` too; no verdict was reached."""
+
+    code: ClassVar[str] = "harness_failed"
 
 
 class LedgerError(FlowDecisionError):

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
-from flowdecision.errors import FlowDecisionError
+from flowdecision.errors import FlowDecisionError, InvalidArgumentTypeError
 from flowdecision.jsonwire import (
     InexactNumberError,
     JsonWireError,
@@ -720,7 +720,9 @@ class DecisionRequest:
         if isinstance(data, Mapping):
             return cls.from_dict(data)
         if not isinstance(data, (bytes, bytearray, memoryview, str)):
-            raise TypeError(f"expected JSON text or a mapping, got {type(data).__qualname__}")
+            raise InvalidArgumentTypeError(
+                f"expected JSON text or a mapping, got {type(data).__qualname__}"
+            )
         try:
             value = parse_json(data, exact_numbers=exact_numbers)
         except InexactNumberError as exc:

@@ -9,6 +9,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..errors import InvalidArgumentError
 from ..ledger.url import parse_ledger_url
 
 __all__ = ["BRANCH", "ChaosConfig", "wall_ms"]
@@ -56,12 +57,16 @@ class ChaosConfig:
     def resolved(self) -> ChaosConfig:
         """A copy with defaults filled in and values checked."""
         if self.workers < 2:
-            raise ValueError("chaos needs at least 2 workers (every decision has 2 proposers)")
+            raise InvalidArgumentError(
+                "chaos needs at least 2 workers (every decision has 2 proposers)"
+            )
         if self.decisions < 1 or self.lease_ms < 10 or self.concurrency < 1:
-            raise ValueError("decisions >= 1, lease_ms >= 10 and concurrency >= 1 are required")
+            raise InvalidArgumentError(
+                "decisions >= 1, lease_ms >= 10 and concurrency >= 1 are required"
+            )
         kind, _ = parse_ledger_url(self.ledger_url)
         if kind == "memory":
-            raise ValueError("a memory ledger cannot be shared between processes")
+            raise InvalidArgumentError("a memory ledger cannot be shared between processes")
         out = ChaosConfig(**asdict(self))
         out.seed = self.seed if self.seed is not None else random.randrange(1 << 30)
         out.run_id = self.run_id or uuid.uuid4().hex[:8]
@@ -69,9 +74,9 @@ class ChaosConfig:
         if out.workdir is None:
             out.workdir = tempfile.mkdtemp(prefix="flowdecision-chaos-")
         if self.layout not in (None, "shared", "separate"):
-            raise ValueError(f"layout must be `shared` or `separate`, got {self.layout!r}")
+            raise InvalidArgumentError(f"layout must be `shared` or `separate`, got {self.layout!r}")
         if self.layout == "shared" and kind == "file":
-            raise ValueError("a file ledger cannot share its store with the outbox")
+            raise InvalidArgumentError("a file ledger cannot share its store with the outbox")
         out.layout = self.layout or ("separate" if kind == "file" else "shared")
         if out.outbox_url is None:
             out.outbox_url = (

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..errors import HarnessError
 from ..ledger.postgres import PostgresLedger
 from ..ledger.url import parse_ledger_url
 from ..sinks.outbox import OutboxSink
@@ -93,7 +94,7 @@ class _Fleet:
             if code != -signal.SIGKILL:
                 self.stats["crashes"] += 1
                 if self.stats["crashes"] > 3 * self.cfg.workers:
-                    raise RuntimeError(
+                    raise HarnessError(
                         f"chaos worker {worker} keeps failing (exit {code}); "
                         f"see {self.workdir / f'worker-{worker}.log'}"
                     )

@@ -35,36 +35,36 @@ class _InputError(Exception):
     """The input is not a decision or a JSON-lines stream of decisions."""
 
 
+def _non_blank(stream: IO[bytes]) -> Iterator[tuple[int, bytes, bytes]]:
+    """``(line number, raw line, stripped line)`` for each line that is not blank."""
+    for number, raw in enumerate(stream, start=1):
+        line = raw.strip()
+        if line:
+            yield number, raw, line
+
+
 def _decisions(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
     """``(line number, JSON bytes)`` per decision: one document, or one per line."""
-    number = 0
-    for raw in stream:
-        number += 1
-        line = raw.strip()
-        if not line:
-            continue
-        try:
-            json.loads(line)
-        except ValueError:
-            # Not a JSON value on its own line: the whole input is one document.
-            document = raw + stream.read()
-            try:
-                json.loads(document)
-            except ValueError as error:
-                raise _InputError(
-                    f"not a JSON document nor JSON lines (line {number}: {error})"
-                ) from None
-            yield number, document.strip()
-            return
-        yield number, line
-        break
-    else:
+    lines = _non_blank(stream)
+    first = next(lines, None)
+    if first is None:
         return
-    for raw in stream:
-        number += 1
-        line = raw.strip()
-        if not line:
-            continue
+    number, raw, line = first
+    try:
+        json.loads(line)
+    except ValueError:
+        # Not a JSON value on its own line: the whole input is one document.
+        document = raw + stream.read()
+        try:
+            json.loads(document)
+        except ValueError as error:
+            raise _InputError(
+                f"not a JSON document nor JSON lines (line {number}: {error})"
+            ) from None
+        yield number, document.strip()
+        return
+    yield number, line
+    for number, _raw, line in lines:
         try:
             json.loads(line)
         except ValueError as error:

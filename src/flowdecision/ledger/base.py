@@ -46,6 +46,11 @@ T = TypeVar("T")
 
 #: A transition bound to its arguments: ``op(record, clock_ms) -> Transition``.
 Operation = Callable[[ClaimRecord | None, int], Transition[T]]
+#: :func:`machine.claim` or :func:`machine.renew`:
+#: ``rule(record, request_hash, identity, owner_id, now_ms, lease_ms)``.
+_LeaseRule = Callable[
+    [ClaimRecord | None, str, ExecutionIdentity | None, str, int, int], Transition[T]
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,20 +159,8 @@ class StoredLedger(Ledger):
         now_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
     ) -> ClaimOutcome:
-        _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
-        check_u64("lease_ms", lease_ms)
-        fixed = None if now_ms is None else check_u64("now_ms", now_ms)
-        _check_identity(identity)
-        return await self._apply(
-            decision_id,
-            lambda record, clock: machine.claim(
-                record,
-                request_hash,
-                identity,
-                owner_id,
-                clock if fixed is None else fixed,
-                lease_ms,
-            ),
+        return await self._leased(
+            machine.claim, decision_id, request_hash, owner_id, lease_ms, now_ms, identity
         )
 
     async def renew(
@@ -180,13 +173,28 @@ class StoredLedger(Ledger):
         now_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
     ) -> bool:
+        return await self._leased(
+            machine.renew, decision_id, request_hash, owner_id, lease_ms, now_ms, identity
+        )
+
+    async def _leased(
+        self,
+        rule: _LeaseRule[T],
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        lease_ms: int,
+        now_ms: int | None,
+        identity: ExecutionIdentity | None,
+    ) -> T:
+        """Validate the arguments :meth:`claim` and :meth:`renew` share, then apply ``rule``."""
         _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
         check_u64("lease_ms", lease_ms)
         fixed = None if now_ms is None else check_u64("now_ms", now_ms)
         _check_identity(identity)
         return await self._apply(
             decision_id,
-            lambda record, clock: machine.renew(
+            lambda record, clock: rule(
                 record,
                 request_hash,
                 identity,

@@ -48,7 +48,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import bodies
-from ..errors import FlowDecisionError, LedgerError
+from ..errors import FlowDecisionError, InvalidArgumentTypeError, LedgerError
 from ..health import HealthSnapshot
 from ..identity import (
     DIGEST_PATTERN,
@@ -118,7 +118,7 @@ class _Schemas:
             return self.named(tp.__name__.removesuffix("Body"), lambda: self._typeddict(tp))
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             return self.named(tp.__name__, lambda: self._dataclass(tp))
-        raise TypeError(f"no JSON Schema for {tp!r}")
+        raise InvalidArgumentTypeError(f"no JSON Schema for {tp!r}")
 
     def named(self, name: str, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         if name not in self.components:

@@ -77,17 +77,24 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _optional(setting: str, choice: str, module: str, fallback: str) -> str:
+    """``choice`` with ``auto`` resolved: ``module`` if it is installed, else ``fallback``.
+
+    Naming ``module`` explicitly when it is not installed is a :class:`ConfigError`.
+    """
+    if choice == "auto":
+        return module if importlib.util.find_spec(module) else fallback
+    if choice == module and importlib.util.find_spec(module) is None:
+        raise ConfigError(
+            f"{setting} = {module}, but {module} is not installed (pip install {module})"
+        )
+    return choice
+
+
 def http_protocol_class(settings: Settings) -> type[asyncio.Protocol]:
     """uvicorn's HTTP/1.1 protocol for ``settings.http`` (``auto``: httptools if installed)."""
-    choice = settings.http
-    if choice == "auto":
-        choice = "httptools" if importlib.util.find_spec("httptools") else "h11"
-    if choice == "h11":
+    if _optional("http", settings.http, "httptools", "h11") == "h11":
         return H11Protocol
-    if importlib.util.find_spec("httptools") is None:
-        raise ConfigError(
-            "http = httptools, but httptools is not installed (pip install httptools)"
-        )
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     return HttpToolsProtocol
@@ -95,13 +102,8 @@ def http_protocol_class(settings: Settings) -> type[asyncio.Protocol]:
 
 def event_loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event loop for ``settings.loop`` (``auto``: uvloop if installed); None: asyncio's."""
-    choice = settings.loop
-    if choice == "auto":
-        choice = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    if choice == "asyncio":
+    if _optional("loop", settings.loop, "uvloop", "asyncio") == "asyncio":
         return None
-    if importlib.util.find_spec("uvloop") is None:
-        raise ConfigError("loop = uvloop, but uvloop is not installed (pip install uvloop)")
     import uvloop
 
     return uvloop.new_event_loop

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from typing import ClassVar, Protocol, cast, runtime_checkable
 
-from ..errors import FlowDecisionError
+from ..errors import FlowDecisionError, InvalidArgumentError
 from ..model import DecisionRequest
 from ..store.joint import JointWrite, StoreKey
 
@@ -15,6 +15,7 @@ __all__ = [
     "InvalidSinkError",
     "Sink",
     "TransactionalSink",
+    "check_attempt",
     "check_sink",
     "has_async_submit",
     "joins_ledger",
@@ -76,6 +77,13 @@ class InvalidSinkError(FlowDecisionError, TypeError):
     """An object handed in as a sink has no ``async def submit(request, attempt)``."""
 
     code: ClassVar[str] = "invalid_sink"
+
+
+def check_attempt(attempt: object) -> int:
+    """``attempt`` if it is a non-negative int (not a bool), else :class:`InvalidArgumentError`."""
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        raise InvalidArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
+    return attempt
 
 
 def has_async_submit(sink: object) -> bool:

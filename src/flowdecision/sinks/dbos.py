@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import FlowDecisionError
 from ..model import DecisionRequest
+from .base import check_attempt
 
 if TYPE_CHECKING:
     from dbos import Queue
@@ -87,8 +88,7 @@ class DBOSSink:
 
     async def start(self, request: DecisionRequest, attempt: int) -> str:
         """Like :meth:`submit`; returns the workflow id (the decision id)."""
-        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-            raise ValueError(f"attempt must be a non-negative integer, got {attempt!r}")
+        check_attempt(attempt)
         from dbos import DBOS, SetWorkflowID
 
         text = request.to_json().decode("utf-8")

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from ..errors import FlowDecisionError, StoreMissingError
+from ..errors import FlowDecisionError, InvalidArgumentError, StoreMissingError
 from ..limits import OUTBOX_FETCH_MAX
 from ..model import DecisionRequest
 from ..store.component import Component, ErrorKinds
@@ -60,7 +60,7 @@ from ..store.postgres import CLOCK_SQL, PgPool
 from ..store.sqlite import SqliteOpener
 from ..store.sqlite_thread import SqliteThread
 from ..store.url import describe_dsn, parse_store_url
-from .base import HasStoreKey
+from .base import HasStoreKey, check_attempt
 
 __all__ = [
     "OUTBOX_SCHEMA_VERSION",
@@ -284,8 +284,7 @@ class OutboxSink(Closable):
 
     async def deliver(self, request: DecisionRequest, attempt: int) -> bool:
         """Like :meth:`submit`; True when this call inserted the row, False for a replay."""
-        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-            raise ValueError(f"attempt must be a non-negative integer, got {attempt!r}")
+        check_attempt(attempt)
         text = request.to_json()
         hash_ = hashlib.sha256(text).hexdigest()
         backend = await self._ready()
@@ -330,13 +329,15 @@ class OutboxSink(Closable):
     async def fetch(self, after: int = 0, limit: int = 100) -> list[OutboxEntry]:
         """Rows with ``seq > after``, ordered by ``seq``, at most ``limit`` (<= 10000)."""
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-            raise ValueError(f"after must be a non-negative integer, got {after!r}")
+            raise InvalidArgumentError(f"after must be a non-negative integer, got {after!r}")
         if (
             isinstance(limit, bool)
             or not isinstance(limit, int)
             or not 1 <= limit <= OUTBOX_FETCH_MAX
         ):
-            raise ValueError(f"limit must be an integer in 1..={OUTBOX_FETCH_MAX}, got {limit!r}")
+            raise InvalidArgumentError(
+                f"limit must be an integer in 1..={OUTBOX_FETCH_MAX}, got {limit!r}"
+            )
         return await (await self._ready()).fetch(after, limit)
 
     async def get(self, decision_id: str) -> OutboxEntry | None:

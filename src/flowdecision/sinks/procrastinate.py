@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
+from ..closing import Openable
 from ..errors import FlowDecisionError
 from ..model import DecisionRequest
+from .base import check_attempt
 
 if TYPE_CHECKING:
     import procrastinate
@@ -110,7 +111,7 @@ class ProcrastinateDeferral:
     highest_attempt: int
 
 
-class ProcrastinateSink:
+class ProcrastinateSink(Openable):
     """A :class:`~flowdecision.sinks.Sink` deferring one procrastinate job per decision.
 
     ``app`` must use procrastinate's ``PsycopgConnector`` (the marker row and
@@ -137,7 +138,7 @@ class ProcrastinateSink:
         self._opened_app = False
         self._ready = False
 
-    async def open(self) -> ProcrastinateSink:
+    async def open(self) -> Self:
         """Open the app if needed, check procrastinate's schema, create the marker table."""
         if self._ready:
             return self
@@ -185,25 +186,13 @@ class ProcrastinateSink:
             self._opened_app = False
             await self.app.close_async()
 
-    async def __aenter__(self) -> ProcrastinateSink:
-        return await self.open()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
     async def submit(self, request: DecisionRequest, attempt: int) -> None:
         """Defer the decision's job unless it was deferred before (see the module docs)."""
         await self.defer(request, attempt)
 
     async def defer(self, request: DecisionRequest, attempt: int) -> bool:
         """Like :meth:`submit`; True when this call deferred the job, False for a replay."""
-        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-            raise ValueError(f"attempt must be a non-negative integer, got {attempt!r}")
+        check_attempt(attempt)
         await self.open()
         from procrastinate import PsycopgConnector
         from procrastinate.exceptions import AlreadyEnqueued

@@ -22,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from types import TracebackType
-from typing import ClassVar
+from typing import ClassVar, Self
 
 import httpx
 
 from ..backoff import parse_retry_after
-from ..errors import FlowDecisionError
+from ..closing import Openable
+from ..errors import FlowDecisionError, InvalidArgumentError
 from ..model import DecisionRequest
 
 __all__ = [
@@ -68,7 +68,7 @@ class WebhookRejectedError(WebhookError):
     code: ClassVar[str] = "webhook_rejected"
 
 
-class WebhookSink:
+class WebhookSink(Openable):
     """Deliver decisions by HTTP POST; see the module docstring for the contract."""
 
     def __init__(
@@ -84,7 +84,7 @@ class WebhookSink:
         rng: random.Random | None = None,
     ) -> None:
         if max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+            raise InvalidArgumentError(f"max_attempts must be at least 1, got {max_attempts}")
         self.url = url
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
@@ -95,7 +95,7 @@ class WebhookSink:
         self._rng = rng or random.Random()
         self._client: httpx.AsyncClient | None = None
 
-    async def open(self) -> WebhookSink:
+    async def open(self) -> Self:
         if self._client is None:
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.timeout_s),
@@ -108,17 +108,6 @@ class WebhookSink:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
-
-    async def __aenter__(self) -> WebhookSink:
-        return await self.open()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def backoff_s(self, retry: int) -> float:
         """Delay before retry number ``retry`` (1-based): half fixed, half random."""

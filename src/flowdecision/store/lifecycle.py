@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, Protocol, TypeVar
+
+from ..closing import Closable  # re-exported: the stores' base
 
 __all__ = ["Closable", "check_group_commit", "started"]
 
@@ -25,24 +26,6 @@ async def started(store: S) -> S:
         await store.close()
         raise
     return store
-
-
-class Closable:
-    """An async context manager that calls :meth:`close` on exit."""
-
-    async def close(self) -> None:
-        """Release connections and handles. The object is unusable afterwards."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 def check_group_commit(
