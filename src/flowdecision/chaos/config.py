@@ -74,7 +74,9 @@ class ChaosConfig:
         if out.workdir is None:
             out.workdir = tempfile.mkdtemp(prefix="flowdecision-chaos-")
         if self.layout not in (None, "shared", "separate"):
-            raise InvalidArgumentError(f"layout must be `shared` or `separate`, got {self.layout!r}")
+            raise InvalidArgumentError(
+                f"layout must be `shared` or `separate`, got {self.layout!r}"
+            )
         if self.layout == "shared" and kind == "file":
             raise InvalidArgumentError("a file ledger cannot share its store with the outbox")
         out.layout = self.layout or ("separate" if kind == "file" else "shared")

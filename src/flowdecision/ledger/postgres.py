@@ -334,9 +334,7 @@ class PostgresLedger(StoredLedger):
                         if not retryable(error):
                             raise
         except Exception as error:
-            failure = self._pg.translate(error)
-            if failure is not error:
-                failure.__cause__ = error
+            failure = self._pg.chained(error)
             for index, item in enumerate(todo):
                 item.error = failure if index == 0 else copy_error(failure)
                 item.done = True
@@ -477,9 +475,7 @@ class PostgresLedger(StoredLedger):
                     f"losing races ({_MAX_RETRIES} attempts)"
                 )
         except Exception as error:
-            failure = self._pg.translate(error)
-            if failure is not error:
-                failure.__cause__ = error
+            failure = self._pg.chained(error)
             for index, item in enumerate(items):
                 item.error = failure if index == 0 else copy_error(failure)
                 item.result = None

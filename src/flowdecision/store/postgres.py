@@ -156,6 +156,13 @@ class PgPool:
             except (TimeoutError, Exception):
                 pool.terminate()
 
+    def chained(self, error: BaseException) -> FlowDecisionError:
+        """:meth:`translate`, with ``error`` chained as the cause of a new error."""
+        failure = self.translate(error)
+        if failure is not error:
+            failure.__cause__ = error
+        return failure
+
     def translate(self, error: BaseException, *, connecting: bool = False) -> FlowDecisionError:
         """The component's error for ``error`` (itself if it already is one)."""
         errors = self.component.errors
