@@ -135,9 +135,7 @@ class ServiceApp(Starlette):
 
     def __init__(self, *args: Any, direct: Sequence[Route] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._direct_routes = {
-            route.path: route for route in direct if route.methods == {"POST"}
-        }
+        self._direct_routes = {route.path: route for route in direct if route.methods == {"POST"}}
         self._direct_apps: dict[str, ASGIApp] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
