@@ -103,5 +103,11 @@ def main() -> None:
     flowdecision_main()
 
 
+if __name__ == "__mp_main__":
+    # A worker of `serve --workers N`: multiprocessing's spawn imports the parent's
+    # main module (this file) under this name before running the worker, so the
+    # swap is made in every worker too.
+    _swap_app_in_uvicorn()
+
 if __name__ == "__main__":
     main()

@@ -136,6 +136,27 @@ async def test_many_concurrent_operations_share_few_commits(
         await ledger.close()
 
 
+async def test_a_sqlite_batch_larger_than_one_read_sees_every_stored_record(
+    tmp_path: Path,
+) -> None:
+    # The batch reads its records in chunks of ids (ledger/sqlite.py): 1,200 operations
+    # in one batch, half on stored decisions, cross several chunks.
+    ledger = await SqliteLedger.open(tmp_path / "ledger.db", max_batch=1200, max_wait_ms=2000)
+    try:
+        await asyncio.gather(
+            *(ledger.claim(f"id-{n}", "h", "o", lease_ms=1000, now_ms=1) for n in range(600))
+        )
+        commits = ledger.commits
+        outcomes = await asyncio.gather(
+            *(ledger.claim(f"id-{n}", "h", "o2", lease_ms=1000, now_ms=2) for n in range(1200))
+        )
+        assert ledger.commits == commits + 1  # one batch
+        assert outcomes[:600] == [Busy(1001)] * 600
+        assert outcomes[600:] == [Claimed(1)] * 600
+    finally:
+        await ledger.close()
+
+
 async def _reopen(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Ledger:
     if kind == "sqlite":
         return await SqliteLedger.open(tmp_path / "ledger.db")

@@ -55,6 +55,8 @@ Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 _PRUNE_BATCH = 1000
 
 _SELECT_SQL = f"SELECT record FROM {TABLE} WHERE decision_id = ?"
+#: Ids per ``IN (...)`` read (well under SQLite's bound on parameters, 999 before 3.32).
+_READ_CHUNK = 500
 _INSERT_SQL = (
     f"INSERT INTO {TABLE} (decision_id, status, completed_at_ms, record) VALUES (?, ?, ?, ?)"
 )
@@ -287,17 +289,17 @@ class SqliteLedger(StoredLedger):
 
     def _transform(self, conn: sqlite3.Connection, jobs: list[Job]) -> dict[str, _Slot]:
         slots: dict[str, _Slot] = {}
+        stored = _read_rows(conn, {job.payload[0] for job in jobs})
         for job in jobs:
             decision_id, op = job.payload
             slot = slots.get(decision_id)
             if slot is None:
-                row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
-                if row is None:
+                if decision_id not in stored:
                     slot = _Slot(False, None)
                 else:
                     slot = _Slot(True, None)
                     try:
-                        slot.record = self._decoded.decode(decision_id, row[0])
+                        slot.record = self._decoded.decode(decision_id, stored[decision_id])
                     except LedgerCorruptError as error:
                         slot.error = error
                 slots[decision_id] = slot
@@ -345,3 +347,23 @@ def _joint(
         raise
     conn.execute("RELEASE flowdecision_joint")
     return Transition(completed.record, outcome, True)
+
+
+def _read_rows(conn: sqlite3.Connection, decision_ids: set[str]) -> dict[str, Any]:
+    """The stored ``record`` of each of ``decision_ids`` that has a row.
+
+    One statement per :data:`_READ_CHUNK` ids instead of one per decision: on
+    the ledger's thread every statement releases the GIL and takes it back,
+    and taking it back waits for the event loop's thread when it is busy.
+    """
+    found: dict[str, Any] = {}
+    ids = list(decision_ids)
+    for start in range(0, len(ids), _READ_CHUNK):
+        chunk = ids[start : start + _READ_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        found.update(
+            conn.execute(
+                f"SELECT decision_id, record FROM {TABLE} WHERE decision_id IN ({marks})", chunk
+            ).fetchall()
+        )
+    return found

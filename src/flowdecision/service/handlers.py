@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -192,8 +193,8 @@ async def _dispatch(
         if wait_s is not None
         else dispatcher.dispatch(decision)
     )
-    # asyncio.wait, not await: the request being cancelled must not cancel the dispatch.
-    await asyncio.wait({task})
+    # Not ``await task``: the request being cancelled must not cancel the dispatch.
+    await _settled(task)
     if task.cancelled():  # the shutdown grace period ran out
         return static_error("shutting_down"), "shutting_down", None
     error = task.exception()
@@ -206,6 +207,27 @@ async def _dispatch(
     code = error_code_for(error)
     _log_failure(error, code, decision.decision_id)
     return response_for_error(error, _error_context(service)), code, None
+
+
+async def _settled(task: asyncio.Future[Any]) -> None:
+    """Wait until ``task`` is done, without cancelling it if this wait is cancelled.
+
+    What ``asyncio.wait({task})`` does, minus its sets, counters and timeout
+    handling (a few percent of a ``POST``'s CPU).
+    """
+    if task.done():
+        return
+    done = asyncio.get_running_loop().create_future()
+
+    def wake(_: asyncio.Future[Any]) -> None:
+        if not done.done():
+            done.set_result(None)
+
+    task.add_done_callback(wake)
+    try:
+        await done
+    finally:
+        task.remove_done_callback(wake)
 
 
 # -- reads ------------------------------------------------------------------------

@@ -27,6 +27,8 @@ def shown_text(text: str, limit: int = SHOWN_ID_MAX_CHARS) -> str:
     over-long id, a NUL byte), so it must stay small and printable.
     """
     clipped = text if len(text) <= limit else text[:limit] + "…"
+    if _UNPRINTABLE.search(clipped) is None:  # the usual id: no copy
+        return clipped
     return _UNPRINTABLE.sub(lambda match: f"\\u{ord(match.group()):04x}", clipped)
 
 
