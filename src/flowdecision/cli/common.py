@@ -12,7 +12,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from ..defaults import DEFAULT_STORE_URL, default_ledger_url
+from ..defaults import DEFAULT_STORE_URL, LEGACY_LEDGER_URL, default_ledger_url
 from ..errors import FlowDecisionError, StoreMissingError
 
 T = TypeVar("T")
@@ -35,7 +35,7 @@ ledger_option = click.option(
     "--ledger",
     "ledger_url",
     default=default_ledger_url,
-    show_default=f"{DEFAULT_STORE_URL}, or sqlite:///.flowdecision/ledger.db where the old "
+    show_default=f"{DEFAULT_STORE_URL}, or {LEGACY_LEDGER_URL} where the old "
     "two-file layout is kept",
     envvar="FLOWDECISION_LEDGER",
     help="Ledger URL: memory:, file:///dir (or a bare directory), sqlite:///path, postgresql://...",

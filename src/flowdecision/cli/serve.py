@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from ..defaults import DEFAULT_STORE_URL, LEGACY_OUTBOX_URL
 from ..errors import FlowDecisionError
 from ..limits import OUTBOX_FETCH_MAX
 from .common import EXIT_ERROR, EXIT_USAGE, fail, run, table
@@ -28,12 +29,12 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 @_flag("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file.")
 @_flag("--host", help="Address to listen on.  [default: 127.0.0.1]")
 @_flag("--port", type=int, help="Port to listen on (0 picks a free one).  [default: 8080]")
-@_flag("--ledger", help="Ledger URL.  [default: sqlite:///.flowdecision/flowdecision.db]")
+@_flag("--ledger", help=f"Ledger URL.  [default: {DEFAULT_STORE_URL}]")
 @_flag(
     "--sink",
     help="Sink URL: sqlite:///path or postgresql://... (outbox), http(s)://... (webhook), "
     "python:module:attribute.  [default: the ledger's own SQLite or PostgreSQL store "
-    "(one transaction per decision); sqlite:///.flowdecision/outbox.db for other ledgers]",
+    f"(one transaction per decision); {LEGACY_OUTBOX_URL} for other ledgers]",
 )
 @_flag("--production-branch", help="The branch allowed to submit.  [default: production]")
 @_flag("--lease-ms", type=int, help="Claim lease in milliseconds.  [default: 30000]")
@@ -147,7 +148,7 @@ def _when(ms: int) -> str:
     envvar="FLOWDECISION_SINK",
     allow_from_autoenv=False,
     help="Outbox URL: sqlite:///path or postgresql://...  [default: serve's default "
-    "store, sqlite:///.flowdecision/flowdecision.db, or .flowdecision/outbox.db "
+    f"store, {DEFAULT_STORE_URL}, or {LEGACY_OUTBOX_URL} "
     "where the old two-file layout is kept]",
 )
 @click.option("--after", type=click.IntRange(min=0), default=0, show_default=True,

@@ -81,7 +81,8 @@ class _Slot:
 
 
 class SqliteLedger(StoredLedger):
-    """Claim ledger in one SQLite file (default ``./.flowdecision/ledger.db``).
+    """Claim ledger in one SQLite file (``serve``'s default: ``./.flowdecision/flowdecision.db``,
+    which also holds the outbox).
 
     ``SqliteLedger(path)`` does no I/O: the database is opened, created and
     migrated by the first operation, or eagerly by :meth:`start` /
