@@ -17,15 +17,16 @@ own connection, then applies the completion rules to the evolving record.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
-from .url import describe_dsn
+from ..errors import InvalidArgumentError
+from .url import describe_dsn, parse_pg_dsn
 
 __all__ = ["JointWrite", "JointWriter", "StoreKey", "postgres_key", "sqlite_key"]
 
@@ -45,16 +46,20 @@ def sqlite_key(path: str | os.PathLike[str]) -> StoreKey:
 
 
 def postgres_key(dsn: str) -> StoreKey:
-    """The key of a PostgreSQL database: host, port, database and user (no password).
+    """The key of a PostgreSQL database: every host and port, the database and
+    the user (no password); two DSNs are one store only when they name the same
+    database on the same hosts, in any order (a multi-host DSN included).
 
     The user is part of it because the ledger's connection writes the joined
-    rows: a store reached as another role is not treated as the same store.
+    rows: a store reached as another role is not treated as the same store. A
+    DSN that cannot be read is keyed by a digest of its own text (messages show
+    the key; the text may hold a password): it joins no other store.
     """
     try:
-        user = urlsplit(dsn).username or os.environ.get("PGUSER", "")
-    except ValueError:
-        user = ""
-    return StoreKey("postgresql", f"{describe_dsn(dsn)} as {user}")
+        return StoreKey("postgresql", parse_pg_dsn(dsn).identity())
+    except (InvalidArgumentError, ValueError):
+        digest = hashlib.sha256(dsn.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        return StoreKey("postgresql", f"{describe_dsn(dsn)} #{digest}")
 
 
 class JointWriter(Protocol):

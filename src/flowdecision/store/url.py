@@ -3,12 +3,21 @@ and DSNs described without credentials, for messages."""
 
 from __future__ import annotations
 
+import getpass
 import os
+from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ..errors import FlowDecisionError
+from ..errors import FlowDecisionError, InvalidArgumentError
 
-__all__ = ["SCHEMES", "describe_dsn", "parse_store_url", "sqlite_path"]
+__all__ = [
+    "SCHEMES",
+    "PgTarget",
+    "describe_dsn",
+    "parse_pg_dsn",
+    "parse_store_url",
+    "sqlite_path",
+]
 
 SCHEMES = ("memory:", "file:///dir", "sqlite:///path", "postgresql://...")
 
@@ -65,16 +74,124 @@ def sqlite_path(url: str, *, what: str, error: type[FlowDecisionError]) -> str:
     return path
 
 
-def describe_dsn(dsn: str) -> str:
-    """``host:port/database`` (or the socket directory) without credentials, for messages."""
+@dataclass(frozen=True, slots=True)
+class PgTarget:
+    """Where a PostgreSQL DSN points: every ``(host, port)`` in the order given
+    (a unix-socket directory is a host starting with ``/``), the database and
+    the user, with the defaults asyncpg applies filled in. No credentials.
+    """
+
+    hosts: tuple[tuple[str, int], ...]
+    database: str
+    user: str
+
+    def describe(self) -> str:
+        """``user@host:port[,host:port...]/database``, for messages."""
+        return self._show(self.hosts)
+
+    def identity(self) -> str:
+        """:meth:`describe` with the hosts in a canonical order: two DSNs reach the
+        same database on the same hosts (as the same user) when these are equal."""
+        return self._show(tuple(sorted(set(self.hosts))))
+
+    def _show(self, hosts: tuple[tuple[str, int], ...]) -> str:
+        shown = ",".join(
+            f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in hosts
+        )
+        return f"{self.user}@{shown}/{self.database}"
+
+
+def parse_pg_dsn(dsn: str) -> PgTarget:
+    """The hosts, database and user a ``postgresql://`` URL names, as asyncpg reads it.
+
+    Understands multi-host URLs (``postgresql://u@h1:5432,h2:5433/db``, IPv6
+    in brackets, percent-encoded socket directories) and libpq's query-string
+    spellings (``?host=h1,h2&port=5432,5433&dbname=db&user=u``); a missing
+    part takes the environment's default (``PGHOST``, ``PGPORT``, ``PGUSER``,
+    ``PGDATABASE``, then localhost, 5432, the OS user, the user's name).
+    Raises :class:`~flowdecision.errors.InvalidArgumentError` saying what is wrong.
+    """
+    parts = urlsplit(dsn)
+    if parts.scheme.lower() not in ("postgres", "postgresql"):
+        raise InvalidArgumentError(
+            f"not a PostgreSQL URL (scheme `{parts.scheme}`): expected postgresql://..."
+        )
+    # The netloc by hand: urlsplit's .hostname and .port stop at the first host.
+    auth, at, hostlist = parts.netloc.rpartition("@")
+    user = unquote(auth.partition(":")[0]) if at else ""
     try:
-        parts = urlsplit(dsn)
-        query = parse_qs(parts.query)
-        host = parts.hostname or (query.get("host") or [""])[0] or os.environ.get("PGHOST", "")
-        port = parts.port or (query.get("port") or [""])[0] or os.environ.get("PGPORT", "5432")
-        database = parts.path.lstrip("/") or (query.get("dbname") or [""])[0]
-        host = host or "localhost"
-        where = f"{host}:{port}" if not host.startswith("/") else f"{host} (unix socket)"
-        return f"{where}/{database}" if database else where
-    except ValueError:
-        return "<unparseable PostgreSQL URL>"
+        query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    except ValueError as error:  # pragma: no cover - parse_qs is lenient by default
+        raise InvalidArgumentError(f"bad query string: {error}") from error
+    ports = _ports(query.get("port", ""))
+    if hostlist:
+        hosts = _hostlist(hostlist, ports=None, encoded=True)
+    elif query.get("host"):
+        hosts = _hostlist(query["host"], ports=ports, encoded=False)
+    else:
+        hosts = _hostlist(os.environ.get("PGHOST") or "localhost", ports=ports, encoded=False)
+    database = unquote(parts.path[1:]) if parts.path.startswith("/") else unquote(parts.path)
+    user = user or query.get("user", "") or os.environ.get("PGUSER", "") or _os_user()
+    database = (
+        (database or query.get("dbname", "") or query.get("database", ""))
+        or os.environ.get("PGDATABASE", "")
+        or user
+    )
+    return PgTarget(hosts=hosts, database=database, user=user)
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
+        return ""
+
+
+def _ports(spec: str) -> list[int]:
+    return [_port(item) for item in spec.split(",")] if spec else []
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise InvalidArgumentError(f"port `{text}` is not a number from 1 to 65535")
+    return int(text)
+
+
+def _hostlist(spec: str, *, ports: list[int] | None, encoded: bool) -> tuple[tuple[str, int], ...]:
+    """``h1[:p1],h2[:p2]`` -> ``((h1, p1), (h2, p2))``: a port written with the
+    host wins, then ``ports`` (one for all, or one per host), then ``PGPORT``."""
+    specs = spec.split(",")
+    defaults = ports or _ports(os.environ.get("PGPORT", "")) or [5432]
+    if len(defaults) == 1:
+        defaults = defaults * len(specs)
+    elif len(defaults) != len(specs):
+        raise InvalidArgumentError(
+            f"{len(specs)} hosts but {len(defaults)} ports: give one port, or one per host"
+        )
+    hosts = []
+    for item, default in zip(specs, defaults, strict=True):
+        if item.startswith("/"):
+            host, port = item, ""
+        elif item.startswith("["):
+            host, bracket, rest = item[1:].partition("]")
+            if not bracket or (rest and not rest.startswith(":")):
+                raise InvalidArgumentError(f"bad IPv6 host `{item}`")
+            port = rest[1:]
+        else:
+            host, _, port = item.partition(":")
+        host = unquote(host) if encoded else host
+        if not host:
+            raise InvalidArgumentError(f"an empty host in `{spec}`")
+        if not host.startswith("/"):
+            host = host.lower()  # DNS names are case-insensitive; socket paths are not
+        hosts.append((host, _port(unquote(port)) if port else default))
+    return tuple(hosts)
+
+
+def describe_dsn(dsn: str) -> str:
+    """``user@host:port[,host:port...]/database`` without credentials, for messages
+    (or, for a DSN that cannot be read, why, with the password hidden)."""
+    try:
+        return parse_pg_dsn(dsn).describe()
+    except (InvalidArgumentError, ValueError) as error:
+        return f"<invalid PostgreSQL URL: {error}>"
