@@ -41,7 +41,7 @@ from flowdecision.sinks.outbox import OutboxSink  # noqa: E402
 class _SeparateOutbox(OutboxSink):
     """An outbox that never joins the ledger's transaction (the old path)."""
 
-    def joins(self, ledger: HasStoreKey) -> bool:
+    def joint_with(self, ledger: HasStoreKey) -> bool:
         return False
 
 
@@ -60,7 +60,7 @@ async def _one(ledger_url: str, outbox_url: str, shared: bool, n: int, conc: int
     outbox = await (OutboxSink if shared else _SeparateOutbox)(outbox_url).open()
     try:
         dispatcher = Dispatcher("production", outbox, ledger)
-        assert dispatcher.transactional is shared
+        assert dispatcher.joint is shared
         run = uuid.uuid4().hex[:8]
         requests = [_request(run, i) for i in range(n)]
         queue = iter(requests)

@@ -9,6 +9,7 @@ ledgers (and an outbox in another store) keep the claim → submit → complete 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -26,9 +27,16 @@ from flowdecision.errors import (
 from flowdecision.identity import decision_receipt
 from flowdecision.ledger.memory import MemoryLedger
 from flowdecision.ledger.protocol import Ledger
+from flowdecision.ledger.states import AlreadyCompleted, Claimed, JointOutcome
 from flowdecision.ledger.url import open_ledger
 from flowdecision.model import Complete, DecisionRequest
-from flowdecision.sinks import OutboxConflictError, OutboxError, OutboxSink, TransactionalSink
+from flowdecision.sinks import (
+    JointSink,
+    OutboxConflictError,
+    OutboxError,
+    OutboxSink,
+    TransactionalSink,
+)
 from flowdecision.store.joint import JointWrite
 from tests.helpers import request
 
@@ -66,7 +74,9 @@ async def test_colocated_dispatch_claims_writes_and_completes_in_one_commit(
     ledger, outbox = await _open(store_url)
     try:
         dispatcher = Dispatcher(BRANCH, outbox, ledger, owner_id="owner-a")
-        assert dispatcher.transactional and isinstance(outbox, TransactionalSink)
+        assert dispatcher.joint and isinstance(outbox, JointSink)
+        # The old names stay: TransactionalSink, Dispatcher.joint.
+        assert TransactionalSink is JointSink and dispatcher.transactional
         first = _req("d-1")
         outcome = await dispatcher.dispatch(first)
         _, receipt = decision_receipt(first)
@@ -99,7 +109,7 @@ async def test_health_and_outcomes_match_the_claim_submit_complete_path(
     try:
         joint = Dispatcher(BRANCH, outbox, ledger, owner_id="owner-a")
         apart = Dispatcher(BRANCH, apart_outbox, apart_ledger, owner_id="owner-a")
-        assert joint.transactional and not apart.transactional
+        assert joint.joint and not apart.joint
         script = [_req("a"), _req("b"), _req("a"), _req("a", output=1), _req("c"), _req("b")]
         results: list[list[object]] = [[], []]
         for index, dispatcher in enumerate((joint, apart)):
@@ -161,16 +171,14 @@ class _FailAfterWrite:
             return sqlite3.OperationalError("injected: disk I/O error after the row")
         return OutboxError("injected: failed after the outbox row was written")
 
-    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> None:
-        self.outbox.write_sqlite(conn, write, attempt)
-        assert write.inserted is True
+    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool:
+        assert self.outbox.write_sqlite(conn, write, attempt) is True
         raise self._error()
 
     async def write_postgres(
         self, conn: Any, writes: Sequence[tuple[JointWrite, int]]
-    ) -> list[BaseException | None]:
-        await self.outbox.write_postgres(conn, writes)
-        assert all(write.inserted is True for write, _ in writes)
+    ) -> list[bool | BaseException]:
+        assert await self.outbox.write_postgres(conn, writes) == [True] * len(writes)
         raise (
             ConnectionResetError("injected: connection lost") if self.database else self._error()
         )
@@ -181,8 +189,7 @@ class _FailingOutbox(OutboxSink):
 
     async def prepare(self, request: DecisionRequest) -> JointWrite:
         write = await super().prepare(request)
-        write.writer = _FailAfterWrite(self, self.database)
-        return write
+        return dataclasses.replace(write, writer=_FailAfterWrite(self, self.database))
 
 
 @pytest.mark.parametrize("database", [False, True], ids=["sink-error", "database-error"])
@@ -195,7 +202,7 @@ async def test_a_failure_after_the_row_was_written_leaves_neither(
     await failing.open()
     try:
         dispatcher = Dispatcher(BRANCH, failing, ledger, owner_id="owner-a")
-        assert dispatcher.transactional
+        assert dispatcher.joint
         expected = DispatchLedgerError if database else SinkError
         with pytest.raises(expected, match="injected"):
             await dispatcher.dispatch(_req("doomed"))
@@ -246,7 +253,7 @@ async def test_concurrent_dispatches_write_exactly_one_row_each(
             Dispatcher(BRANCH, outbox, ledger, owner_id=f"owner-{index}")
             for index, (ledger, outbox) in enumerate(opened)
         ]
-        assert all(dispatcher.transactional for dispatcher in fleet)
+        assert all(dispatcher.joint for dispatcher in fleet)
         ids = [f"c-{n}" for n in range(40)]
         calls = [
             fleet[n % len(fleet)].dispatch_until_done(_req(ids[n % len(ids)]), deadline_s=30)
@@ -278,14 +285,14 @@ async def test_other_layouts_keep_the_claim_submit_complete_path(tmp_path: Path)
     outbox = await OutboxSink(f"sqlite:///{tmp_path / 'outbox.db'}").open()
     ledger = await open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     try:
-        assert not Dispatcher(BRANCH, outbox, MemoryLedger()).transactional
-        assert not Dispatcher(BRANCH, outbox, ledger).transactional
+        assert not Dispatcher(BRANCH, outbox, MemoryLedger()).joint
+        assert not Dispatcher(BRANCH, outbox, ledger).joint
         file_ledger = await open_ledger(f"file://{tmp_path / 'files'}")
-        assert not Dispatcher(BRANCH, outbox, file_ledger).transactional
+        assert not Dispatcher(BRANCH, outbox, file_ledger).joint
         # Another spelling of the same file is the same store.
         same = await OutboxSink(f"sqlite:///{tmp_path / 'sub' / '..' / 'ledger.db'}").open()
         try:
-            assert Dispatcher(BRANCH, same, ledger).transactional
+            assert Dispatcher(BRANCH, same, ledger).joint
         finally:
             await same.close()
         outcome = await Dispatcher(BRANCH, outbox, ledger).dispatch(_req("x"))
@@ -304,7 +311,7 @@ async def test_a_joint_write_for_another_store_is_refused(tmp_path: Path) -> Non
         from flowdecision.errors import LedgerError
 
         with pytest.raises(LedgerError, match="cannot join"):
-            await ledger.claim_and_complete(
+            await ledger.joint_commit(
                 "x",
                 request_hash(item),
                 "owner",
@@ -381,7 +388,7 @@ async def test_racing_proposals_of_one_new_id_answer_as_the_claim_rules_do(
 
 
 async def test_a_consumer_following_the_cursor_never_skips_a_row(store_url: str) -> None:
-    """seq order is commit order on the transactional path too: a consumer that
+    """seq order is commit order on the joint path too: a consumer that
     pages with fetch(after=last seq) while two dispatchers commit batches sees
     every row (a batch committing a lower seq after a higher one would be skipped)."""
     opened = [await _open(store_url) for _ in range(2)]
@@ -417,3 +424,35 @@ async def test_a_consumer_following_the_cursor_never_skips_a_row(store_url: str)
         for ledger, outbox in opened:
             await outbox.close()
             await ledger.close()
+
+
+async def test_joint_commit_answers_what_it_did(store_url: str) -> None:
+    """``joint_commit`` returns the claim's outcome and whether the row was new:
+    a new row, a replay of an identical row, and no row for a duplicate."""
+    ledger, outbox = await _open(store_url)
+    try:
+        new, replay = _req("new"), _req("replay")
+        await outbox.deliver(replay, 1)  # an identical row from the old path
+        answers = []
+        for item in (new, replay, new):
+            ident, receipt = decision_receipt(item)
+            write = await outbox.prepare(item)
+            done = await ledger.joint_commit(
+                item.decision_id, request_hash(item), "owner", lease_ms=1000,
+                identity=ident, receipt=receipt, write=write,
+            )  # fmt: skip
+            answers.append(done)
+        assert answers[0] == JointOutcome(Claimed(1), True)
+        assert answers[1] == JointOutcome(Claimed(1), False)
+        assert isinstance(answers[2].claim, AlreadyCompleted) and answers[2].inserted is None
+        # The old name answers the claim's outcome alone.
+        item = _req("old-name")
+        ident, receipt = decision_receipt(item)
+        outcome = await ledger.claim_and_complete(
+            "old-name", request_hash(item), "owner", lease_ms=1000, identity=ident,
+            receipt=receipt, write=await outbox.prepare(item),
+        )  # fmt: skip
+        assert outcome == Claimed(1) and await outbox.count() == 3
+    finally:
+        await outbox.close()
+        await ledger.close()

@@ -7,10 +7,10 @@ claim, a heartbeat that renews the lease while the sink runs (cancelling the
 sink if the lease is lost), then completion with the receipt. A sink failure
 releases the claim so a retry can claim it at once.
 
-A :class:`~flowdecision.sinks.TransactionalSink` that shares the ledger's
-store (an outbox in the ledger's SQLite file or PostgreSQL database) takes the
-transactional path instead: claim, the sink's row and completion are one
-ledger transaction (``Ledger.claim_and_complete``), so there is no lease to
+A :class:`~flowdecision.sinks.JointSink` that shares the ledger's store (an
+outbox in the ledger's SQLite file or PostgreSQL database) takes the joint
+path instead (:attr:`Dispatcher.joint`): claim, the sink's row and completion
+are one ledger transaction (``Ledger.joint_commit``), so there is no lease to
 hold while the sink runs and nothing a crash could deliver twice.
 
 ``dispatch`` returns a :class:`DispatchOutcome` (submitted or duplicate, the
@@ -49,7 +49,7 @@ from .ledger.protocol import Ledger
 from .ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict
 from .limits import check_identifier, check_identifiers
 from .model import DecisionRequest, request_hash
-from .sinks.base import Sink, TransactionalSink, check_sink, joins_ledger
+from .sinks.base import JointSink, Sink, check_sink, is_joint
 
 __all__ = ["DEFAULT_LEASE_MS", "ERROR_CLASSES", "DispatchOutcome", "Dispatcher", "ErrorClass"]
 
@@ -259,8 +259,13 @@ class Dispatcher:
         self.metrics = HealthMetrics()
         self._heartbeat_s = max(lease_ms // 3, 1) / 1000
         self._gates: dict[str, _IdGate] = {}
-        #: The sink writes inside the ledger's transaction (they share one store).
-        self.transactional = joins_ledger(self.sink, self.ledger)
+        #: The joint path: the sink writes inside the ledger's transaction (one store).
+        self.joint = is_joint(self.sink, self.ledger)
+
+    @property
+    def transactional(self) -> bool:
+        """The old name of :attr:`joint`."""
+        return self.joint
 
     @property
     def heartbeat_s(self) -> float:
@@ -395,8 +400,8 @@ class Dispatcher:
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
     ) -> DispatchOutcome:
-        if self.transactional:
-            return await self._claim_and_complete(request, hash_, identity, receipt)
+        if self.joint:
+            return await self._joint_commit(request, hash_, identity, receipt)
         decision_id = request.decision_id
         ledger = self.ledger
         try:
@@ -423,19 +428,19 @@ class Dispatcher:
             raise LeaseLostError(decision_id)
         return DispatchOutcome(True, decision_id, outcome.attempt, receipt)
 
-    async def _claim_and_complete(
+    async def _joint_commit(
         self,
         request: DecisionRequest,
         hash_: str,
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
     ) -> DispatchOutcome:
-        """The transactional path: claim, the sink's row and completion in one commit."""
+        """The joint path: claim, the sink's row and completion in one commit."""
         decision_id = request.decision_id
-        sink = cast(TransactionalSink, self.sink)
+        sink = cast(JointSink, self.sink)
         try:
             write = await sink.prepare(request)
-            outcome = await self.ledger.claim_and_complete(
+            done = await self.ledger.joint_commit(
                 decision_id,
                 hash_,
                 self.owner_id,
@@ -448,6 +453,7 @@ class Dispatcher:
             raise DispatchLedgerError.wrap(error) from error
         except Exception as error:  # the sink refused its row (e.g. different content)
             raise SinkError(str(error) or type(error).__name__) from error
+        outcome = done.claim
         if not isinstance(outcome, Claimed):
             return await self._not_claimed(decision_id, outcome)
         self._count_claim(outcome)

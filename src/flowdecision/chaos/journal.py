@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..ledger.protocol import DelegatingLedger, Ledger
-from ..ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict
+from ..ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict, JointOutcome
 from ..store.joint import JointWrite
 from .config import wall_ms
 
@@ -161,7 +161,7 @@ class JournalingLedger(DelegatingLedger):
         self.journal.write(e="complete", d=decision_id, t0=t0, t1=wall_ms(), ok=True, ours=ours)
         return ours
 
-    async def claim_and_complete(
+    async def joint_commit(
         self,
         decision_id: str,
         request_hash: str,
@@ -171,7 +171,7 @@ class JournalingLedger(DelegatingLedger):
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
         write: JointWrite,
-    ) -> ClaimOutcome:
+    ) -> JointOutcome:
         """Journaled as the claim, then the completion, then the sink's row: the
         three happened in one transaction, inside the lease the claim granted.
 
@@ -183,7 +183,7 @@ class JournalingLedger(DelegatingLedger):
         t0 = wall_ms()
         self.journal.write(e="joint0", d=decision_id, t0=t0)
         try:
-            outcome = await super().claim_and_complete(
+            done = await super().joint_commit(
                 decision_id, request_hash, owner_id, lease_ms=lease_ms, identity=identity,
                 receipt=receipt, write=write,
             )  # fmt: skip
@@ -193,11 +193,12 @@ class JournalingLedger(DelegatingLedger):
             )
             raise
         t1 = wall_ms()
+        outcome = done.claim
         if not isinstance(outcome, Claimed):
             self.journal.write(
                 e="claim", d=decision_id, t0=t0, t1=t1, r=_CLAIM_RESULT[type(outcome)]
             )
-            return outcome
+            return done
         self.journal.claims += 1
         if outcome.attempt > 1:
             self.journal.takeovers += 1
@@ -205,9 +206,9 @@ class JournalingLedger(DelegatingLedger):
         self.journal.write(e="complete0", d=decision_id, t0=t0)
         self.journal.write(e="complete", d=decision_id, t0=t0, t1=t1, ok=True, ours=True)
         self.journal.write(
-            e="sink", d=decision_id, a=outcome.attempt, r="insert" if write.inserted else "replay"
+            e="sink", d=decision_id, a=outcome.attempt, r="insert" if done.inserted else "replay"
         )
-        return outcome
+        return done
 
     async def release(
         self,

@@ -47,7 +47,7 @@ class ChaosSink:
     """The outbox, made slow at random (before and after the write) and sometimes
     raising *after* it wrote, so SIGSTOP and SIGKILL land mid-sink.
 
-    On the shared layout it is a transactional sink: the dispatcher asks it for
+    On the shared layout it is a joint sink (``JointSink``): the dispatcher asks it for
     the row (:meth:`prepare`) and the ledger writes it in its own transaction.
     """
 
@@ -63,11 +63,11 @@ class ChaosSink:
         if self.rng.random() < self.cfg.slow_sink_rate:
             await asyncio.sleep(self.rng.uniform(0, 1.5 * self.cfg.lease_ms) / 1000)
 
-    def joins(self, ledger: HasStoreKey) -> bool:
+    def joint_with(self, ledger: HasStoreKey) -> bool:
         """The shared layout (the outbox in the ledger's store) unless the run says
         ``separate``: then even a PostgreSQL outbox in the ledger's database is
         written on the claim, submit, complete path."""
-        return self.cfg.layout != "separate" and self.outbox.joins(ledger)
+        return self.cfg.layout != "separate" and self.outbox.joint_with(ledger)
 
     async def prepare(self, request: DecisionRequest) -> JointWrite:
         """The outbox's row; slow at random before the transaction (the kills and

@@ -30,7 +30,7 @@ from ..store.joint import JointWrite
 from . import machine
 from .machine import ClaimRecord, Transition, check_u64
 from .protocol import Ledger, LedgerEntry, PruneProgress
-from .states import ClaimOutcome, ClaimState
+from .states import ClaimOutcome, ClaimState, JointOutcome
 
 __all__ = [
     "JointOperation",
@@ -55,7 +55,7 @@ _LeaseRule = Callable[
 
 @dataclass(frozen=True, slots=True)
 class JointOperation:
-    """``claim_and_complete`` bound to its arguments, for a backend's ``_apply_joint``.
+    """``joint_commit`` bound to its arguments, for a backend's ``_apply_joint``.
 
     A backend runs, in one transaction and on one clock value: ``claim`` on the
     record; if its result is ``Claimed(attempt)``, the joint ``write`` with that
@@ -136,7 +136,7 @@ class StoredLedger(Ledger):
         Call ``progress(total_so_far)`` after each committed batch.
         """
 
-    async def _apply_joint(self, decision_id: str, joint: JointOperation) -> ClaimOutcome:
+    async def _apply_joint(self, decision_id: str, joint: JointOperation) -> JointOutcome:
         """Atomically claim, write the joint row and complete (see :class:`JointOperation`).
 
         Only backends with a :meth:`store_key` implement it.
@@ -231,7 +231,7 @@ class StoredLedger(Ledger):
             ),
         )
 
-    async def claim_and_complete(
+    async def joint_commit(
         self,
         decision_id: str,
         request_hash: str,
@@ -241,7 +241,7 @@ class StoredLedger(Ledger):
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
         write: JointWrite,
-    ) -> ClaimOutcome:
+    ) -> JointOutcome:
         _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
         check_u64("lease_ms", lease_ms)
         _check_identity(identity)

@@ -34,7 +34,7 @@ Design:
   schema is older or newer than this code fails with :class:`LedgerSchemaError`
   (PostgreSQL's policy, see :mod:`flowdecision.store.migrations`).
 * Prune deletes in batches, each its own short transaction.
-* **Joint operations** (``claim_and_complete``, the transactional outbox) queue
+* **Joint commits** (``joint_commit``, the transactional outbox) queue
   with the rest; a batch's joint ones share one locking transaction: existing
   records locked in id order, one clock read, claim and completion rules per
   decision, the joint rows in one statement (the outbox's advisory lock, held
@@ -61,7 +61,7 @@ from ..store.url import describe_dsn
 from .base import JointOperation, Operation, PruneProgress, StoredLedger, wall_clock_ms
 from .machine import ClaimRecord
 from .rows import LEDGER, TABLE, DecodedRecords, encode_row
-from .states import Claimed, ClaimOutcome
+from .states import Claimed, JointOutcome
 
 __all__ = ["SCHEMA_VERSION", "PostgresLedger", "describe_dsn"]
 
@@ -127,7 +127,7 @@ WITH input AS (
 )
 SELECT decision_id FROM inserted UNION ALL SELECT decision_id FROM updated
 """
-# The transactional path locks the batch's existing rows (in id order, so two
+# The joint path locks the batch's existing rows (in id order, so two
 # batches never deadlock on each other) for the whole transaction.
 _LOCK_MANY_SQL = (
     f"SELECT decision_id, record FROM {_TABLE} "
@@ -254,7 +254,7 @@ class PostgresLedger(StoredLedger):
         """The database: an outbox in it joins this ledger's transactions."""
         return self._store_key
 
-    async def _apply_joint(self, decision_id: str, joint: JointOperation) -> ClaimOutcome:
+    async def _apply_joint(self, decision_id: str, joint: JointOperation) -> JointOutcome:
         # Queued with every other mutation; _run_batch gives joint ones a transaction.
         return await self._apply(decision_id, joint)  # type: ignore[arg-type]
 
@@ -420,7 +420,7 @@ class PostgresLedger(StoredLedger):
                 losers.extend(groups[decision_id])
         return losers
 
-    # -- the transactional path (claim, a joint row, complete: one commit) ------------
+    # -- the joint path (claim, a joint row, complete: one commit) --------------------
 
     async def _run_joint(self, items: list[_Item]) -> None:
         """Apply joint operations, a batch per transaction; never raises an Exception.
@@ -458,7 +458,6 @@ class PostgresLedger(StoredLedger):
                         item.error = failed.error if index == 0 else copy_error(failed.error)
                     items = [item for item in items if item not in failed.items]
                     for item in failed.items:
-                        _write_of(item).inserted = None
                         item.done = True
                     if not items:
                         return
@@ -471,7 +470,7 @@ class PostgresLedger(StoredLedger):
                 break
             else:
                 raise LedgerUnavailableError(
-                    f"PostgreSQL ledger {self.where}: a transactional batch kept "
+                    f"PostgreSQL ledger {self.where}: a joint batch kept "
                     f"losing races ({_MAX_RETRIES} attempts)"
                 )
         except Exception as error:
@@ -480,8 +479,6 @@ class PostgresLedger(StoredLedger):
                 item.error = failure if index == 0 else copy_error(failure)
                 item.result = None
         for item in items:
-            if item.error is not None and isinstance(item.op, JointOperation):
-                item.op.write.inserted = None
             item.done = True
 
     async def _joint_transaction(self, conn: Any, items: list[_Item]) -> Any:
@@ -510,7 +507,7 @@ class PostgresLedger(StoredLedger):
                 claimed = joint.claim(record, clock)
                 outcome = claimed.result
                 if not isinstance(outcome, Claimed):
-                    item.result = outcome
+                    item.result = JointOutcome(outcome)
                     if claimed.changed and claimed.record is not None:
                         rows.append((item, claimed.record))
                     continue
@@ -526,7 +523,7 @@ class PostgresLedger(StoredLedger):
         for group in by_writer.values():
             writer = _write_of(group[0][0]).writer
             try:
-                refusals = await writer.write_postgres(
+                done = await writer.write_postgres(
                     conn, [(_write_of(item), taken.attempt) for item, taken, _ in group]
                 )
             except Exception as error:
@@ -534,9 +531,9 @@ class PostgresLedger(StoredLedger):
                     raise  # the database failed (or a retryable conflict): the whole batch
                 # The writer failed, not the ledger: its callers get its error as is.
                 raise _WriterFailed(error, [item for item, _, _ in group]) from error
-            for (item, taken, record), refusal in zip(group, refusals, strict=True):
+            for (item, taken, record), did in zip(group, done, strict=True):
                 if (
-                    refusal is not None
+                    isinstance(did, BaseException)
                     and item.decision_id not in stored
                     and await conn.fetchval(_EXISTS_SQL, item.decision_id)
                 ):
@@ -544,10 +541,10 @@ class PostgresLedger(StoredLedger):
                     # our read and has committed: start over, the claim rules then
                     # answer (Conflict, AlreadyCompleted) instead of the row's refusal.
                     raise _LostInsert
-                if refusal is not None:
-                    item.error = refusal
+                if isinstance(did, BaseException):
+                    item.error = did
                 else:
-                    item.result = taken
+                    item.result = JointOutcome(taken, did)
                     rows.append((item, record))
         return await self._write_joint_rows(conn, rows, stored)
 

@@ -21,7 +21,7 @@ from ..identity import ExecutionIdentity, ResultReceipt
 from ..store.joint import JointWrite, StoreKey
 from ..store.lifecycle import Closable
 from .machine import ClaimRecord
-from .states import ClaimOutcome, ClaimState
+from .states import ClaimOutcome, ClaimState, JointOutcome
 
 __all__ = ["DelegatingLedger", "Ledger", "LedgerEntry", "PruneProgress"]
 
@@ -163,7 +163,7 @@ class Ledger(Closable, abc.ABC):
     def now_ms(self) -> int:
         """The ledger's clock, in Unix-epoch milliseconds."""
 
-    # -- the transactional path (a sink sharing the ledger's store) ---------------
+    # -- the joint path (a sink sharing the ledger's store) -------------------------
 
     def store_key(self) -> StoreKey | None:
         """Where the ledger lives, if other components can write in its transactions.
@@ -172,6 +172,33 @@ class Ledger(Closable, abc.ABC):
         join; the dispatcher uses claim, submit, complete.
         """
         return None
+
+    async def joint_commit(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        identity: ExecutionIdentity,
+        receipt: ResultReceipt,
+        write: JointWrite,
+    ) -> JointOutcome:
+        """Claim, write ``write``'s row and complete, in ONE transaction (a joint commit).
+
+        The claim rules run first, exactly as :meth:`claim`'s; only when they
+        answer ``Claimed(attempt)`` is the row written (with that attempt), and
+        then the completion rules run on the claimed record, exactly as
+        :meth:`complete`'s. All of it commits together or not at all: a
+        refused row or a rule failure raises and stores nothing. ``Busy``,
+        ``Conflict`` and ``AlreadyCompleted`` are returned (as
+        ``JointOutcome.claim``) as :meth:`claim` returns them, with nothing
+        written. Concurrent calls share commits (group commit) like every
+        other mutation.
+
+        Only ledgers whose :meth:`store_key` is not None support it.
+        """
+        raise LedgerError(f"{type(self).__name__} cannot write other rows in its transactions")
 
     async def claim_and_complete(
         self,
@@ -184,20 +211,12 @@ class Ledger(Closable, abc.ABC):
         receipt: ResultReceipt,
         write: JointWrite,
     ) -> ClaimOutcome:
-        """Claim, write ``write``'s row and complete, in ONE transaction.
-
-        The claim rules run first, exactly as :meth:`claim`'s; only when they
-        answer ``Claimed(attempt)`` is the row written (with that attempt), and
-        then the completion rules run on the claimed record, exactly as
-        :meth:`complete`'s. All of it commits together or not at all: a
-        refused row or a rule failure raises and stores nothing. ``Busy``,
-        ``Conflict`` and ``AlreadyCompleted`` are returned as :meth:`claim`
-        returns them, with nothing written. Concurrent calls share commits
-        (group commit) like every other mutation.
-
-        Only ledgers whose :meth:`store_key` is not None support it.
-        """
-        raise LedgerError(f"{type(self).__name__} cannot write other rows in its transactions")
+        """The old name of :meth:`joint_commit`, answering only the claim's outcome."""
+        done = await self.joint_commit(
+            decision_id, request_hash, owner_id, lease_ms=lease_ms, identity=identity,
+            receipt=receipt, write=write,
+        )  # fmt: skip
+        return done.claim
 
 
 class DelegatingLedger(Ledger):
@@ -205,7 +224,7 @@ class DelegatingLedger(Ledger):
 
     Extend it to observe or alter calls of a real ledger and override only
     what changes: :meth:`intercept` sees each mutation (``claim``, ``renew``,
-    ``complete``, ``release``, ``claim_and_complete``) as it is forwarded; any
+    ``complete``, ``release``, ``joint_commit``) as it is forwarded; any
     method can be overridden as well. Closing it closes ``inner``.
     """
 
@@ -327,7 +346,7 @@ class DelegatingLedger(Ledger):
     def store_key(self) -> StoreKey | None:
         return self.inner.store_key()
 
-    async def claim_and_complete(
+    async def joint_commit(
         self,
         decision_id: str,
         request_hash: str,
@@ -337,10 +356,10 @@ class DelegatingLedger(Ledger):
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
         write: JointWrite,
-    ) -> ClaimOutcome:
+    ) -> JointOutcome:
         return await self.intercept(
-            "claim_and_complete",
-            self.inner.claim_and_complete(
+            "joint_commit",
+            self.inner.joint_commit(
                 decision_id,
                 request_hash,
                 owner_id,

@@ -29,13 +29,13 @@ from ..errors import LedgerCorruptError, LedgerError
 from ..store.batching import copy_error
 from ..store.joint import StoreKey, sqlite_key
 from ..store.lifecycle import check_group_commit, started
-from ..store.migrations import sqlite_schema_version, sqlite_transaction
-from ..store.sqlite import SqliteOpener
+from ..store.migrations import sqlite_schema_version
+from ..store.sqlite import SqliteOpener, sqlite_transaction
 from ..store.sqlite_thread import Job, SqliteThread
 from .base import JointOperation, Operation, PruneProgress, StoredLedger
 from .machine import ClaimRecord, Transition, is_prunable
 from .rows import I64_MAX, LEDGER, TABLE, DecodedRecords, encode_row
-from .states import Claimed, ClaimOutcome
+from .states import Claimed, JointOutcome
 
 __all__ = [
     "DEFAULT_SQLITE_PATH",
@@ -207,9 +207,9 @@ class SqliteLedger(StoredLedger):
             self._store_key = sqlite_key(self.path)
         return self._store_key
 
-    async def _apply_joint(self, decision_id: str, joint: JointOperation) -> ClaimOutcome:
+    async def _apply_joint(self, decision_id: str, joint: JointOperation) -> JointOutcome:
         # Queued like any mutation: it shares its batch's BEGIN IMMEDIATE ... COMMIT.
-        result: ClaimOutcome = await self._thread.apply((decision_id, joint))
+        result: JointOutcome = await self._thread.apply((decision_id, joint))
         return result
 
     async def _read(self, decision_id: str) -> ClaimRecord | None:
@@ -326,8 +326,8 @@ class SqliteLedger(StoredLedger):
 
 def _joint(
     conn: sqlite3.Connection, joint: JointOperation, record: ClaimRecord | None, clock: int
-) -> Transition[ClaimOutcome]:
-    """Claim, write the joint row, complete: the record to store and the claim's outcome.
+) -> Transition[JointOutcome]:
+    """Claim, write the joint row, complete: the record to store and what was done.
 
     Runs inside the batch's transaction. The row is written in a savepoint, so
     a refused row or a completion rule failure rolls it back and this decision
@@ -336,18 +336,18 @@ def _joint(
     claimed = joint.claim(record, clock)
     outcome = claimed.result
     if not isinstance(outcome, Claimed):
-        return claimed  # Busy / Conflict / AlreadyCompleted: no row, as claim() answers
+        # Busy / Conflict / AlreadyCompleted: no row, as claim() answers.
+        return Transition(claimed.record, JointOutcome(outcome), claimed.changed)
     conn.execute("SAVEPOINT flowdecision_joint")
     try:
-        joint.write.writer.write_sqlite(conn, joint.write, outcome.attempt)
+        inserted = joint.write.writer.write_sqlite(conn, joint.write, outcome.attempt)
         completed = joint.complete(claimed.record, clock)
     except BaseException:
-        joint.write.inserted = None
         conn.execute("ROLLBACK TO flowdecision_joint")
         conn.execute("RELEASE flowdecision_joint")
         raise
     conn.execute("RELEASE flowdecision_joint")
-    return Transition(completed.record, outcome, True)
+    return Transition(completed.record, JointOutcome(outcome, inserted), True)
 
 
 def _read_rows(conn: sqlite3.Connection, decision_ids: set[str]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ __all__ = [
     "Claimed",
     "Completed",
     "Conflict",
+    "JointOutcome",
     "Missing",
     "Pending",
     "Unavailable",
@@ -58,6 +59,19 @@ class Conflict:
 
 
 ClaimOutcome = Claimed | AlreadyCompleted | Busy | Conflict
+
+
+@dataclass(frozen=True, slots=True)
+class JointOutcome:
+    """What ``Ledger.joint_commit`` did: the claim's outcome and the joint row's fate.
+
+    ``inserted`` is True when the row was new, False when an identical row was
+    already there (a replay), None when no row was written (the claim answered
+    ``Busy``, ``Conflict`` or ``AlreadyCompleted``).
+    """
+
+    claim: ClaimOutcome
+    inserted: bool | None = None
 
 
 class _StateBase:

@@ -1,6 +1,6 @@
 """Sinks: the boundary where accepted decisions leave for the workflow engine."""
 
-from .base import InvalidSinkError, Sink, TransactionalSink
+from .base import InvalidSinkError, JointSink, Sink, TransactionalSink
 from .outbox import (
     OutboxConflictError,
     OutboxEntry,
@@ -12,6 +12,7 @@ from .outbox import (
 
 __all__ = [
     "InvalidSinkError",
+    "JointSink",
     "OutboxConflictError",
     "OutboxEntry",
     "OutboxError",

@@ -1,5 +1,5 @@
-"""The sink protocols: :class:`Sink`, and :class:`TransactionalSink` for a sink
-that can write inside the ledger's own transaction."""
+"""The sink protocols: :class:`Sink`, and :class:`JointSink` for a sink that can
+write inside the ledger's own transaction (the joint path)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from ..store.joint import JointWrite, StoreKey
 __all__ = [
     "HasStoreKey",
     "InvalidSinkError",
+    "JointSink",
     "Sink",
     "TransactionalSink",
     "check_attempt",
     "check_sink",
     "has_async_submit",
+    "is_joint",
     "joins_ledger",
 ]
 
@@ -48,18 +50,18 @@ class HasStoreKey(Protocol):
 
 
 @runtime_checkable
-class TransactionalSink(Sink, Protocol):
+class JointSink(Sink, Protocol):
     """A sink that can take part in the ledger's transaction when they share a store.
 
-    When ``joins(ledger)`` is true, the dispatcher does not claim, submit under
-    a lease and complete: it asks :meth:`prepare` for the row and hands it to
-    ``ledger.claim_and_complete``, which claims, writes the row and completes in
+    When ``joint_with(ledger)`` is true, the dispatcher does not claim, submit
+    under a lease and complete: it asks :meth:`prepare` for the row and hands
+    it to ``ledger.joint_commit``, which claims, writes the row and completes in
     one transaction. A crash then leaves either all three or none, so the sink
     sees each decision exactly once (no replay to absorb). When it is false
     (another store) the sink is used through :meth:`Sink.submit` as usual.
     """
 
-    def joins(self, ledger: HasStoreKey) -> bool:
+    def joint_with(self, ledger: HasStoreKey) -> bool:
         """True if this sink's rows can be written in ``ledger``'s transactions."""
         ...
 
@@ -68,9 +70,17 @@ class TransactionalSink(Sink, Protocol):
         ...
 
 
-def joins_ledger(sink: object, ledger: HasStoreKey) -> bool:
-    """True when ``sink`` is a :class:`TransactionalSink` sharing ``ledger``'s store."""
-    return isinstance(sink, TransactionalSink) and sink.joins(ledger)
+#: The old name of :class:`JointSink`.
+TransactionalSink = JointSink
+
+
+def is_joint(sink: object, ledger: HasStoreKey) -> bool:
+    """True when ``sink`` is a :class:`JointSink` sharing ``ledger``'s store."""
+    return isinstance(sink, JointSink) and sink.joint_with(ledger)
+
+
+#: The old name of :func:`is_joint`.
+joins_ledger = is_joint
 
 
 class InvalidSinkError(FlowDecisionError, TypeError):

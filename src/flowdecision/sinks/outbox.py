@@ -16,10 +16,10 @@ Delivery is **insert-if-absent** keyed by ``decision_id``:
 are inserted under a transaction-scoped advisory lock), so a consumer reading
 ``fetch(after=last_seq)`` never skips a row.
 
-**The transactional path.** An outbox in the ledger's own store (same SQLite
-file, same PostgreSQL database: :meth:`OutboxSink.joins`) is a
-:class:`~flowdecision.sinks.TransactionalSink`: the dispatcher hands the row
-(:meth:`OutboxSink.prepare`) to ``Ledger.claim_and_complete``, which writes it
+**The joint path.** An outbox in the ledger's own store (same SQLite file,
+same PostgreSQL database: :meth:`OutboxSink.joint_with`) is a
+:class:`~flowdecision.sinks.JointSink`: the dispatcher hands the row
+(:meth:`OutboxSink.prepare`) to ``Ledger.joint_commit``, which writes it
 on the ledger's connection between the claim and the completion rules, in the
 ledger's group-committed transaction (:meth:`write_sqlite`,
 :meth:`write_postgres`: the same insert-if-absent). A decision is then never
@@ -55,9 +55,8 @@ from ..model import DecisionRequest
 from ..store.component import Component, ErrorKinds
 from ..store.joint import JointWrite, StoreKey, postgres_key, sqlite_key
 from ..store.lifecycle import Closable, started
-from ..store.migrations import sqlite_transaction
 from ..store.postgres import CLOCK_SQL, PgPool
-from ..store.sqlite import SqliteOpener
+from ..store.sqlite import SqliteOpener, sqlite_transaction
 from ..store.sqlite_thread import SqliteThread
 from ..store.url import describe_dsn, parse_store_url
 from .base import HasStoreKey, check_attempt
@@ -290,17 +289,21 @@ class OutboxSink(Closable):
         backend = await self._ready()
         return await backend.deliver(request.decision_id, text.decode("utf-8"), hash_, attempt)
 
-    # -- the transactional path (a TransactionalSink) ---------------------------------
+    # -- the joint path (a JointSink) ---------------------------------------------------
 
     def store_key(self) -> StoreKey:
         """Where the outbox lives (the resolved SQLite file, or the PostgreSQL database)."""
         return self._store_key
 
-    def joins(self, ledger: HasStoreKey) -> bool:
+    def joint_with(self, ledger: HasStoreKey) -> bool:
         """True when ``ledger`` lives in the same store: deliveries then take part in
         the ledger's own transaction (see :meth:`prepare`), so each accepted decision
         is claimed, written here and completed in one commit: exactly once."""
         return ledger.store_key() == self._store_key
+
+    def joins(self, ledger: HasStoreKey) -> bool:
+        """The old name of :meth:`joint_with`."""
+        return self.joint_with(ledger)
 
     async def prepare(self, request: DecisionRequest) -> JointWrite:
         """The row for ``request``, to write in the ledger's transaction.
@@ -313,15 +316,17 @@ class OutboxSink(Closable):
         payload = (text.decode("utf-8"), hashlib.sha256(text).hexdigest())
         return JointWrite(self, self._store_key, request.decision_id, payload)
 
-    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> None:
-        """Insert-if-absent on the ledger's connection (its transaction is open)."""
+    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool:
+        """Insert-if-absent on the ledger's connection (its transaction is open);
+        True when inserted, False for a replay."""
         text, hash_ = write.payload
-        write.inserted = _sqlite_put(conn, write.decision_id, text, hash_, attempt)
+        return _sqlite_put(conn, write.decision_id, text, hash_, attempt)
 
     async def write_postgres(
         self, conn: Any, writes: Sequence[tuple[JointWrite, int]]
-    ) -> list[BaseException | None]:
-        """Insert-if-absent for a whole batch on the ledger's connection (transaction open)."""
+    ) -> list[bool | BaseException]:
+        """Insert-if-absent for a whole batch on the ledger's connection (transaction
+        open): per write, True when inserted, False for a replay, or its refusal."""
         return await _postgres_put_many(conn, writes)
 
     # -- reading ------------------------------------------------------------------
@@ -438,7 +443,7 @@ class _SqliteOutbox:
 
 async def _postgres_put_many(
     conn: Any, writes: Sequence[tuple[JointWrite, int]]
-) -> list[BaseException | None]:
+) -> list[bool | BaseException]:
     """Insert-if-absent for a batch (distinct decision ids), inside an open transaction.
 
     New rows are inserted in the batch's order under the same transaction-scoped
@@ -464,12 +469,10 @@ async def _postgres_put_many(
             [attempt for _, attempt in writes],
         )
     }
-    errors: list[BaseException | None] = [None] * len(writes)
+    done: list[bool | BaseException] = [write.decision_id in inserted for write, _ in writes]
     rest = [(i, w, a) for i, (w, a) in enumerate(writes) if w.decision_id not in inserted]
-    for write, _ in writes:
-        write.inserted = write.decision_id in inserted
     if not rest:
-        return errors
+        return done
     stored = {
         row[0]: row[1]
         for row in await conn.fetch(
@@ -483,10 +486,9 @@ async def _postgres_put_many(
     for index, write, attempt in rest:
         hash_ = write.payload[1]
         if stored.get(write.decision_id) != hash_:
-            errors[index] = OutboxConflictError(
+            done[index] = OutboxConflictError(
                 write.decision_id, str(stored.get(write.decision_id)), hash_
             )
-            write.inserted = None
             continue
         raise_ids.append(write.decision_id)
         raise_to.append(attempt)
@@ -498,7 +500,7 @@ async def _postgres_put_many(
             raise_ids,
             raise_to,
         )
-    return errors
+    return done
 
 
 class _PostgresOutbox:

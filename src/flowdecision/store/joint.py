@@ -1,4 +1,8 @@
-"""Writing another component's row inside the ledger's transaction.
+"""The joint write: another component's row written inside the ledger's transaction.
+
+"Joint" is the one word for this path everywhere: a :class:`JointWrite` is
+offered by a ``JointSink`` (``flowdecision.sinks``), committed by
+``Ledger.joint_commit`` and chosen by ``Dispatcher.joint``.
 
 The ledger and the outbox meet here, in ``store``, and nowhere else: neither
 imports the other. A store that holds both (one SQLite file, one PostgreSQL
@@ -13,6 +17,8 @@ own connection, then applies the completion rules to the evolving record.
 * :class:`JointWriter` writes such rows, once per dialect: alone on the SQLite
   connection thread (inside a savepoint the ledger opened), or as a whole
   batch on a PostgreSQL connection (inside the ledger's batch transaction).
+  It returns what it did (a new row, or a replay of an identical one); the
+  ledger hands that back to its caller with the claim's outcome.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import hashlib
 import os
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -65,40 +71,40 @@ def postgres_key(dsn: str) -> StoreKey:
 class JointWriter(Protocol):
     """Writes :class:`JointWrite` rows on the ledger's connection, in its transaction."""
 
-    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> None:
+    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool:
         """Write one row on the ledger's SQLite connection (its transaction is open).
 
-        Set ``write.inserted``; raise to refuse (the ledger rolls the row back
-        and stores nothing for this decision; its caller gets the error). A
+        Returns True for a new row, False when an identical row was already
+        there (a replay). Raise to refuse (the ledger rolls the row back and
+        stores nothing for this decision; its caller gets the error). A
         :class:`sqlite3.Error` is the database failing: the whole batch fails.
         """
         ...
 
     async def write_postgres(
         self, conn: Any, writes: Sequence[tuple[JointWrite, int]]
-    ) -> list[BaseException | None]:
+    ) -> list[bool | BaseException]:
         """Write a batch's rows on the ledger's asyncpg connection (transaction open).
 
-        Returns one entry per write: None when written (``inserted`` set), or
-        the error refusing that write (nothing written for it). Raising rolls
-        the transaction back: a driver or database error fails the whole batch
-        (a ledger failure); any other error fails these writes' callers with
-        it, and the rest of the batch is tried again without them.
+        Returns one entry per write: True for a new row, False for a replay,
+        or the error refusing that write (nothing written for it). Raising
+        rolls the transaction back: a driver or database error fails the whole
+        batch (a ledger failure); any other error fails these writes' callers
+        with it, and the rest of the batch is tried again without them.
         """
         ...
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class JointWrite:
     """One row to write in the ledger's transaction, for ``decision_id``.
 
-    ``payload`` is the writer's own (the encoded row); ``inserted`` is set by
-    the writer once written: True for a new row, False when an identical row
-    was already there (a replay).
+    ``payload`` is the writer's own (the encoded row). Nothing here changes
+    once prepared: what the write did comes back from the writer (and from
+    ``Ledger.joint_commit``, as ``JointOutcome.inserted``).
     """
 
     writer: JointWriter
     store: StoreKey
     decision_id: str
     payload: Any
-    inserted: bool | None = field(default=None)

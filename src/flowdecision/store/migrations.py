@@ -24,11 +24,9 @@ The policy (``docs/OPERATIONS.md``, "Schema migrations"):
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sqlite3
 import time
-from collections.abc import Iterator
 from importlib import resources
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -48,8 +46,16 @@ __all__ = [
     "sqlite_check",
     "sqlite_migrate",
     "sqlite_schema_version",
-    "sqlite_transaction",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The SQLite transaction helper moved to store/sqlite.py; the old import path stays.
+    if name == "sqlite_transaction":
+        from .sqlite import sqlite_transaction
+
+        return sqlite_transaction
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class MigrationError(FlowDecisionError, ValueError):
@@ -136,19 +142,6 @@ def check_current(
 # ---------------------------------------------------------------------------- SQLite
 
 
-@contextlib.contextmanager
-def sqlite_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back if the body raises."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
 def _sqlite_tables(conn: sqlite3.Connection) -> list[str]:
     rows = conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
@@ -191,6 +184,10 @@ def sqlite_migrate(conn: sqlite3.Connection, component: Component, where: str) -
     _refuse_newer(component, where, before, newest)
     if before == newest:
         return before, newest
+    # Imported here: store/sqlite.py (the SQLite store code, where the transaction
+    # helper lives) runs this module's checks when it opens a file.
+    from .sqlite import sqlite_transaction
+
     with sqlite_transaction(conn):
         before = sqlite_schema_version(conn, component)
         _refuse_newer(component, where, before, newest)

@@ -1,4 +1,5 @@
-"""Opening SQLite databases the way every flowdecision store needs them, and
+"""The SQLite store code: opening databases the way every flowdecision store
+needs them, the one transaction helper (:func:`sqlite_transaction`), and
 translating SQLite's errors into the store's own.
 
 Shared by the SQLite ledger and the SQLite outbox: WAL journal (readers never
@@ -19,6 +20,7 @@ import contextlib
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -34,6 +36,7 @@ __all__ = [
     "WalUnavailableError",
     "connect_wal",
     "create_private_file",
+    "sqlite_transaction",
 ]
 
 #: Permissions of every store file flowdecision creates (before the umask).
@@ -48,6 +51,23 @@ class WalUnavailableError(FlowDecisionError, sqlite3.OperationalError):
     """
 
     code: ClassVar[str] = "wal_unavailable"
+
+
+@contextlib.contextmanager
+def sqlite_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back if the body raises.
+
+    Every SQLite write transaction flowdecision opens goes through here: a
+    group-commit batch, a migration, an outbox delivery, a prune.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def create_private_file(path: Path) -> None:

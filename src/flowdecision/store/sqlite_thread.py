@@ -32,8 +32,7 @@ from typing import Any, TypeVar
 
 from ..errors import FlowDecisionError
 from .batching import copy_error, settle
-from .migrations import sqlite_transaction
-from .sqlite import SqliteOpener
+from .sqlite import SqliteOpener, sqlite_transaction
 
 __all__ = ["Job", "SqliteThread", "WriteBatch"]
 
