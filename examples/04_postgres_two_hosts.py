@@ -3,7 +3,7 @@
     python examples/04_postgres_two_hosts.py postgresql://user@host/db
     # or set FLOWDECISION_EXAMPLE_POSTGRES_URL
 
-Migrates the ledger, then starts two dispatcher processes ("host-a", "host-b";
+Migrates the ledger and the outbox (a new, empty database is enough), then starts two dispatcher processes ("host-a", "host-b";
 on real machines they would be on different hosts) on the same
 ``PostgresLedger``. Both get the same 40 decisions of one run, in different
 orders and 8 at a time, so they race for each one. The sink is the PostgreSQL
@@ -80,11 +80,20 @@ async def host(name: str, url: str, run: str) -> None:
 
 
 async def prepare(url: str) -> None:
+    """Create both schemas (what ``flowdecision migrate --ledger URL --outbox URL`` does).
+
+    PostgreSQL stores migrate only when asked; once per database, safe to run concurrently.
+    """
     ledger = PostgresLedger(url)
     try:
-        await ledger.migrate()  # once per database; safe to run concurrently
+        await ledger.migrate()
     finally:
         await ledger.close()
+    outbox = OutboxSink(url)  # not `async with`: opening checks the schema we create here
+    try:
+        await outbox.migrate()
+    finally:
+        await outbox.close()
 
 
 async def check(url: str, run: str) -> bool:
