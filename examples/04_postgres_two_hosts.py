@@ -3,8 +3,9 @@
     python examples/04_postgres_two_hosts.py postgresql://user@host/db
     # or set FLOWDECISION_EXAMPLE_POSTGRES_URL
 
-Migrates the ledger and the outbox (a new, empty database is enough), then starts two dispatcher processes ("host-a", "host-b";
-on real machines they would be on different hosts) on the same
+Migrates the ledger and the outbox (a new, empty database is enough), then
+starts two dispatcher processes ("host-a", "host-b"; on real machines they
+would be on different hosts) on the same
 ``PostgresLedger``. Both get the same 40 decisions of one run, in different
 orders and 8 at a time, so they race for each one. The sink is the PostgreSQL
 outbox on the same database, which a workflow engine would pull from.

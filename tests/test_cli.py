@@ -63,9 +63,16 @@ def test_inspect_and_prune_a_file_ledger(tmp_path: Path) -> None:
     missing = flowdecision("inspect", "--ledger", str(tmp_path), "nope")
     assert missing.returncode == 3 and "missing" in missing.stdout
 
+    # `inspect --help` promises exit 3 for a mismatch (as for a missing decision).
+    help_text = flowdecision("inspect", "--help").stdout
+    assert "mismatch exits 3" in " ".join(help_text.split())
     mismatch = flowdecision("inspect", "--ledger", str(tmp_path), "live", "--request-hash", "x")
-    assert mismatch.returncode == 1
+    assert mismatch.returncode == 3, mismatch.stderr
     assert "request hash conflicts with its claim" in mismatch.stderr
+    mismatch_json = flowdecision(
+        "inspect", "--ledger", str(tmp_path), "live", "--request-hash", "x", "--json"
+    )
+    assert mismatch_json.returncode == 3, mismatch_json.stderr
 
     pruned = flowdecision("prune", "--ledger", str(tmp_path), "--before", "201", "--json")
     assert pruned.returncode == 0, pruned.stderr
@@ -105,6 +112,7 @@ def test_migrate_then_inspect_postgres_and_sqlite(pg_empty_url: str, tmp_path: P
     migrated = flowdecision("migrate", "--ledger", pg_empty_url, "--json")
     assert migrated.returncode == 0, migrated.stderr
     assert json.loads(migrated.stdout) == {
+        "url": pg_empty_url,
         "migrated": True,
         "version_before": 0,
         "version_after": json.loads(migrated.stdout)["version_after"],
@@ -113,7 +121,10 @@ def test_migrate_then_inspect_postgres_and_sqlite(pg_empty_url: str, tmp_path: P
     after = flowdecision("inspect", "--ledger", pg_empty_url, "d")
     assert after.returncode == 3 and "missing" in after.stdout
     lite = flowdecision("migrate", "--ledger", f"sqlite:///{tmp_path}/l.db")
-    assert lite.returncode == 0 and "ledger schema at version" in lite.stdout
+    assert (
+        lite.returncode == 0
+        and f"ledger sqlite:///{tmp_path}/l.db: schema at version" in lite.stdout
+    )
     assert (tmp_path / "l.db").exists()
 
 
@@ -128,6 +139,7 @@ def test_migrate_json_reports_nothing_migrated_on_an_up_to_date_store(
         again = flowdecision("migrate", "--ledger", url, "--json")
         assert again.returncode == 0, again.stderr
         assert json.loads(again.stdout) == {
+            "url": url,
             "migrated": False,
             "version_before": version,
             "version_after": version,
@@ -298,3 +310,77 @@ def test_chaos_refuses_a_postgres_ledger_that_holds_decisions(pg_empty_url: str)
     assert refused.returncode == 2, refused.stderr
     assert "already holds decisions" in refused.stderr
     assert pg_empty_url not in refused.stderr  # the URL may hold a password
+
+
+def test_migrate_refuses_a_json_ledger_with_a_newer_schema(tmp_path: Path) -> None:
+    # Every other command refuses it (exit 1); migrate must not call it "nothing to migrate".
+    ledger = tmp_path / "flow-decisions.json"
+    ledger.write_text('{"schema_version":99,"records":{}}')
+    for command in (
+        ("inspect", "--ledger", str(tmp_path), "d"),
+        ("migrate", "--ledger", str(tmp_path)),
+    ):
+        result = flowdecision(*command)
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        assert "newer than supported schema" in result.stderr, command
+    assert ledger.read_text() == '{"schema_version":99,"records":{}}'
+    # A current JSON ledger (or none at all) still has no schema to migrate.
+    ledger.write_text('{"schema_version":1,"records":{}}')
+    current = flowdecision("migrate", "--ledger", str(tmp_path))
+    assert current.returncode == 0 and "no schema to migrate" in current.stdout
+
+
+def _run_in(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWDECISION_")}
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env
+    )
+
+
+def test_migrate_outbox_alone_touches_only_the_outbox(tmp_path: Path) -> None:
+    outbox = tmp_path / "o.db"
+    result = _run_in(tmp_path, "migrate", "--outbox", f"sqlite:///{outbox}")
+    assert result.returncode == 0, result.stderr
+    # The default ledger (.flowdecision/flowdecision.db) was neither created nor migrated.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.db"]
+    assert result.stdout.splitlines() == [f"outbox sqlite:///{outbox}: schema at version 1 (was 0)"]
+    as_json = json.loads(
+        _run_in(tmp_path, "migrate", "--outbox", f"sqlite:///{outbox}", "--json").stdout
+    )
+    assert as_json == {"outbox": {"url": f"sqlite:///{outbox}", "migrated": False,
+                                  "version_before": 1, "version_after": 1}}  # fmt: skip
+
+
+def test_migrate_names_each_store_it_migrated(tmp_path: Path) -> None:
+    ledger, outbox = f"sqlite:///{tmp_path / 'l.db'}", f"sqlite:///{tmp_path / 'o.db'}"
+    result = _run_in(tmp_path, "migrate", "--ledger", ledger, "--outbox", outbox)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"ledger {ledger}: schema at version 1 (was 0)",
+        f"outbox {outbox}: schema at version 1 (was 0)",
+    ]
+
+
+def test_migrate_with_a_bad_outbox_url_leaves_nothing_behind(tmp_path: Path) -> None:
+    for bad in ("http://x", "mysql://u@h/db", "memory:"):
+        for args in (
+            ("--outbox", bad),
+            ("--ledger", f"sqlite:///{tmp_path / 'l.db'}", "--outbox", bad),
+        ):
+            result = _run_in(tmp_path, "migrate", *args)
+            assert result.returncode == 1, (args, result.stderr)
+            assert list(tmp_path.iterdir()) == [], (args, list(tmp_path.iterdir()))
+            # Only the schemes an outbox accepts are offered.
+            assert "sqlite:///path" in result.stderr and "postgresql://" in result.stderr, (
+                result.stderr
+            )
+            assert "memory:" not in result.stderr.replace(f"`{bad}`", ""), result.stderr
+            assert "file:///" not in result.stderr, result.stderr
+
+
+def test_outbox_tail_offers_only_outbox_schemes(tmp_path: Path) -> None:
+    result = _run_in(tmp_path, "outbox", "tail", "--sink", "mysql://u@h/db")
+    assert result.returncode == 2, result.stderr
+    assert "sqlite:///path" in result.stderr and "postgresql://" in result.stderr
+    for refused in ("http", "python:", "procrastinate", "dbos", "memory:"):
+        assert refused not in result.stderr, (refused, result.stderr)

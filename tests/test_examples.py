@@ -84,7 +84,9 @@ LAST_LINES = {
     "01_library_quickstart.py": re.compile(r"\{'status': 'healthy'.*'completed': 1"),
     "02_two_processes.py": re.compile(r"each decision submitted exactly once"),
     "03_service_and_client.py": re.compile(r"service stopped with exit code 0"),
-    "04_postgres_two_hosts.py": re.compile(r"outbox: 40 of 40 decisions, each delivered once: True"),
+    "04_postgres_two_hosts.py": re.compile(
+        r"outbox: 40 of 40 decisions, each delivered once: True"
+    ),
     "05_procrastinate_sink.py": re.compile(r"the job ran 1 time\(s\)"),
 }
 

@@ -210,11 +210,16 @@ def test_migrate_command_migrates_an_outbox_too(pg_empty_url: str, tmp_path: Pat
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["migrated"] is True
-    assert report["outbox"] == {"migrated": True, "version_before": 0, "version_after": 1}
+    assert report["outbox"] == {
+        "url": pg_empty_url,
+        "migrated": True,
+        "version_before": 0,
+        "version_after": 1,
+    }
     lite = subprocess.run(
         [sys.executable, "-m", "flowdecision.cli", "migrate", "--ledger",
          f"sqlite:///{tmp_path}/l.db", "--outbox", f"sqlite:///{tmp_path}/o.db"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert lite.returncode == 0, lite.stderr
-    assert "outbox schema at version 1" in lite.stdout
+    assert f"outbox sqlite:///{tmp_path}/o.db: schema at version 1 (was 0)" in lite.stdout

@@ -8,9 +8,11 @@ from typing import Any
 
 import click
 
+from ..errors import FlowDecisionError, StoreMissingError
 from ..ledger import Completed, Ledger, Missing, Pending, open_ledger
 from ..ledger.protocol import LedgerEntry
 from ..ledger.url import parse_ledger_url
+from ..redact import redact_url
 from .common import (
     EXIT_NOT_FOUND,
     EXIT_USAGE,
@@ -54,14 +56,14 @@ def inspect_cmd(ledger_url: str, decision_id: str, request_hash: str | None, as_
     async def go() -> LedgerEntry | None:
         ledger = await open_ledger(ledger_url, create=False)
         try:
-            entry = await ledger.lookup(decision_id)
-            if entry is not None and request_hash is not None:
-                await ledger.inspect(decision_id, request_hash)  # raises on mismatch
-            return entry
+            return await ledger.lookup(decision_id)
         finally:
             await ledger.close()
 
     entry = run(go)
+    if entry is not None and request_hash is not None and entry.request_hash != request_hash:
+        # Not this request's claim: like a missing one, exit 3 (as --help says).
+        fail(f"decision `{decision_id}` request hash conflicts with its claim", EXIT_NOT_FOUND)
     if entry is None:
         if as_json:
             emit_json({"decision_id": decision_id, **Missing().to_dict()})
@@ -143,73 +145,106 @@ def prune_cmd(
     "outbox_url",
     default=None,
     metavar="URL",
-    help="Also create or upgrade this outbox (sqlite:///path or postgresql://...).",
+    help="Create or upgrade this outbox (sqlite:///path or postgresql://...); "
+    "alone, without --ledger, it migrates only the outbox.",
 )
 @json_option
-def migrate_cmd(ledger_url: str, outbox_url: str | None, as_json: bool) -> None:
+@click.pass_context
+def migrate_cmd(ctx: click.Context, ledger_url: str, outbox_url: str | None, as_json: bool) -> None:
     """Create or upgrade the ledger schema (SQLite and PostgreSQL), and an outbox's.
 
     PostgreSQL stores are migrated only by this command; SQLite stores also
-    migrate themselves when they open (see docs/OPERATIONS.md).
+    migrate themselves when they open (see docs/OPERATIONS.md). Every URL is
+    checked before any store is touched, and the output names each store.
     """
+    from ..sinks.outbox import parse_outbox_url
 
-    async def go() -> tuple[int, int] | None:
-        kind, target = parse_ledger_url(ledger_url)
-        if kind == "postgresql":
-            from ..ledger.postgres import PostgresLedger
+    # `--outbox` alone means the outbox alone: the default ledger is not touched.
+    ledger_given = ctx.get_parameter_source("ledger_url") not in (
+        click.core.ParameterSource.DEFAULT,
+        None,
+    )
+    migrate_ledger = outbox_url is None or ledger_given
+    try:  # usage errors before anything is created
+        if migrate_ledger:
+            parse_ledger_url(ledger_url)
+        if outbox_url is not None:
+            parse_outbox_url(outbox_url)
+    except FlowDecisionError as error:
+        fail(error)  # exit 1, as a bad URL is for every command that opens a store
 
-            pg = PostgresLedger(target)  # no schema check: migrating is the point
-            try:
-                return await pg.migrate()
-            finally:
-                await pg.close()
-        if kind == "sqlite":
-            from ..ledger.sqlite import SqliteLedger
-
-            lite = SqliteLedger(target)
-            try:
-                return await lite.migrate()
-            finally:
-                await lite.close()
-        return None
-
-    async def go_outbox(url: str) -> tuple[int, int]:
-        from ..sinks.outbox import OutboxSink
-
-        outbox = OutboxSink(url)
-        try:
-            return await outbox.migrate()
-        finally:
-            await outbox.close()
-
-    result = run(go)
-    outbox_result = None if outbox_url is None else run(lambda: go_outbox(outbox_url))
-    report: dict[str, Any]
-    if result is None:
-        message = "this ledger has no schema to migrate"
-        report = {"migrated": False, "reason": message}
-    else:
-        before, after = result
-        report = {"migrated": after != before, "version_before": before, "version_after": after}
-    if outbox_result is not None:
-        before, after = outbox_result
-        report["outbox"] = {
-            "migrated": after != before,
-            "version_before": before,
-            "version_after": after,
-        }
-    if as_json:
-        if result is None and outbox_result is None:
-            click.echo(json.dumps(report))  # one line, as before
+    report: dict[str, Any] = {}
+    lines: list[str] = []
+    if migrate_ledger:
+        result = run(lambda: _migrate_ledger(ledger_url))
+        if result is None:
+            report = {"migrated": False, "reason": "this ledger has no schema to migrate"}
+            lines.append(report["reason"])
         else:
-            emit_json(report)
-        return
-    if result is None:
-        click.echo(report["reason"])
+            report = {"url": redact_url(ledger_url), **_versions(*result)}
+            lines.append(
+                f"ledger {redact_url(ledger_url)}: schema at version {result[1]}{_was(*result)}"
+            )
+    if outbox_url is not None:
+        outbox_result = run(lambda: _migrate_outbox(outbox_url))
+        report["outbox"] = {"url": redact_url(outbox_url), **_versions(*outbox_result)}
+        lines.append(
+            f"outbox {redact_url(outbox_url)}: schema at version {outbox_result[1]}"
+            f"{_was(*outbox_result)}"
+        )
+    if not as_json:
+        for line in lines:
+            click.echo(line)
+    elif set(report) == {"migrated", "reason"}:
+        click.echo(json.dumps(report))  # one line, as before
     else:
-        click.echo(f"ledger schema at version {result[1]}{_was(*result)}")
-    if outbox_result is not None:
-        click.echo(f"outbox schema at version {outbox_result[1]}{_was(*outbox_result)}")
+        emit_json(report)
+
+
+async def _migrate_ledger(url: str) -> tuple[int, int] | None:
+    """Migrate a SQL ledger; None for a store without a schema (memory, a JSON file)."""
+    kind, target = parse_ledger_url(url)
+    if kind == "postgresql":
+        from ..ledger.postgres import PostgresLedger
+
+        pg = PostgresLedger(target)  # no schema check: migrating is the point
+        try:
+            return await pg.migrate()
+        finally:
+            await pg.close()
+    if kind == "sqlite":
+        from ..ledger.sqlite import SqliteLedger
+
+        lite = SqliteLedger(target)
+        try:
+            return await lite.migrate()
+        finally:
+            await lite.close()
+    if kind == "file":
+        # Nothing to migrate, but a file this version cannot read (a newer
+        # schema_version, corrupt JSON) is refused as every other command does.
+        ledger = await open_ledger(url, create=False)
+        try:
+            await ledger.lookup("")
+        except StoreMissingError:
+            pass
+        finally:
+            await ledger.close()
+    return None
+
+
+async def _migrate_outbox(url: str) -> tuple[int, int]:
+    from ..sinks.outbox import OutboxSink
+
+    outbox = OutboxSink(url)
+    try:
+        return await outbox.migrate()
+    finally:
+        await outbox.close()
+
+
+def _versions(before: int, after: int) -> dict[str, object]:
+    return {"migrated": after != before, "version_before": before, "version_after": after}
 
 
 def _was(before: int, after: int) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ..defaults import (
     DEFAULT_STORE_URL,
@@ -31,6 +31,7 @@ from ..defaults import (
 from ..dispatcher import DEFAULT_LEASE_MS
 from ..errors import FlowDecisionError
 from ..limits import identifier_problem
+from ..redact import redact_url
 
 __all__ = [
     "DEFAULT_LEDGER_URL",
@@ -257,39 +258,6 @@ def _is_ipv6(text: str) -> bool:
         return ipaddress.ip_address(text).version == 6
     except ValueError:
         return False
-
-
-_SECRET_PARAMS = ("password", "pass", "pwd", "token", "secret", "key", "sig", "signature", "auth")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with secrets replaced by ``***`` (for logs and the status page).
-
-    Masks the userinfo password and the value of any query parameter whose name
-    looks secret (``password``, ``token``, ``api_key``, ``sig`` ...).
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    changed = False
-    if parts.password is not None:
-        # Keep the netloc as written (IPv6 brackets included), minus the password.
-        host = parts.netloc.rpartition("@")[2]
-        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
-        changed = True
-    if parts.query:
-        pairs = parse_qsl(parts.query, keep_blank_values=True)
-        masked = [
-            (name, "***" if any(word in name.lower() for word in _SECRET_PARAMS) else value)
-            for name, value in pairs
-        ]
-        if masked != pairs:
-            parts = parts._replace(query=urlencode(masked, safe="*/"))
-            changed = True
-    # Rebuild only when something was masked: urlunsplit would drop the empty
-    # authority of sqlite:///relative URLs.
-    return urlunsplit(parts) if changed else url
 
 
 # -- loading ------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from ..store.lifecycle import Closable, started
 from ..store.postgres import CLOCK_SQL, PgPool
 from ..store.sqlite import SqliteOpener, sqlite_transaction
 from ..store.sqlite_thread import SqliteThread
-from ..store.url import describe_dsn, parse_store_url
+from ..store.url import OUTBOX_KINDS, describe_dsn, parse_store_url
 from .base import HasStoreKey, check_attempt
 
 __all__ = [
@@ -71,6 +71,7 @@ __all__ = [
     "OutboxSchemaError",
     "OutboxSink",
     "load_outbox_migrations",
+    "parse_outbox_url",
 ]
 
 
@@ -184,13 +185,10 @@ def load_outbox_migrations(dialect: str) -> tuple[tuple[int, str, str], ...]:
 OUTBOX_SCHEMA_VERSION = OUTBOX.newest("sqlite")
 
 
-def _parse_url(url: str) -> tuple[str, str]:
-    kind, target = parse_store_url(url, what="outbox", error=OutboxError)
-    if kind not in ("sqlite", "postgresql"):
-        raise OutboxError(
-            f"outbox URL `{url}` must be sqlite:///path or postgresql://..., got a {kind} URL"
-        )
-    return kind, target
+def parse_outbox_url(url: str) -> tuple[str, str]:
+    """``(kind, target)`` of an outbox URL; anything but SQLite or PostgreSQL raises
+    :class:`OutboxError` offering only those two schemes."""
+    return parse_store_url(url, what="outbox", error=OutboxError, kinds=OUTBOX_KINDS)
 
 
 class OutboxSink(Closable):
@@ -211,7 +209,7 @@ class OutboxSink(Closable):
     def __init__(self, url: str, *, busy_timeout_ms: int = 30_000, create: bool = True) -> None:
         self.url = url
         self.create = bool(create)
-        self.kind, self._target = _parse_url(url)
+        self.kind, self._target = parse_outbox_url(url)
         self.busy_timeout_ms = busy_timeout_ms
         self._store_key = (
             sqlite_key(self._target) if self.kind == "sqlite" else postgres_key(self._target)

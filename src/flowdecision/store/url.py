@@ -9,8 +9,11 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..errors import FlowDecisionError, InvalidArgumentError
+from ..redact import redact_url
 
 __all__ = [
+    "KIND_SCHEMES",
+    "OUTBOX_KINDS",
     "SCHEMES",
     "PgTarget",
     "describe_dsn",
@@ -19,40 +22,72 @@ __all__ = [
     "sqlite_path",
 ]
 
-SCHEMES = ("memory:", "file:///dir", "sqlite:///path", "postgresql://...")
+#: Each store kind and how its URL looks (for messages).
+KIND_SCHEMES = {
+    "memory": "memory:",
+    "file": "file:///dir",
+    "sqlite": "sqlite:///path",
+    "postgresql": "postgresql://...",
+}
+SCHEMES = tuple(KIND_SCHEMES.values())
+#: The kinds of store an outbox can live in.
+OUTBOX_KINDS = ("sqlite", "postgresql")
 
 
-def parse_store_url(url: str, *, what: str, error: type[FlowDecisionError]) -> tuple[str, str]:
+def parse_store_url(
+    url: str,
+    *,
+    what: str,
+    error: type[FlowDecisionError],
+    kinds: tuple[str, ...] = tuple(KIND_SCHEMES),
+) -> tuple[str, str]:
     """Split a store URL into ``(kind, target)``; a bare path means a file directory.
 
     ``kind`` is ``memory``, ``file``, ``sqlite`` or ``postgresql``. ``what``
-    names the store in messages (``ledger``, ``outbox``); a bad URL raises
-    ``error``.
+    names the store in messages (``ledger``, ``outbox``); a bad URL, or one of a
+    kind not in ``kinds``, raises ``error``, whose message offers only ``kinds``.
     """
+    kind, target = _split_store_url(url, what, error, kinds)
+    if kind not in kinds:
+        raise error(
+            f"{what} URL `{redact_url(url)}` names a {kind} store: "
+            f"expected one of {_expected(kinds)}"
+        )
+    return kind, target
+
+
+def _expected(kinds: tuple[str, ...]) -> str:
+    return ", ".join(KIND_SCHEMES[kind] for kind in kinds)
+
+
+def _split_store_url(
+    url: str, what: str, error: type[FlowDecisionError], kinds: tuple[str, ...]
+) -> tuple[str, str]:
     if url == "memory:" or url == "memory://":
         return "memory", ""
+    shown = redact_url(url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "":
         return "file", _no_nul(url, url, what, error)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
-            raise error(f"{what} URL `{url}`: file URLs must name a local path")
+            raise error(f"{what} URL `{shown}`: file URLs must name a local path")
         return "file", _no_nul(unquote(parts.path), url, what, error)
     if scheme == "sqlite":
         return "sqlite", _no_nul(sqlite_path(url, what=what, error=error), url, what, error)
     if scheme in ("postgres", "postgresql"):
         return "postgresql", url
     raise error(
-        f"unsupported {what} URL scheme `{parts.scheme}` in `{url}`: "
-        f"expected one of {', '.join(SCHEMES)}"
+        f"unsupported {what} URL scheme `{parts.scheme}` in `{shown}`: "
+        f"expected one of {_expected(kinds)}"
     )
 
 
 def _no_nul(path: str, url: str, what: str, error: type[FlowDecisionError]) -> str:
     # The OS cannot name such a file; say so instead of failing deep in os.open.
     if "\x00" in path:
-        raise error(f"{what} URL `{url}`: the path contains a NUL character")
+        raise error(f"{what} URL `{redact_url(url)}`: the path contains a NUL character")
     return path
 
 
@@ -65,12 +100,12 @@ def sqlite_path(url: str, *, what: str, error: type[FlowDecisionError]) -> str:
     parts = urlsplit(url)
     if parts.netloc:
         raise error(
-            f"{what} URL `{url}`: sqlite URLs have no host; use sqlite:///relative.db "
+            f"{what} URL `{redact_url(url)}`: sqlite URLs have no host; use sqlite:///relative.db "
             "or sqlite:////absolute.db"
         )
     path = unquote(parts.path)[1:]  # drop the slash that ends the empty authority
     if not path:
-        raise error(f"{what} URL `{url}`: sqlite URLs need a path (sqlite:///path)")
+        raise error(f"{what} URL `{redact_url(url)}`: sqlite URLs need a path (sqlite:///path)")
     return path
 
 
