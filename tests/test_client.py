@@ -403,7 +403,7 @@ def test_shutting_down_and_lease_lost_are_retryable() -> None:
 
 
 def test_an_answer_of_the_wrong_shape_is_an_unexpected_response() -> None:
-    from flowdecision.client import _submit_result
+    from flowdecision.client.decode import submit_result as _submit_result
 
     bad = _answer(201, {"outcome": "teleported", "decision_id": "d"})
     with pytest.raises(UnexpectedResponseError, match="unknown outcome `teleported`"):

@@ -1,4 +1,10 @@
-"""Exception hierarchy shared by the ledger, the dispatcher and the sinks.
+"""Every exception class of the library, in one place, under :class:`FlowDecisionError`.
+
+Each has a stable ``code`` (metric label, HTTP error code, log field). The
+modules that raise them re-export them under their old import paths
+(``flowdecision.identity.DecisionTooLargeError`` is this module's). The HTTP
+client's error family, one per answer of the service, lives with the client:
+:mod:`flowdecision.client.errors`.
 
 Messages follow the Rust seeds wherever the seeds define them, so operators see
 the same text from a Python host and a Rust host sharing one ledger.
@@ -6,30 +12,53 @@ the same text from a Python host and a Rust host sharing one ledger.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 __all__ = [
+    "ConfigError",
+    "DBOSSinkError",
     "DecisionBusyError",
     "DecisionConflictError",
+    "DecisionTooLargeError",
     "DispatchError",
     "DispatchLedgerCorruptError",
     "DispatchLedgerError",
     "DispatchLedgerSchemaError",
+    "ExecutionContractError",
+    "ExecutionIdentityError",
     "FlowDecisionError",
     "HarnessError",
+    "InexactNumberError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "InvalidIdentifierError",
     "InvalidIdentityError",
+    "InvalidRequestError",
+    "InvalidSinkError",
+    "JsonWireError",
     "LeaseLostError",
     "LedgerCorruptError",
     "LedgerError",
     "LedgerSchemaError",
     "LedgerUnavailableError",
+    "MigrationError",
+    "OutboxConflictError",
+    "OutboxError",
+    "OutboxMissingError",
+    "OutboxSchemaError",
+    "ProcrastinateConflictError",
+    "ProcrastinateSinkError",
+    "ResultReceiptError",
+    "RetryPolicyError",
+    "SinkConfigError",
     "SinkError",
     "StoreMissingError",
     "UnauthorizedBranchError",
+    "WalUnavailableError",
+    "WebhookError",
+    "WebhookRejectedError",
     "classified_code",
     "classify",
 ]
@@ -246,6 +275,245 @@ class SinkError(DispatchError):
     def __init__(self, detail: str) -> None:
         super().__init__(f"Flow decision sink failed: {detail}")
         self.detail = detail
+
+
+# -- the wire format and the request model -------------------------------------
+
+
+class JsonWireError(FlowDecisionError, ValueError):
+    """JSON text or value that serde_json would reject (or could not produce).
+
+    ``message`` is the bare problem; ``line``/``column`` (1-based) locate it in
+    the input text when known.
+    """
+
+    code: ClassVar[str] = "invalid_json"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        line: int | None = None,
+        column: int | None = None,
+        path: str | None = None,
+    ):
+        self.message = message
+        self.line = line
+        self.column = column
+        #: Where in the parsed value the problem sits (``decision.step.input.n``), when known.
+        self.path = path
+        where = f" at line {line} column {column}" if line is not None else ""
+        if path is not None:
+            where += f" at `{path}`"
+        super().__init__(f"{message}{where}")
+
+
+class InexactNumberError(JsonWireError):
+    """``exact_numbers``: numbers that would not be kept exactly.
+
+    ``path`` and the message name the first; :attr:`inexact` lists every one
+    as ``(path, problem)`` in document order, so a caller that ignores parts
+    of the document (unknown members) can tell whether any of them matters.
+    """
+
+    code: ClassVar[str] = "inexact_number"
+
+    def __init__(self, problem: str, path: str | None, inexact: list[tuple[str, str]]) -> None:
+        super().__init__(problem, path=path)
+        self.inexact = inexact
+
+
+class InvalidRequestError(FlowDecisionError, ValueError):
+    """A decision request that the Rust original would refuse to deserialize.
+
+    ``field`` is a dotted path such as ``decision.steps[1].retry.max_attempts``
+    (``""`` when the problem is the JSON text itself or the top-level value);
+    ``problem`` describes what is wrong.
+    """
+
+    code: ClassVar[str] = "invalid_request"
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        where = f"field `{field}`: " if field else ""
+        super().__init__(f"invalid decision request: {where}{problem}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.field, self.problem))
+
+
+class RetryPolicyError(FlowDecisionError, ValueError):
+    """A retry policy that breaks A3S Flow's rules (see :meth:`RetryPolicy.validate`)."""
+
+    code: ClassVar[str] = "invalid_retry_policy"
+
+
+# -- execution identities and result receipts ----------------------------------
+
+
+class ExecutionContractError(FlowDecisionError, ValueError):
+    """Base class of identity and receipt errors."""
+
+    code: ClassVar[str] = "execution_contract"
+
+
+class ExecutionIdentityError(ExecutionContractError):
+    """An execution identity that is malformed or cannot be derived."""
+
+    code: ClassVar[str] = "invalid_execution_identity"
+
+
+class ResultReceiptError(ExecutionContractError):
+    """A result receipt that is malformed or breaks the receipt rules."""
+
+    code: ClassVar[str] = "invalid_result_receipt"
+
+
+class DecisionTooLargeError(DispatchError, ValueError):
+    """A decision whose JSON exceeds :data:`RESULT_RECEIPT_MAX_BYTES` (raised before claiming).
+
+    The dispatcher raises it as it is: a client error, counted as rejected.
+    """
+
+    code: ClassVar[str] = "decision_too_large"
+
+    def __init__(self, decision_id: str, size: int, limit: int | None = None) -> None:
+        if limit is None:
+            # limits.py imports this module: its constant is read when raised.
+            from .limits import RESULT_RECEIPT_MAX_BYTES
+
+            limit = RESULT_RECEIPT_MAX_BYTES
+        self.decision_id = decision_id
+        self.size = size
+        self.limit = limit
+        super().__init__(f"decision `{decision_id}` result exceeds {limit} bytes")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.decision_id, self.size, self.limit))
+
+
+# -- stores --------------------------------------------------------------------
+
+
+class MigrationError(FlowDecisionError, ValueError):
+    """The shipped migrations are malformed (a packaging bug, not user data)."""
+
+    code: ClassVar[str] = "migration_invalid"
+
+
+class WalUnavailableError(FlowDecisionError, sqlite3.OperationalError):
+    """The database refused WAL mode (e.g. an in-memory or read-only database).
+
+    Still a :class:`sqlite3.OperationalError`, so callers translating SQLite
+    errors into their own see it as one.
+    """
+
+    code: ClassVar[str] = "wal_unavailable"
+
+
+# -- sinks ---------------------------------------------------------------------
+
+
+class InvalidSinkError(FlowDecisionError, TypeError):
+    """An object handed in as a sink has no ``async def submit(request, attempt)``."""
+
+    code: ClassVar[str] = "invalid_sink"
+
+
+class OutboxError(FlowDecisionError):
+    """The outbox store failed (cannot open, read or write); the message names the store."""
+
+    code: ClassVar[str] = "outbox_error"
+
+
+class OutboxSchemaError(OutboxError):
+    """The outbox store has a schema this version cannot use."""
+
+    code: ClassVar[str] = "outbox_schema"
+
+
+class OutboxMissingError(OutboxError, StoreMissingError):
+    """Opened with ``create=False``, the store does not exist or holds no outbox."""
+
+    code: ClassVar[str] = "outbox_missing"
+
+
+class OutboxConflictError(OutboxError):
+    """A delivery reused a decision id whose stored row has different content."""
+
+    code: ClassVar[str] = "outbox_conflict"
+
+    def __init__(self, decision_id: str, stored_hash: str, offered_hash: str) -> None:
+        super().__init__(
+            f"outbox already holds decision `{decision_id}` with request hash {stored_hash}; "
+            f"refusing different content with hash {offered_hash}"
+        )
+        self.decision_id = decision_id
+        self.stored_hash = stored_hash
+        self.offered_hash = offered_hash
+
+
+class SinkConfigError(FlowDecisionError):
+    """The sink URL is malformed, names an unknown scheme, or loads something unusable."""
+
+    code: ClassVar[str] = "sink_config"
+
+
+class WebhookError(FlowDecisionError):
+    """The webhook did not accept the decision; ``tries`` says how many POSTs were made."""
+
+    code: ClassVar[str] = "webhook_failed"
+
+    def __init__(self, message: str, *, status: int | None = None, tries: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+        self.tries = tries
+
+
+class WebhookRejectedError(WebhookError):
+    """The receiver answered with a non-retryable status (3xx or 4xx other than 429)."""
+
+    code: ClassVar[str] = "webhook_rejected"
+
+
+class DBOSSinkError(FlowDecisionError):
+    """The DBOS sink is misconfigured, or DBOS refused to start the workflow."""
+
+    code: ClassVar[str] = "dbos_sink"
+
+
+class ProcrastinateSinkError(FlowDecisionError):
+    """The procrastinate sink is misconfigured or its database failed."""
+
+    code: ClassVar[str] = "procrastinate_sink"
+
+
+class ProcrastinateConflictError(ProcrastinateSinkError):
+    """A decision id that was deferred before came back with different content."""
+
+    code: ClassVar[str] = "procrastinate_conflict"
+
+    def __init__(self, decision_id: str, stored_hash: str, offered_hash: str) -> None:
+        super().__init__(
+            f"procrastinate sink already deferred decision `{decision_id}` with request hash "
+            f"{stored_hash}; refusing different content with hash {offered_hash}"
+        )
+        self.decision_id = decision_id
+        self.stored_hash = stored_hash
+        self.offered_hash = offered_hash
+
+
+# -- the service ---------------------------------------------------------------
+
+
+class ConfigError(FlowDecisionError):
+    """A setting is missing, malformed or inconsistent; the message names it."""
+
+    code: ClassVar[str] = "config_invalid"
+
+
+# -- classifying errors ---------------------------------------------------------
 
 
 def classified_code(error: BaseException, table: Mapping[str, object]) -> str | None:

@@ -18,13 +18,19 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 from flowdecision.bodies import IdentityBody, ReceiptBody
-from flowdecision.errors import DispatchError, FlowDecisionError
 from flowdecision.jsonwire import JsonWireError, duplicate_keys, encode_json, parse_json
 from flowdecision.limits import RESULT_RECEIPT_MAX_BYTES, U64_MAX
 from flowdecision.model import DecisionRequest
+
+from .errors import (
+    DecisionTooLargeError,
+    ExecutionContractError,
+    ExecutionIdentityError,
+    ResultReceiptError,
+)
 
 __all__ = [
     "DECISION_IDENTITY_DOMAIN",
@@ -76,42 +82,6 @@ _RECEIPT_FIELDS: Final = (
     "result_digest",
     "result_bytes",
 )
-
-
-class ExecutionContractError(FlowDecisionError, ValueError):
-    """Base class of identity and receipt errors."""
-
-    code: ClassVar[str] = "execution_contract"
-
-
-class ExecutionIdentityError(ExecutionContractError):
-    """An execution identity that is malformed or cannot be derived."""
-
-    code: ClassVar[str] = "invalid_execution_identity"
-
-
-class ResultReceiptError(ExecutionContractError):
-    """A result receipt that is malformed or breaks the receipt rules."""
-
-    code: ClassVar[str] = "invalid_result_receipt"
-
-
-class DecisionTooLargeError(DispatchError, ValueError):
-    """A decision whose JSON exceeds :data:`RESULT_RECEIPT_MAX_BYTES` (raised before claiming).
-
-    The dispatcher raises it as it is: a client error, counted as rejected.
-    """
-
-    code: ClassVar[str] = "decision_too_large"
-
-    def __init__(self, decision_id: str, size: int, limit: int = RESULT_RECEIPT_MAX_BYTES) -> None:
-        self.decision_id = decision_id
-        self.size = size
-        self.limit = limit
-        super().__init__(f"decision `{decision_id}` result exceeds {limit} bytes")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.decision_id, self.size, self.limit))
 
 
 def _receipt_field_invalid(name: str) -> ResultReceiptError:

@@ -27,9 +27,9 @@ import json.encoder
 import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
-from .errors import FlowDecisionError
+from .errors import InexactNumberError, JsonWireError
 from .limits import I64_MIN, JSON_MAX_DEPTH, U64_MAX
 
 __all__ = [
@@ -52,34 +52,6 @@ MAX_DEPTH: Final = JSON_MAX_DEPTH
 
 _INF: Final = float("inf")
 _MIN_NORMAL: Final = 2.2250738585072014e-308
-
-
-class JsonWireError(FlowDecisionError, ValueError):
-    """JSON text or value that serde_json would reject (or could not produce).
-
-    ``message`` is the bare problem; ``line``/``column`` (1-based) locate it in
-    the input text when known.
-    """
-
-    code: ClassVar[str] = "invalid_json"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        line: int | None = None,
-        column: int | None = None,
-        path: str | None = None,
-    ):
-        self.message = message
-        self.line = line
-        self.column = column
-        #: Where in the parsed value the problem sits (``decision.step.input.n``), when known.
-        self.path = path
-        where = f" at line {line} column {column}" if line is not None else ""
-        if path is not None:
-            where += f" at `{path}`"
-        super().__init__(f"{message}{where}")
 
 
 class DuplicateKeyDict(dict[str, Any]):
@@ -383,21 +355,6 @@ def parse_json(
         if _depth_exceeds(text.encode("utf-8") if raw is None else raw, max_depth):
             raise JsonWireError(f"recursion limit exceeded (more than {max_depth} nested levels)")
     return value
-
-
-class InexactNumberError(JsonWireError):
-    """``exact_numbers``: numbers that would not be kept exactly.
-
-    ``path`` and the message name the first; :attr:`inexact` lists every one
-    as ``(path, problem)`` in document order, so a caller that ignores parts
-    of the document (unknown members) can tell whether any of them matters.
-    """
-
-    code: ClassVar[str] = "inexact_number"
-
-    def __init__(self, problem: str, path: str | None, inexact: list[tuple[str, str]]) -> None:
-        super().__init__(problem, path=path)
-        self.inexact = inexact
 
 
 def _locate_inexact(text: str, first: _Inexact) -> InexactNumberError:

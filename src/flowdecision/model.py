@@ -29,9 +29,9 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 
-from flowdecision.errors import FlowDecisionError, InvalidArgumentTypeError
+from flowdecision.errors import InvalidArgumentTypeError
 from flowdecision.jsonwire import (
     InexactNumberError,
     JsonWireError,
@@ -44,6 +44,8 @@ from flowdecision.jsonwire import (
     parse_json,
 )
 from flowdecision.limits import I64_MIN, U32_MAX, U64_MAX
+
+from .errors import InvalidRequestError, RetryPolicyError
 
 __all__ = [
     "DEFAULT_RETRY_POLICY",
@@ -70,32 +72,6 @@ OnExhausted: TypeAlias = Literal["fail_run", "continue_workflow"]
 
 _T = TypeVar("_T")
 _MISSING: Final = object()
-
-
-class InvalidRequestError(FlowDecisionError, ValueError):
-    """A decision request that the Rust original would refuse to deserialize.
-
-    ``field`` is a dotted path such as ``decision.steps[1].retry.max_attempts``
-    (``""`` when the problem is the JSON text itself or the top-level value);
-    ``problem`` describes what is wrong.
-    """
-
-    code: ClassVar[str] = "invalid_request"
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        where = f"field `{field}`: " if field else ""
-        super().__init__(f"invalid decision request: {where}{problem}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.field, self.problem))
-
-
-class RetryPolicyError(FlowDecisionError, ValueError):
-    """A retry policy that breaks A3S Flow's rules (see :meth:`RetryPolicy.validate`)."""
-
-    code: ClassVar[str] = "invalid_retry_policy"
 
 
 # ------------------------------------------------------------------ validation helpers

@@ -17,7 +17,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..defaults import (
@@ -29,7 +29,7 @@ from ..defaults import (
     legacy_outbox_exists,
 )
 from ..dispatcher import DEFAULT_LEASE_MS
-from ..errors import FlowDecisionError
+from ..errors import ConfigError
 from ..limits import identifier_problem
 from ..redact import redact_url
 
@@ -69,12 +69,6 @@ DEFAULT_LEDGER_URL = DEFAULT_STORE_URL
 DEFAULT_SINK_URL = DEFAULT_STORE_URL
 LEGACY_SINK_URL = LEGACY_OUTBOX_URL
 _SHARED_STORE_SCHEMES = ("sqlite", "postgres", "postgresql")
-
-
-class ConfigError(FlowDecisionError):
-    """A setting is missing, malformed or inconsistent; the message names it."""
-
-    code: ClassVar[str] = "config_invalid"
 
 
 @dataclass(frozen=True, slots=True)

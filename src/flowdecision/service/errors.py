@@ -42,9 +42,9 @@ __all__ = [
     "INTERNAL",
     "SERVICE_ERRORS",
     "ErrorContext",
-    "HttpError",
+    "HttpAnswer",
     "RetryAfter",
-    "ServiceError",
+    "ServiceCode",
     "busy_retry_after_s",
     "error_code_for",
     "error_response",
@@ -84,8 +84,11 @@ Details = Callable[[Any, ErrorContext], Any]
 
 
 @dataclass(frozen=True, slots=True)
-class HttpError:
-    """How one error code is answered.
+class HttpAnswer:
+    """How one library error code is answered over HTTP (a row of :data:`HTTP_ERRORS`).
+
+    A table row, not an exception (it was named ``HttpError``; that name stays
+    importable from here).
 
     ``message`` None means the error's own text, which describes the caller's
     request; a string is the fixed, generic text for a failure of the service.
@@ -134,47 +137,47 @@ def _conflict(error: Any, _ctx: ErrorContext) -> ConflictDetails:
 
 #: Error code -> HTTP answer. The codes are the error classes' ``code`` (see
 #: ``flowdecision/errors.py``); docs/SERVICE.md lists the same table.
-HTTP_ERRORS: dict[str, HttpError] = {
+HTTP_ERRORS: dict[str, HttpAnswer] = {
     # The caller's request: the message says what is wrong with it.
-    "forbidden_branch": HttpError(403, None, details=_branch),
-    "conflict": HttpError(409, None, details=_conflict),
-    "busy": HttpError(409, None, RetryAfter.HEARTBEAT, _busy),
-    "decision_too_large": HttpError(413, None, details=_too_large),
-    "invalid_request": HttpError(422, None, details=_fields),
-    "invalid_identifier": HttpError(422, None, details=_fields),
+    "forbidden_branch": HttpAnswer(403, None, details=_branch),
+    "conflict": HttpAnswer(409, None, details=_conflict),
+    "busy": HttpAnswer(409, None, RetryAfter.HEARTBEAT, _busy),
+    "decision_too_large": HttpAnswer(413, None, details=_too_large),
+    "invalid_request": HttpAnswer(422, None, details=_fields),
+    "invalid_identifier": HttpAnswer(422, None, details=_fields),
     # The service's parts: a generic message; the cause goes to the log.
-    "sink_failed": HttpError(
+    "sink_failed": HttpAnswer(
         502,
         "the sink did not accept the decision; the claim was released, so retrying is safe",
     ),
-    "lease_lost": HttpError(
+    "lease_lost": HttpAnswer(
         503,
         "the lease on the decision was lost while the sink ran; retrying is safe",
         RetryAfter.SOON,
     ),
-    "ledger_unavailable": HttpError(
+    "ledger_unavailable": HttpAnswer(
         503, "the decision ledger is unavailable; retrying is safe", RetryAfter.SOON
     ),
-    "ledger_error": HttpError(
+    "ledger_error": HttpAnswer(
         503, "the decision ledger is unavailable; retrying is safe", RetryAfter.SOON
     ),
-    "ledger_corrupt": HttpError(
+    "ledger_corrupt": HttpAnswer(
         503, "the decision ledger holds corrupt data; an operator must repair it"
     ),
-    "ledger_schema": HttpError(
+    "ledger_schema": HttpAnswer(
         503,
         "the decision ledger's schema does not match this version of the service; "
         "an operator must migrate it",
     ),
-    "store_missing": HttpError(
+    "store_missing": HttpAnswer(
         503, "the decision ledger does not exist; an operator must create or restore it"
     ),
-    "shutting_down": HttpError(
+    "shutting_down": HttpAnswer(
         503,
         "the service is shutting down; retry (on another replica)",
         RetryAfter.SOON,
     ),
-    "internal": HttpError(500, "internal server error"),
+    "internal": HttpAnswer(500, "internal server error"),
 }
 
 #: The answer to anything the table does not know.
@@ -182,9 +185,11 @@ INTERNAL = HTTP_ERRORS["internal"]
 
 
 @dataclass(frozen=True, slots=True)
-class ServiceError:
+class ServiceCode:
     """A code the service answers itself (not a library error class): its status,
-    the TypedDict of its extra members and its ``Retry-After`` policy.
+    the TypedDict of its extra members and its ``Retry-After`` policy. A row of
+    :data:`SERVICE_ERRORS` (it was named ``ServiceError``, which is also the
+    client's exception; the old name stays importable from here).
 
     ``where`` names the module that sends it. tests/test_openapi.py checks that
     every ``error_response``/``_raw_response`` in the service uses a code listed
@@ -197,21 +202,25 @@ class ServiceError:
     retry_after: RetryAfter = RetryAfter.NEVER
 
 
+#: The old names of the two row types (neither is an exception).
+HttpError = HttpAnswer
+ServiceError = ServiceCode
+
 #: Codes answered outside :data:`HTTP_ERRORS`, for the OpenAPI contract
 #: (service/openapi.py) and docs/SERVICE.md.
-SERVICE_ERRORS: dict[str, ServiceError] = {
-    "unauthorized": ServiceError(401, "auth"),
-    "origin_not_allowed": ServiceError(403, "guards"),
-    "not_found": ServiceError(404, "handlers", NotFoundDetails),
-    "no_outbox": ServiceError(404, "handlers"),
-    "method_not_allowed": ServiceError(405, "errors"),
-    "request_timeout": ServiceError(408, "transport"),
-    "payload_too_large": ServiceError(413, "handlers", LimitDetails),
-    "unsupported_media_type": ServiceError(415, "guards"),
-    "host_not_allowed": ServiceError(421, "guards"),
-    "invalid_parameter": ServiceError(422, "handlers", ParameterDetails),
-    "outbox_unavailable": ServiceError(503, "handlers", retry_after=RetryAfter.SOON),
-    "overloaded": ServiceError(503, "transport", retry_after=RetryAfter.SOON),
+SERVICE_ERRORS: dict[str, ServiceCode] = {
+    "unauthorized": ServiceCode(401, "auth"),
+    "origin_not_allowed": ServiceCode(403, "guards"),
+    "not_found": ServiceCode(404, "handlers", NotFoundDetails),
+    "no_outbox": ServiceCode(404, "handlers"),
+    "method_not_allowed": ServiceCode(405, "errors"),
+    "request_timeout": ServiceCode(408, "transport"),
+    "payload_too_large": ServiceCode(413, "handlers", LimitDetails),
+    "unsupported_media_type": ServiceCode(415, "guards"),
+    "host_not_allowed": ServiceCode(421, "guards"),
+    "invalid_parameter": ServiceCode(422, "handlers", ParameterDetails),
+    "outbox_unavailable": ServiceCode(503, "handlers", retry_after=RetryAfter.SOON),
+    "overloaded": ServiceCode(503, "transport", retry_after=RetryAfter.SOON),
 }
 
 

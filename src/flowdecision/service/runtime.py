@@ -39,8 +39,8 @@ __all__ = [
     "ERROR_RATE_THRESHOLD",
     "PROBE_TIMEOUT_S",
     "Check",
+    "HealthVerdict",
     "Service",
-    "ServiceHealth",
 ]
 
 log = logging.getLogger("flowdecision.service")
@@ -76,8 +76,11 @@ NOT_PROBED = Check(True, "not_probed")
 
 
 @dataclass(frozen=True, slots=True)
-class ServiceHealth:
-    """The service's verdict (``/healthz``) with the checks behind it."""
+class HealthVerdict:
+    """The service's verdict (``/healthz``) with the checks behind it.
+
+    (Named ``ServiceHealth`` before, like the client's answer to ``/healthz``;
+    that old name stays importable from here.)"""
 
     ledger: Check
     sink: Check
@@ -216,17 +219,17 @@ class Service:
 
     # -- health -------------------------------------------------------------------
 
-    def cached_health(self) -> ServiceHealth:
+    def cached_health(self) -> HealthVerdict:
         """The verdict from the last probes and the current error rate (no I/O)."""
         ledger, sink = self._checks
-        return ServiceHealth(
+        return HealthVerdict(
             ledger=ledger,
             sink=sink,
             errors=self.dispatcher.metrics.error_rate(),
             snapshot=self.dispatcher.health(),
         )
 
-    async def check_health(self) -> ServiceHealth:
+    async def check_health(self) -> HealthVerdict:
         """Probe the ledger and the sink.
 
         Results younger than :data:`PROBE_TTL_S` are reused unless a dispatch
@@ -305,3 +308,7 @@ class Service:
             await close_sink(self.sink)
         finally:
             await self.ledger.close()
+
+
+#: The old name of :class:`HealthVerdict` (the client's ``ServiceHealth`` is another type).
+ServiceHealth = HealthVerdict

@@ -4,9 +4,9 @@ write inside the ledger's own transaction (the joint path)."""
 from __future__ import annotations
 
 import inspect
-from typing import ClassVar, Protocol, cast, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
-from ..errors import FlowDecisionError, InvalidArgumentError
+from ..errors import InvalidArgumentError, InvalidSinkError
 from ..model import DecisionRequest
 from ..store.joint import JointWrite, StoreKey
 
@@ -81,12 +81,6 @@ def is_joint(sink: object, ledger: HasStoreKey) -> bool:
 
 #: The old name of :func:`is_joint`.
 joins_ledger = is_joint
-
-
-class InvalidSinkError(FlowDecisionError, TypeError):
-    """An object handed in as a sink has no ``async def submit(request, attempt)``."""
-
-    code: ClassVar[str] = "invalid_sink"
 
 
 def check_attempt(attempt: object) -> int:

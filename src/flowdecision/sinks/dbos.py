@@ -39,25 +39,19 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from ..errors import FlowDecisionError
 from ..model import DecisionRequest
 from .base import check_attempt
 
 if TYPE_CHECKING:
     from dbos import Queue
+from ..errors import DBOSSinkError
 
 __all__ = ["DBOSSink", "DBOSSinkError", "DBOSUrl", "parse_dbos_url"]
 
 #: The workflow signature the sink calls: ``workflow(request_json, attempt)``.
 DecisionWorkflow = Callable[[str, int], Awaitable[Any]]
-
-
-class DBOSSinkError(FlowDecisionError):
-    """The DBOS sink is misconfigured, or DBOS refused to start the workflow."""
-
-    code: ClassVar[str] = "dbos_sink"
 
 
 class DBOSSink:

@@ -21,10 +21,10 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from ..errors import FlowDecisionError
+from ..errors import SinkConfigError
 from .base import Sink, has_async_submit
 
 __all__ = [
@@ -47,12 +47,6 @@ SINK_SCHEMES = (
 )
 #: Engine sinks: URL prefix -> (kind, the pip extra that provides the engine).
 _ENGINE_PREFIXES = {"procrastinate+": ("procrastinate", "procrastinate"), "dbos+": ("dbos", "dbos")}
-
-
-class SinkConfigError(FlowDecisionError):
-    """The sink URL is malformed, names an unknown scheme, or loads something unusable."""
-
-    code: ClassVar[str] = "sink_config"
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,9 +47,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
-from ..errors import FlowDecisionError, InvalidArgumentError, StoreMissingError
+from ..errors import (
+    InvalidArgumentError,
+    OutboxConflictError,
+    OutboxError,
+    OutboxMissingError,
+    OutboxSchemaError,
+)
 from ..limits import OUTBOX_FETCH_MAX
 from ..model import DecisionRequest
 from ..store.component import Component, ErrorKinds
@@ -81,39 +87,6 @@ _INSERT_LOCK = 0x66646F7574626F78
 _COLUMNS = (
     "seq, decision_id, request_json, request_hash, first_attempt, highest_attempt, accepted_at_ms"
 )
-
-
-class OutboxError(FlowDecisionError):
-    """The outbox store failed (cannot open, read or write); the message names the store."""
-
-    code: ClassVar[str] = "outbox_error"
-
-
-class OutboxSchemaError(OutboxError):
-    """The outbox store has a schema this version cannot use."""
-
-    code: ClassVar[str] = "outbox_schema"
-
-
-class OutboxMissingError(OutboxError, StoreMissingError):
-    """Opened with ``create=False``, the store does not exist or holds no outbox."""
-
-    code: ClassVar[str] = "outbox_missing"
-
-
-class OutboxConflictError(OutboxError):
-    """A delivery reused a decision id whose stored row has different content."""
-
-    code: ClassVar[str] = "outbox_conflict"
-
-    def __init__(self, decision_id: str, stored_hash: str, offered_hash: str) -> None:
-        super().__init__(
-            f"outbox already holds decision `{decision_id}` with request hash {stored_hash}; "
-            f"refusing different content with hash {offered_hash}"
-        )
-        self.decision_id = decision_id
-        self.stored_hash = stored_hash
-        self.offered_hash = offered_hash
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,15 +42,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from ..closing import Openable
-from ..errors import FlowDecisionError
 from ..model import DecisionRequest
 from .base import check_attempt
 
 if TYPE_CHECKING:
     import procrastinate
+from ..errors import ProcrastinateConflictError, ProcrastinateSinkError
 
 __all__ = [
     "MARKER_TABLE",
@@ -77,27 +77,6 @@ CREATE TABLE IF NOT EXISTS {MARKER_TABLE} (
     deferred_at     timestamptz NOT NULL DEFAULT clock_timestamp()
 )
 """
-
-
-class ProcrastinateSinkError(FlowDecisionError):
-    """The procrastinate sink is misconfigured or its database failed."""
-
-    code: ClassVar[str] = "procrastinate_sink"
-
-
-class ProcrastinateConflictError(ProcrastinateSinkError):
-    """A decision id that was deferred before came back with different content."""
-
-    code: ClassVar[str] = "procrastinate_conflict"
-
-    def __init__(self, decision_id: str, stored_hash: str, offered_hash: str) -> None:
-        super().__init__(
-            f"procrastinate sink already deferred decision `{decision_id}` with request hash "
-            f"{stored_hash}; refusing different content with hash {offered_hash}"
-        )
-        self.decision_id = decision_id
-        self.stored_hash = stored_hash
-        self.offered_hash = offered_hash
 
 
 @dataclass(frozen=True, slots=True)

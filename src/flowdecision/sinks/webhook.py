@@ -22,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import ClassVar, Self
+from typing import Self
 
 import httpx
 
 from ..backoff import parse_retry_after
 from ..closing import Openable
-from ..errors import FlowDecisionError, InvalidArgumentError
+from ..errors import InvalidArgumentError, WebhookError, WebhookRejectedError
 from ..model import DecisionRequest
 
 __all__ = [
@@ -49,23 +49,6 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     httpx.WriteError,
     httpx.RemoteProtocolError,
 )
-
-
-class WebhookError(FlowDecisionError):
-    """The webhook did not accept the decision; ``tries`` says how many POSTs were made."""
-
-    code: ClassVar[str] = "webhook_failed"
-
-    def __init__(self, message: str, *, status: int | None = None, tries: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
-        self.tries = tries
-
-
-class WebhookRejectedError(WebhookError):
-    """The receiver answered with a non-retryable status (3xx or 4xx other than 429)."""
-
-    code: ClassVar[str] = "webhook_rejected"
 
 
 class WebhookSink(Openable):

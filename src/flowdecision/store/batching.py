@@ -10,11 +10,13 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-__all__ = ["Pending", "copy_error", "settle"]
+__all__ = ["Queued", "copy_error", "settle"]
 
 
-class Pending(Protocol):
-    """What :func:`settle` reads of a queued operation."""
+class Queued(Protocol):
+    """What :func:`settle` reads of a queued operation.
+
+    (Named ``Pending`` before, like the claim state ``flowdecision.Pending``.)"""
 
     @property
     def future(self) -> asyncio.Future[Any] | None: ...
@@ -26,7 +28,7 @@ class Pending(Protocol):
     def error(self) -> BaseException | None: ...
 
 
-def settle(items: Iterable[Pending]) -> None:
+def settle(items: Iterable[Queued]) -> None:
     """Resolve each item's future; skip callers that were cancelled meanwhile.
 
     Call only after the batch's commit is durable (or has failed): that is
@@ -40,6 +42,10 @@ def settle(items: Iterable[Pending]) -> None:
             future.set_exception(item.error)
         else:
             future.set_result(item.result)
+
+
+#: The old name of :class:`Queued`.
+Pending = Queued
 
 
 def copy_error(error: BaseException) -> BaseException:

@@ -28,12 +28,11 @@ import functools
 import sqlite3
 import time
 from importlib import resources
-from typing import TYPE_CHECKING, Any, ClassVar
-
-from ..errors import FlowDecisionError
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .component import Component
+from ..errors import MigrationError
 
 __all__ = [
     "MigrationError",
@@ -56,12 +55,6 @@ def __getattr__(name: str) -> Any:
 
         return sqlite_transaction
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class MigrationError(FlowDecisionError, ValueError):
-    """The shipped migrations are malformed (a packaging bug, not user data)."""
-
-    code: ClassVar[str] = "migration_invalid"
 
 
 @functools.cache

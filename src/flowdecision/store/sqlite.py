@@ -23,10 +23,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
 from urllib.parse import quote
 
-from ..errors import FlowDecisionError
+from ..errors import FlowDecisionError, WalUnavailableError
 from .component import Component
 from .migrations import sqlite_check, sqlite_migrate
 
@@ -41,16 +40,6 @@ __all__ = [
 
 #: Permissions of every store file flowdecision creates (before the umask).
 STORE_FILE_MODE = 0o600
-
-
-class WalUnavailableError(FlowDecisionError, sqlite3.OperationalError):
-    """The database refused WAL mode (e.g. an in-memory or read-only database).
-
-    Still a :class:`sqlite3.OperationalError`, so callers translating SQLite
-    errors into their own see it as one.
-    """
-
-    code: ClassVar[str] = "wal_unavailable"
 
 
 @contextlib.contextmanager

@@ -1,0 +1,92 @@
+"""The async client, :class:`DecisionClient` (over ``httpx.AsyncClient``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import httpx
+
+from ..closing import Closable
+from ..model import DecisionRequest
+from .base import HTTP_DEFAULTS, BaseClient, send_kwargs
+from .protocol import Exchange, Sleep
+from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
+
+__all__ = ["DecisionClient"]
+
+T = TypeVar("T")
+
+
+class DecisionClient(BaseClient[httpx.AsyncClient], Closable):
+    """Async client for the decision service. Use ``async with`` or call :meth:`aclose`.
+
+    ``url`` is the service's base URL; ``token`` its bearer token (None when it
+    runs without auth); ``timeout`` bounds each HTTP request (seconds, or an
+    ``httpx.Timeout``); ``retry`` says when to retry; ``wait_s`` sends
+    ``Prefer: wait=N`` with every submission, so a service that supports it
+    answers with another owner's result instead of ``busy``; ``on_retry`` is
+    called before each retry's sleep. Pass ``http`` to reuse an
+    ``httpx.AsyncClient`` (its TLS, proxies, limits); it is not closed here.
+    """
+
+    def _new_http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**HTTP_DEFAULTS)
+
+    async def submit(
+        self,
+        request: DecisionRequest | bytes | Mapping[str, Any],
+        *,
+        wait_s: float | None = None,
+        request_id: str | None = None,
+    ) -> SubmitResult:
+        """Submit one decision; ``submitted`` or ``duplicate``, otherwise a :class:`ServiceError`.
+
+        ``request`` is a :class:`DecisionRequest`, its JSON bytes (sent
+        verbatim) or a dict (JSON-encoded). ``wait_s`` overrides the client's
+        ``Prefer: wait`` for this call.
+        """
+        return await self._drive(
+            self._protocol.submit(request, wait_s=wait_s, request_id=request_id)
+        )
+
+    async def get(self, decision_id: str, *, request_id: str | None = None) -> DecisionState | None:
+        """The claim record of ``decision_id``, or None if the service has none."""
+        return await self._drive(self._protocol.get(decision_id, request_id=request_id))
+
+    async def health(self, *, request_id: str | None = None) -> ServiceHealth:
+        """The health snapshot; a degraded service (HTTP 503) is an answer, not an error."""
+        return await self._drive(self._protocol.health(request_id=request_id))
+
+    async def outbox(
+        self, after: int = 0, limit: int = 100, *, request_id: str | None = None
+    ) -> OutboxPage:
+        """Accepted decisions with ``seq > after``, in commit order (outbox sinks only)."""
+        return await self._drive(self._protocol.outbox(after, limit, request_id=request_id))
+
+    async def _drive(self, exchange: Exchange[T]) -> T:
+        try:
+            step = next(exchange)
+            while True:
+                if isinstance(step, Sleep):
+                    await asyncio.sleep(step.seconds)
+                    step = exchange.send(None)
+                    continue
+                try:
+                    response = await self._http.request(step.method, step.url, **send_kwargs(step))
+                except httpx.TransportError as error:
+                    step = exchange.throw(error)
+                else:
+                    step = exchange.send(response)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+
+    async def close(self) -> None:
+        """Close the HTTP connection pool if this client created it (``async with`` does)."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    #: httpx's spelling of :meth:`close`.
+    aclose = close

@@ -1,0 +1,85 @@
+"""What both clients share: their arguments, the sans-I/O core and the httpx client."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Final, Generic, TypeVar
+
+import httpx
+
+from ..errors import InvalidArgumentError
+from .protocol import Send, ServiceProtocol
+from .retry import OnRetry, RetryOptions
+
+__all__ = ["DEFAULT_URL", "HTTP_DEFAULTS", "BaseClient", "read_token_file", "send_kwargs"]
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+_USER_AGENT = "flowdecision-client"
+
+
+def send_kwargs(step: Send) -> dict[str, Any]:
+    return {
+        "headers": step.headers,
+        "content": step.content,
+        "params": step.params,
+        "timeout": step.timeout,
+    }
+
+
+H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+
+#: The settings of the httpx client a client builds (and owns) when none is given.
+HTTP_DEFAULTS: Final[dict[str, Any]] = {
+    "headers": {"User-Agent": _USER_AGENT},
+    "follow_redirects": False,
+}
+
+
+class BaseClient(Generic[H]):
+    """What :class:`DecisionClient` and :class:`SyncDecisionClient` share: the
+    arguments, the sans-I/O core and the httpx client (built here unless given)."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout: float | httpx.Timeout = 10.0,
+        retry: RetryOptions | None = None,
+        wait_s: float | None = None,
+        on_retry: OnRetry | None = None,
+        http: H | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._protocol = ServiceProtocol(
+            url,
+            token=token,
+            timeout=timeout,
+            retry=retry or RetryOptions(),
+            wait_s=wait_s,
+            on_retry=on_retry,
+            rng=rng,
+        )
+        self._owns_http = http is None
+        self._http: H = self._new_http() if http is None else http
+
+    @property
+    def url(self) -> str:
+        return self._protocol.base_url
+
+    def _new_http(self) -> H:
+        raise NotImplementedError
+
+
+def read_token_file(path: str | Path) -> str:
+    """The first non-blank line of a token file (the service's token files list one per line)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise InvalidArgumentError(f"cannot read token file `{path}`: {error}") from error
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    raise InvalidArgumentError(f"token file `{path}` has no token")

@@ -1,0 +1,129 @@
+"""Answers into results: each decoder checks the documented shape of one answer
+and raises :class:`~.errors.UnexpectedResponseError` naming what is wrong;
+members it does not know are ignored (a newer service keeps working)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import httpx
+
+from ..identity import ExecutionIdentity, ResultReceipt
+from ..model import DecisionRequest
+from .errors import unexpected_answer
+from .results import DecisionState, OutboxItem, OutboxPage, Outcome, ServiceHealth, SubmitResult
+
+__all__ = ["decision_state", "outbox_page", "service_health", "submit_result"]
+
+T = TypeVar("T")
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError as error:
+        raise unexpected_answer(response, f"not JSON ({error})") from error
+    if not isinstance(body, dict):
+        raise unexpected_answer(response, "not a JSON object")
+    return body
+
+
+def _member(response: httpx.Response, body: Mapping[str, Any], name: str, kind: type[T]) -> T:
+    value = body.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise unexpected_answer(response, f"member `{name}` is missing or not {kind.__name__}")
+    return value
+
+
+def _optional_int(response: httpx.Response, body: Mapping[str, Any], name: str) -> int | None:
+    if body.get(name) is None:
+        return None
+    return _member(response, body, name, int)
+
+
+def _receipt(response: httpx.Response, value: object) -> ResultReceipt | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise unexpected_answer(response, "member `receipt` is not an object")
+    try:
+        return ResultReceipt.from_dict(value)
+    except (ValueError, TypeError) as error:
+        raise unexpected_answer(response, f"invalid receipt: {error}") from error
+
+
+def submit_result(response: httpx.Response, tries: int) -> SubmitResult:
+    body = _json_object(response)
+    raw = _member(response, body, "outcome", str)
+    try:
+        outcome = Outcome(raw)
+    except ValueError:
+        raise unexpected_answer(response, f"unknown outcome `{raw}`") from None
+    return SubmitResult(
+        outcome=outcome,
+        decision_id=_member(response, body, "decision_id", str),
+        attempt=_optional_int(response, body, "attempt"),
+        receipt=_receipt(response, body.get("receipt")),
+        request_id=response.headers.get("x-request-id"),
+        tries=tries,
+    )
+
+
+def decision_state(response: httpx.Response) -> DecisionState:
+    body = _json_object(response)
+    identity = body.get("execution_identity")
+    try:
+        parsed_identity = None if identity is None else ExecutionIdentity.from_dict(identity)
+    except (ValueError, TypeError) as error:
+        raise unexpected_answer(response, f"invalid execution_identity: {error}") from error
+    return DecisionState(
+        decision_id=_member(response, body, "decision_id", str),
+        state=_member(response, body, "state", str),
+        attempts=_member(response, body, "attempts", int),
+        request_hash=_member(response, body, "request_hash", str),
+        lease_expires_at_ms=_optional_int(response, body, "lease_expires_at_ms"),
+        completed_at_ms=_optional_int(response, body, "completed_at_ms"),
+        execution_identity=parsed_identity,
+        receipt=_receipt(response, body.get("receipt")),
+        request_id=response.headers.get("x-request-id"),
+    )
+
+
+def outbox_page(response: httpx.Response) -> OutboxPage:
+    body = _json_object(response)
+    raw_entries = _member(response, body, "entries", list)
+    entries = []
+    for raw in raw_entries:
+        if not isinstance(raw, dict):
+            raise unexpected_answer(response, "an outbox entry is not an object")
+        try:
+            request = DecisionRequest.from_dict(_member(response, raw, "request", dict))
+        except ValueError as error:
+            raise unexpected_answer(response, f"invalid outbox request: {error}") from error
+        entries.append(
+            OutboxItem(
+                seq=_member(response, raw, "seq", int),
+                decision_id=_member(response, raw, "decision_id", str),
+                request_hash=_member(response, raw, "request_hash", str),
+                first_attempt=_member(response, raw, "first_attempt", int),
+                highest_attempt=_member(response, raw, "highest_attempt", int),
+                accepted_at_ms=_member(response, raw, "accepted_at_ms", int),
+                request=request,
+            )
+        )
+    return OutboxPage(
+        entries=tuple(entries),
+        next_after=_member(response, body, "next_after", int),
+        has_more=_member(response, body, "has_more", bool),
+        request_id=response.headers.get("x-request-id"),
+    )
+
+
+def service_health(response: httpx.Response) -> ServiceHealth:
+    body = response.json()
+    return ServiceHealth(
+        status=body["status"],
+        snapshot=body,
+        request_id=response.headers.get("x-request-id"),
+    )

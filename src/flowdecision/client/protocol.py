@@ -1,0 +1,274 @@
+"""The sans-I/O core: requests, answers and the retry loop, written once for both clients.
+
+Each operation is a generator that yields what to do -- :class:`Send` a
+request, or :class:`Sleep` -- and receives the response (or has the transport
+error thrown in). :class:`~.async_client.DecisionClient` and
+:class:`~.sync_client.SyncDecisionClient` only differ in how they carry those
+steps out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+import urllib.parse
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+
+from ..backoff import full_jitter
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..model import DecisionRequest
+from .decode import decision_state, outbox_page, service_health, submit_result
+from .errors import ServiceConnectionError, ServiceError, connection_error, error_from_response
+from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
+from .retry import MAYBE_SENT, NOT_SENT, OnRetry, RetryEvent, RetryOptions
+
+__all__ = ["Exchange", "Send", "ServiceProtocol", "Sleep", "Step", "encode_request"]
+
+log = logging.getLogger("flowdecision.client")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Step: send this request; the response (or the transport error) comes back."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str]
+    content: bytes | None
+    params: Mapping[str, str | int] | None
+    timeout: httpx.Timeout
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Step: sleep before the next try."""
+
+    seconds: float
+
+
+Step = Send | Sleep
+Exchange = Generator[Step, httpx.Response | None, T]
+
+
+def prefer_wait(wait_s: float) -> str:
+    seconds = max(0, int(-(-wait_s // 1)))  # ceil: never ask for less than asked
+    return f"wait={seconds}"
+
+
+class ServiceProtocol:
+    """Requests, answers and the retry loop; no I/O."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None,
+        timeout: float | httpx.Timeout,
+        retry: RetryOptions,
+        wait_s: float | None,
+        on_retry: OnRetry | None,
+        rng: random.Random | None,
+    ) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise InvalidArgumentError(f"service URL must be http(s)://host[:port], got `{url}`")
+        if token is not None and (not token.strip() or "\n" in token or "\r" in token):
+            raise InvalidArgumentError("token must be a non-empty single line")
+        if wait_s is not None and wait_s < 0:
+            raise InvalidArgumentError(f"wait_s must not be negative, got {wait_s}")
+        self.base_url = url.rstrip("/")
+        self.token = token.strip() if token else None
+        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self.retry = retry
+        self.wait_s = wait_s
+        self.on_retry = on_retry
+        self.rng = rng or random.Random()
+
+    def headers(self, request_id: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if request_id:
+            headers["X-Request-Id"] = request_id
+        return headers
+
+    # operations
+
+    def submit(
+        self,
+        request: DecisionRequest | bytes | Mapping[str, Any],
+        *,
+        wait_s: float | None,
+        request_id: str | None,
+    ) -> Exchange[SubmitResult]:
+        body = encode_request(request)
+        headers = self.headers(request_id)
+        headers["Content-Type"] = "application/json"
+        timeout = self.timeout
+        wait = self.wait_s if wait_s is None else wait_s
+        if wait:
+            headers["Prefer"] = prefer_wait(wait)
+            # The service holds the answer up to `wait` seconds: read that much longer.
+            read = timeout.read
+            timeout = httpx.Timeout(
+                connect=timeout.connect,
+                read=None if read is None else read + wait,
+                write=timeout.write,
+                pool=timeout.pool,
+            )
+        response, tries = yield from self._exchange(
+            "POST",
+            "/v1/decisions",
+            headers=headers,
+            content=body,
+            timeout=timeout,
+            resend_ok=self.retry.resend_after_ambiguous,
+            accept=lambda r: r.status_code in (200, 201),
+        )
+        return submit_result(response, tries)
+
+    def get(self, decision_id: str, *, request_id: str | None) -> Exchange[DecisionState | None]:
+        if not decision_id:
+            raise InvalidArgumentError("decision_id must not be empty")
+
+        def missing(response: httpx.Response) -> bool:
+            # A 404 only means "no such decision" when the service says so for this
+            # id; a 404 from anything else (a wrong base URL, a proxy) is an error.
+            if response.status_code != 404:
+                return False
+            try:
+                error = response.json().get("error", {})
+            except (ValueError, AttributeError):
+                return False
+            return (
+                isinstance(error, dict)
+                and error.get("code") == "not_found"
+                and error.get("decision_id") == decision_id
+            )
+
+        response, _tries = yield from self._exchange(
+            "GET",
+            "/v1/decisions/" + urllib.parse.quote(decision_id, safe=""),
+            headers=self.headers(request_id),
+            accept=lambda r: r.status_code == 200 or missing(r),
+        )
+        if response.status_code == 404:
+            return None
+        return decision_state(response)
+
+    def health(self, *, request_id: str | None) -> Exchange[ServiceHealth]:
+        def snapshot(response: httpx.Response) -> bool:
+            # 503 with a health body is an answer ("degraded"), not a failure to retry.
+            if response.status_code not in (200, 503):
+                return False
+            try:
+                body = response.json()
+            except ValueError:
+                return False
+            return isinstance(body, dict) and isinstance(body.get("status"), str)
+
+        response, _tries = yield from self._exchange(
+            "GET", "/healthz", headers=self.headers(request_id), accept=snapshot
+        )
+        return service_health(response)
+
+    def outbox(self, after: int, limit: int, *, request_id: str | None) -> Exchange[OutboxPage]:
+        if after < 0 or limit < 1:
+            raise InvalidArgumentError(
+                f"need after >= 0 and limit >= 1, got after={after} limit={limit}"
+            )
+        response, _tries = yield from self._exchange(
+            "GET",
+            "/v1/outbox",
+            headers=self.headers(request_id),
+            params={"after": after, "limit": limit},
+            accept=lambda r: r.status_code == 200,
+        )
+        return outbox_page(response)
+
+    # the retry loop
+
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: Mapping[str, str],
+        accept: Callable[[httpx.Response], bool],
+        content: bytes | None = None,
+        params: Mapping[str, str | int] | None = None,
+        timeout: httpx.Timeout | None = None,
+        resend_ok: bool = True,
+    ) -> Generator[Step, httpx.Response | None, tuple[httpx.Response, int]]:
+        send = Send(method, self.base_url + path, headers, content, params, timeout or self.timeout)
+        retry = self.retry
+        started = time.monotonic()
+        tries = 0
+        while True:
+            tries += 1
+            failure: ServiceError | ServiceConnectionError
+            may_retry: bool
+            try:
+                response = yield send
+            except NOT_SENT as error:
+                failure = connection_error(error, method, path, sent=False, tries=tries)
+                may_retry, retry_after = True, None
+            except MAYBE_SENT as error:
+                failure = connection_error(error, method, path, sent=True, tries=tries)
+                may_retry, retry_after = resend_ok, None
+            except httpx.TransportError as error:  # e.g. an unsupported protocol: final
+                raise connection_error(error, method, path, sent=False, tries=tries) from error
+            else:
+                assert response is not None
+                if accept(response):
+                    return response, tries
+                failure = error_from_response(response)
+                failure.tries = tries
+                may_retry, retry_after = failure.retryable, failure.retry_after_s
+            if not may_retry or tries >= retry.max_tries:
+                raise failure
+            if retry_after is not None and retry_after > retry.max_retry_after_s:
+                raise failure
+            backoff = full_jitter(
+                tries, base_s=retry.backoff_base_s, cap_s=retry.backoff_max_s, rng=self.rng
+            )
+            delay = backoff if retry_after is None else max(retry_after, backoff)
+            if (
+                retry.deadline_s is not None
+                and time.monotonic() - started + delay > retry.deadline_s
+            ):
+                raise failure
+            event = RetryEvent(method, path, tries, delay, retry_after, failure)
+            log.info(
+                "retrying",
+                extra={
+                    "method": method,
+                    "path": path,
+                    "try": tries,
+                    "retry_in_s": round(delay, 3),
+                    "problem": str(failure),
+                },
+            )
+            if self.on_retry is not None:
+                self.on_retry(event)
+            yield Sleep(delay)
+
+
+def encode_request(request: DecisionRequest | bytes | Mapping[str, Any]) -> bytes:
+    if isinstance(request, DecisionRequest):
+        return request.to_json()
+    if isinstance(request, bytes | bytearray | memoryview):
+        return bytes(request)  # sent verbatim: the service parses and validates it
+    if isinstance(request, Mapping):
+        return json.dumps(request, ensure_ascii=False, allow_nan=False).encode()
+    raise InvalidArgumentTypeError(
+        f"submit() takes a DecisionRequest, JSON bytes or a dict, not {type(request).__name__}"
+    )
