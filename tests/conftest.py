@@ -16,3 +16,18 @@ from tests.ledger_fixtures import (  # noqa: F401 (fixtures and a hook, re-expor
 # ---------------------------------------------------------------------------
 # END ledger backends + PostgreSQL
 # ---------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------
+# BEGIN engine servers (issue 15; defined in tests/engine_fixtures.py)
+# ---------------------------------------------------------------------------
+from tests.engine_fixtures import (  # noqa: E402, F401 (fixtures, re-exported)
+    restate_deployment,
+    restate_effects,
+    restate_server,
+    temporal_server,
+    temporal_worker,
+)
+
+# ---------------------------------------------------------------------------
+# END engine servers
+# ---------------------------------------------------------------------------

@@ -10,10 +10,14 @@
 * ``procrastinate+postgresql://…?task=NAME`` -- a
   :class:`~flowdecision.sinks.procrastinate.ProcrastinateSink` (extra ``procrastinate``);
 * ``dbos+sqlite:///path?workflow=module:function`` or ``dbos+postgresql://…?workflow=…``
-  -- a :class:`~flowdecision.sinks.dbos.DBOSSink` (extra ``dbos``).
+  -- a :class:`~flowdecision.sinks.dbos.DBOSSink` (extra ``dbos``);
+* ``temporal://host:port/namespace?task_queue=Q&workflow=Name`` -- a
+  :class:`~flowdecision.sinks.temporal.TemporalSink` (extra ``temporal``);
+* ``restate+http://ingress:8080/Service/handler`` (or ``/Object/{run_id}/handler``)
+  -- a :class:`~flowdecision.sinks.restate.RestateSink`.
 
 The engine sinks import their engine only when their URL is opened, so
-``import flowdecision`` never needs procrastinate or DBOS.
+``import flowdecision`` never needs procrastinate, DBOS or temporalio.
 """
 
 from __future__ import annotations
@@ -44,9 +48,16 @@ SINK_SCHEMES = (
     "procrastinate+postgresql://...?task=NAME",
     "dbos+sqlite:///path?workflow=module:function",
     "dbos+postgresql://...?workflow=module:function",
+    "temporal://host:port/namespace?task_queue=Q&workflow=Name",
+    "restate+http(s)://ingress/Service/handler",
 )
 #: Engine sinks: URL prefix -> (kind, the pip extra that provides the engine).
-_ENGINE_PREFIXES = {"procrastinate+": ("procrastinate", "procrastinate"), "dbos+": ("dbos", "dbos")}
+_ENGINE_PREFIXES = {
+    "procrastinate+": ("procrastinate", "procrastinate"),
+    "dbos+": ("dbos", "dbos"),
+    "temporal://": ("temporal", "temporal"),
+    "restate+": ("restate", "restate"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +68,8 @@ class WebhookOptions:
 
 
 def sink_kind(url: str) -> str:
-    """``outbox``, ``webhook``, ``python``, ``procrastinate`` or ``dbos``.
+    """The sink kind: ``outbox``, ``webhook``, ``python``, ``procrastinate``, ``dbos``,
+    ``temporal`` or ``restate``.
 
     Raises :class:`SinkConfigError` for anything else.
     """
@@ -109,6 +121,17 @@ async def open_sink(url: str, *, webhook: WebhookOptions | None = None) -> Sink:
         from .dbos import open_dbos_url
 
         return cast(Sink, await open_dbos_url(url))
+    if kind == "temporal":
+        _require_extra(url, "temporalio", "temporal")
+        from .temporal import open_temporal_url
+
+        return cast(Sink, await open_temporal_url(url))
+    if kind == "restate":
+        _require_extra(url, "httpx", "restate")
+        from .restate import open_restate_url
+
+        options = webhook or WebhookOptions()
+        return cast(Sink, await open_restate_url(url, timeout_s=options.timeout_s))
     return await _load_python(url)
 
 

@@ -54,6 +54,9 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
 class WebhookSink(Openable):
     """Deliver decisions by HTTP POST; see the module docstring for the contract."""
 
+    #: What error messages call the receiver.
+    name: ClassVar[str] = "webhook"
+
     def __init__(
         self,
         url: str,
@@ -98,36 +101,45 @@ class WebhookSink(Openable):
         return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
 
     async def submit(self, request: DecisionRequest, attempt: int) -> None:
-        client = self._client
-        if client is None:
-            await self.open()
-            client = self._client
-            assert client is not None
         headers = {
             "Content-Type": "application/json",
             "Idempotency-Key": request.decision_id,
             "X-Flow-Attempt": str(attempt),
         }
+        await self.post(self.url, request.to_json(), headers, request.decision_id)
+
+    async def post(
+        self, url: str, body: bytes, headers: dict[str, str], decision_id: str
+    ) -> httpx.Response:
+        """POST ``body`` to ``url`` with the retries above; the 2xx response.
+
+        Adds ``Authorization`` when a token is configured. Subclasses that speak
+        an engine's ingress protocol (the Restate sink) reuse this loop.
+        """
+        client = self._client
+        if client is None:
+            await self.open()
+            client = self._client
+            assert client is not None
         if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        body = request.to_json()
+            headers = {**headers, "Authorization": f"Bearer {self._token}"}
         tries = 0
         while True:
             tries += 1
             wait: float | None = None
             try:
-                response = await client.post(self.url, content=body, headers=headers)
+                response = await client.post(url, content=body, headers=headers)
             except TRANSIENT_ERRORS as error:
                 problem = f"{type(error).__name__}: {error}".rstrip(": ")
                 status = None
             else:
                 status = response.status_code
                 if 200 <= status < 300:
-                    return
+                    return response
                 problem = f"HTTP {status}"
                 if status != 429 and status < 500:
                     raise WebhookRejectedError(
-                        f"webhook rejected the decision with HTTP {status}{_snippet(response)}",
+                        f"{self.name} rejected the decision with HTTP {status}{_snippet(response)}",
                         status=status,
                         tries=tries,
                     )
@@ -135,11 +147,11 @@ class WebhookSink(Openable):
                     wait = parse_retry_after(response.headers.get("Retry-After"))
             if tries >= self.max_attempts:
                 raise WebhookError(
-                    f"webhook failed after {tries} tries: {problem}", status=status, tries=tries
+                    f"{self.name} failed after {tries} tries: {problem}", status=status, tries=tries
                 )
             if wait is not None and wait > self.max_retry_after_s:
                 raise WebhookError(
-                    f"webhook asked to retry after {wait:.0f}s (more than "
+                    f"{self.name} asked to retry after {wait:.0f}s (more than "
                     f"{self.max_retry_after_s:.0f}s): {problem}",
                     status=status,
                     tries=tries,
@@ -148,7 +160,7 @@ class WebhookSink(Openable):
             log.warning(
                 "webhook delivery failed, retrying",
                 extra={
-                    "decision_id": request.decision_id,
+                    "decision_id": decision_id,
                     "try": tries,
                     "problem": problem,
                     "retry_in_s": round(delay, 3),
