@@ -14,10 +14,13 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 
 from flowdecision import DecisionRequest, Dispatcher
 from flowdecision.ledger.sqlite import SqliteLedger
-from flowdecision.sinks.loader import open_sink
+from flowdecision.sinks.loader import close_sink, open_sink
+
+ROOT = Path(__file__).resolve().parent.parent
 
 LEASE_MS = 300
 
@@ -43,3 +46,40 @@ async def _main(ledger_path: str, sink_url: str, request_json: str) -> None:
 
 if __name__ == "__main__":
     asyncio.run(_main(sys.argv[1], sys.argv[2], sys.argv[3]))
+
+
+async def crash_then_take_over(ledger_path: Path, sink_url: str, request: DecisionRequest) -> str:
+    """Run this module as a process that dies after the engine's accept, then let
+    another owner dispatch the same decision once the lease lapsed.
+
+    Checks the ledger's side (the takeover submits with attempt 2, a third
+    dispatch is a duplicate the ledger answers) and returns the crashed
+    process's stdout; the caller checks the engine's side (one effect).
+    """
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.engine_crash",
+        str(ledger_path),
+        sink_url,
+        request.to_json().decode(),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(child.communicate(), timeout=120)
+    assert child.returncode == -signal.SIGKILL, err.decode()
+    assert f"accepted {request.decision_id} attempt 1" in out.decode()
+    await asyncio.sleep(LEASE_MS / 1000 + 0.1)  # the crashed owner's lease lapses
+    sink = await open_sink(sink_url)
+    ledger = SqliteLedger(ledger_path)
+    try:
+        owner = Dispatcher("production", sink, ledger, owner_id="taking-over-owner")
+        outcome = await owner.dispatch(request)
+        assert (outcome.submitted, outcome.attempt) == (True, 2)
+        assert owner.health().takeovers == 1
+        assert (await owner.dispatch(request)).submitted is False  # the ledger answers now
+    finally:
+        await ledger.close()
+        await close_sink(sink)
+    return out.decode()

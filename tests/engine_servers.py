@@ -65,8 +65,9 @@ def free_port() -> int:
         return port
 
 
-def _wait(what: str, ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path,
-          timeout: float) -> None:
+def _wait(
+    what: str, ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -115,8 +116,9 @@ class _Process:
         self.proc: subprocess.Popen[bytes] | None = None
         self._log_handle: IO[bytes] | None = None
 
-    def _spawn(self, argv: list[str], *, env: dict[str, str] | None = None,
-               cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         self._log_handle = open(self.log, "ab")  # closed in stop()
         self.proc = subprocess.Popen(
             argv,
@@ -193,15 +195,25 @@ class TemporalServer(_Process):
     def url(self, task_queue: str, workflow: str, **params: str) -> str:
         """A ``temporal://`` sink URL for this server."""
         query = "&".join(
-            f"{k}={v}" for k, v in {"task_queue": task_queue, "workflow": workflow, **params}.items()
+            f"{k}={v}"
+            for k, v in {"task_queue": task_queue, "workflow": workflow, **params}.items()
         )
         return f"temporal://{self.address}/{self.namespace}?{query}"
 
     def start(self, timeout: float = 90.0) -> TemporalServer:
         argv = [
-            str(self.cli), "server", "start-dev", "--headless",
-            "--ip", "127.0.0.1", "--port", str(self.port),
-            "--db-filename", str(self.db), "--log-level", "warn",
+            str(self.cli),
+            "server",
+            "start-dev",
+            "--headless",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--db-filename",
+            str(self.db),
+            "--log-level",
+            "warn",
         ]
         if self.namespace != "default":
             argv += ["--namespace", self.namespace]
@@ -212,7 +224,10 @@ class TemporalServer(_Process):
     def healthy(self) -> bool:
         done = subprocess.run(
             [str(self.cli), "operator", "cluster", "health", "--address", self.address],
-            capture_output=True, text=True, timeout=10, check=False,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
         )
         return done.returncode == 0 and "SERVING" in done.stdout
 
@@ -229,10 +244,12 @@ class TemporalServer(_Process):
 class TemporalWorkerProcess(_Process):
     """``python -m tests.temporal_workflows ADDRESS TASK_QUEUE`` in its own process."""
 
-    def __init__(self, server: TemporalServer, task_queue: str,
-                 module: str = "tests.temporal_workflows") -> None:
-        super().__init__(f"Temporal worker ({task_queue})",
-                         server.base / f"worker-{task_queue}.log")
+    def __init__(
+        self, server: TemporalServer, task_queue: str, module: str = "tests.temporal_workflows"
+    ) -> None:
+        super().__init__(
+            f"Temporal worker ({task_queue})", server.base / f"worker-{task_queue}.log"
+        )
         self.server = server
         self.task_queue = task_queue
         self.module = module
@@ -245,7 +262,8 @@ class TemporalWorkerProcess(_Process):
         env["FLOWDECISION_TEST_WORKER_READY"] = str(ready)
         proc = self._spawn(
             [sys.executable, "-m", self.module, self.server.address, self.task_queue],
-            env=env, cwd=ROOT,
+            env=env,
+            cwd=ROOT,
         )
         _wait(self.name, ready.exists, proc, self.log, timeout)
         return self
@@ -315,7 +333,8 @@ class RestateServer(_Process):
         )
         proc = self._spawn(
             [str(self.binary), "--no-logo", "--base-dir", str(self.base / "data")],
-            env=env, cwd=self.base,
+            env=env,
+            cwd=self.base,
         )
         _wait(self.name, self.healthy, proc, self.log, timeout)
         return self

@@ -1,5 +1,6 @@
-"""Workflows the Temporal sink tests deliver to; ``python -m tests.temporal_workflows ADDRESS QUEUE``
-runs a worker for them until SIGTERM.
+"""Workflows the Temporal sink tests deliver to, and a worker for them.
+
+``python -m tests.temporal_workflows ADDRESS QUEUE`` runs the worker until SIGTERM.
 
 * ``FlowRun`` (run mode): a :class:`DecisionRunWorkflow` that records every hook
   call (its *effects*) and answers them on the ``effects`` query.
@@ -32,7 +33,9 @@ class _Recording(DecisionRunWorkflow):
     async def schedule_step(self, step: DecisionStep, delivery: DecisionDelivery) -> None:
         # An await inside the hook: the base class must still apply decisions one at a time.
         await workflow.sleep(0.01)
-        self._effects.append(["schedule_step", delivery.decision_id, delivery.attempt, step.step_id])
+        self._effects.append(
+            ["schedule_step", delivery.decision_id, delivery.attempt, step.step_id]
+        )
 
     async def schedule_steps(
         self, steps: Sequence[DecisionStep], delivery: DecisionDelivery

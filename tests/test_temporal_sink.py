@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,12 +24,11 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 
-from flowdecision import DecisionRequest, Dispatcher
-from flowdecision.ledger.sqlite import SqliteLedger
-from flowdecision.model import Complete, DecisionStep, Fail, ScheduleStep, ScheduleSteps
+from flowdecision import DecisionRequest
+from flowdecision.model import Complete, DecisionStep, Fail, ScheduleSteps
 from flowdecision.sinks import Sink
 from flowdecision.sinks.delivery import DecisionDelivery
-from flowdecision.sinks.loader import SinkConfigError, close_sink, open_sink, sink_kind
+from flowdecision.sinks.loader import SinkConfigError, open_sink, sink_kind
 from flowdecision.sinks.temporal import (
     TemporalRunClosedError,
     TemporalSink,
@@ -39,9 +36,10 @@ from flowdecision.sinks.temporal import (
     parse_temporal_url,
 )
 from flowdecision.sinks.temporal_workflow import APPLIED_QUERY
+from tests.engine_crash import crash_then_take_over
 from tests.engine_fixtures import TEMPORAL_QUEUE
-from tests.engine_servers import ROOT, TemporalServer, TemporalWorkerProcess
-from tests.service_process import ServiceProcess
+from tests.engine_servers import TemporalServer, TemporalWorkerProcess, free_port
+from tests.service_process import ServiceProcess, decision
 
 pytestmark = pytest.mark.usefixtures("temporal_worker")
 
@@ -50,16 +48,9 @@ def _uid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def step(decision_id: str, run_id: str, n: int = 1) -> DecisionRequest:
-    return DecisionRequest(
-        decision_id=decision_id,
-        run_id=run_id,
-        authority_branch_id="production",
-        causation_event_id=f"event-{decision_id}",
-        decision=ScheduleStep(
-            step=DecisionStep(step_id=f"{decision_id}-s", step_name="fetch", input={"n": n})
-        ),
-    )
+def step(decision_id: str, run_id: str) -> DecisionRequest:
+    """A schedule_step decision (step id ``<decision_id>-s``)."""
+    return decision(decision_id, run_id=run_id)
 
 
 def complete(decision_id: str, run_id: str, output: Any = None) -> DecisionRequest:
@@ -187,9 +178,7 @@ async def test_after_continue_as_new_a_resubmission_is_absorbed_by_the_carried_m
     assert len(runs) == 2  # one continued-as-new run and the current one
     answer = await sink.deliver(requests[0], 2)
     assert answer.absorbed is True
-    assert await effects(client, run_id) == [
-        ["schedule_step", f"{run_id}-d2", 1, f"{run_id}-d2-s"]
-    ]
+    assert await effects(client, run_id) == [["schedule_step", f"{run_id}-d2", 1, f"{run_id}-d2-s"]]
     applied = await handle.query(APPLIED_QUERY)
     assert [a["decision_id"] for a in applied] == [r.decision_id for r in requests]
 
@@ -220,26 +209,7 @@ async def test_a_crash_between_the_engines_accept_and_the_ledgers_completion(
     run_id = _uid("run")
     url = temporal_server.url(TEMPORAL_QUEUE, "FlowRun", wait="completed")
     request = step(f"{run_id}-crash", run_id)
-    ledger_path = tmp_path / "ledger.db"
-    crashed = subprocess.run(
-        [sys.executable, "-m", "tests.engine_crash", str(ledger_path), url,
-         request.to_json().decode()],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert crashed.returncode == -9, crashed.stderr
-    assert f"accepted {request.decision_id} attempt 1" in crashed.stdout
-    await asyncio.sleep(0.4)  # the crashed owner's 300 ms lease lapses
-    sink = await open_sink(url)
-    ledger = SqliteLedger(ledger_path)
-    try:
-        owner = Dispatcher("production", sink, ledger, owner_id="owner-b")
-        outcome = await owner.dispatch(request)
-        assert (outcome.submitted, outcome.attempt) == (True, 2)
-        assert owner.health().takeovers == 1
-        assert (await owner.dispatch(request)).submitted is False  # the ledger answers now
-    finally:
-        await ledger.close()
-        await close_sink(sink)
+    await crash_then_take_over(tmp_path / "ledger.db", url, request)
     assert await effects(client, run_id) == [
         ["schedule_step", request.decision_id, 1, f"{request.decision_id}-s"]
     ]
@@ -301,10 +271,8 @@ def test_url_parsing_and_bad_urls() -> None:
 
 
 async def test_a_url_naming_an_unreachable_server_is_a_clear_error() -> None:
-    from tests.engine_servers import free_port
-
     url = f"temporal://127.0.0.1:{free_port()}/default?task_queue=q&workflow=W&timeout=3"
-    with pytest.raises(SinkConfigError, match="cannot connect to 127.0.0.1"):
+    with pytest.raises(SinkConfigError, match=r"cannot connect to 127\.0\.0\.1"):
         await open_sink(url)
 
 
