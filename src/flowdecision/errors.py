@@ -22,6 +22,7 @@ __all__ = [
     "DecisionBusyError",
     "DecisionConflictError",
     "DecisionTooLargeError",
+    "DeliveryError",
     "DispatchError",
     "DispatchLedgerCorruptError",
     "DispatchLedgerError",
@@ -50,11 +51,14 @@ __all__ = [
     "OutboxSchemaError",
     "ProcrastinateConflictError",
     "ProcrastinateSinkError",
+    "RestateSinkError",
     "ResultReceiptError",
     "RetryPolicyError",
     "SinkConfigError",
     "SinkError",
     "StoreMissingError",
+    "TemporalRunClosedError",
+    "TemporalSinkError",
     "UnauthorizedBranchError",
     "WalUnavailableError",
     "WebhookError",
@@ -502,6 +506,37 @@ class ProcrastinateConflictError(ProcrastinateSinkError):
         self.decision_id = decision_id
         self.stored_hash = stored_hash
         self.offered_hash = offered_hash
+
+
+class TemporalSinkError(FlowDecisionError):
+    """Temporal did not take the decision (unreachable, no worker in time, the update
+    was rejected or failed), or the sink is misconfigured."""
+
+    code: ClassVar[str] = "temporal_sink"
+
+
+class TemporalRunClosedError(TemporalSinkError):
+    """Run mode: a new decision for a run whose workflow has already closed.
+
+    Temporal refuses to start the run's workflow id again (reuse policy
+    reject-duplicate), so the decision is not delivered anywhere. Retrying does
+    not help; the run is over.
+    """
+
+    code: ClassVar[str] = "temporal_run_closed"
+
+
+class RestateSinkError(FlowDecisionError):
+    """Restate's ingress answered something the sink cannot read as an acceptance."""
+
+    code: ClassVar[str] = "restate_sink"
+
+
+class DeliveryError(FlowDecisionError):
+    """A delivery payload that does not hold together (a field missing or mistyped,
+    or a request whose hash or ids differ from the envelope's)."""
+
+    code: ClassVar[str] = "invalid_delivery"
 
 
 # -- the service ---------------------------------------------------------------

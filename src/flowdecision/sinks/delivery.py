@@ -18,20 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-from ..errors import FlowDecisionError
+from ..errors import DeliveryError
 from ..model import DecisionRequest, request_hash
 from .base import check_attempt
 
 __all__ = ["DecisionDelivery", "DeliveryError", "EngineAnswer"]
-
-
-class DeliveryError(FlowDecisionError):
-    """A delivery payload that does not hold together (a field missing or mistyped,
-    or a request whose hash or ids differ from the envelope's)."""
-
-    code: ClassVar[str] = "invalid_delivery"
 
 
 _FIELDS = ("decision_id", "run_id", "kind", "attempt", "request_hash", "request_json")

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from ..errors import FlowDecisionError
+from ..errors import RestateSinkError
 from ..model import DecisionRequest
 from .delivery import DecisionDelivery, EngineAnswer
 from .webhook import WebhookSink
@@ -57,12 +57,6 @@ __all__ = [
 
 #: The placeholder that makes a Restate URL address a virtual object keyed by run id.
 RUN_ID_KEY = "{run_id}"
-
-
-class RestateSinkError(FlowDecisionError):
-    """Restate's ingress answered something the sink cannot read as an acceptance."""
-
-    code: ClassVar[str] = "restate_sink"
 
 
 @dataclass(frozen=True, slots=True)

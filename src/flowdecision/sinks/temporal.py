@@ -41,10 +41,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..errors import FlowDecisionError
+from ..errors import TemporalRunClosedError, TemporalSinkError
 from ..model import DecisionRequest
 from .delivery import DecisionDelivery, EngineAnswer
 
@@ -66,24 +66,6 @@ DECISION_UPDATE = "flowdecision.decision"
 
 Mode = Literal["run", "start"]
 Wait = Literal["accepted", "completed"]
-
-
-class TemporalSinkError(FlowDecisionError):
-    """Temporal did not take the decision (unreachable, no worker in time, the update
-    was rejected or failed), or the sink is misconfigured."""
-
-    code: ClassVar[str] = "temporal_sink"
-
-
-class TemporalRunClosedError(TemporalSinkError):
-    """Run mode: a new decision for a run whose workflow has already closed.
-
-    Temporal refuses to start the run's workflow id again (reuse policy
-    reject-duplicate), so the decision is not delivered anywhere. Retrying does
-    not help; the run is over.
-    """
-
-    code: ClassVar[str] = "temporal_run_closed"
 
 
 class TemporalSink:

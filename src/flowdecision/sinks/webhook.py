@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import Self
+from typing import ClassVar, Self
 
 import httpx
 
