@@ -26,19 +26,6 @@ from .common import (
 )
 
 
-def _entry_dict(entry: LedgerEntry) -> dict[str, object]:
-    return {
-        "decision_id": entry.decision_id,
-        "request_hash": entry.request_hash,
-        **entry.state.to_dict(),
-        "attempts": entry.attempts,
-        "execution_identity": (
-            entry.execution_identity.to_dict() if entry.execution_identity else None
-        ),
-        "result_receipt": entry.result_receipt.to_dict() if entry.result_receipt else None,
-    }
-
-
 @click.command("inspect")
 @ledger_option
 @click.argument("decision_id")
@@ -71,7 +58,7 @@ def inspect_cmd(ledger_url: str, decision_id: str, request_hash: str | None, as_
             click.echo(f"decision `{decision_id}`: missing")
         sys.exit(EXIT_NOT_FOUND)
     if as_json:
-        emit_json(_entry_dict(entry))
+        emit_json(entry.to_dict())  # GET /v1/decisions/{id}'s shape
         return
     state = entry.state
     rows: list[tuple[str, object]] = [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -181,16 +180,8 @@ def tail_cmd(
     def show(entries: list[Any]) -> None:
         if as_json:
             for entry in entries:
-                line = {
-                    "seq": entry.seq,
-                    "decision_id": entry.decision_id,
-                    "request_hash": entry.request_hash,
-                    "first_attempt": entry.first_attempt,
-                    "highest_attempt": entry.highest_attempt,
-                    "accepted_at_ms": entry.accepted_at_ms,
-                    "request": json.loads(entry.request_json),
-                }
-                click.echo(json.dumps(line, ensure_ascii=False, separators=(",", ":")))
+                # The same bytes as the entry in GET /v1/outbox (OutboxEntry.to_json).
+                click.echo(entry.to_json().decode("utf-8"))
         elif entries:
             rows = [
                 (

@@ -86,14 +86,8 @@ def _count_lines(stream: IO[bytes]) -> int | None:
 
 
 def _result_json(number: int, result: SubmitResult) -> dict[str, Any]:
-    return {
-        "line": number,
-        "outcome": result.outcome.value,
-        "decision_id": result.decision_id,
-        "attempt": result.attempt,
-        "receipt": result.receipt.to_dict() if result.receipt else None,
-        "request_id": result.request_id,
-    }
+    # The service's answer body (SubmitResult.to_dict), between the line and the request id.
+    return {"line": number, **result.to_dict(), "request_id": result.request_id}
 
 
 def _exit_code(error: Exception) -> int:

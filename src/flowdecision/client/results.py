@@ -8,11 +8,13 @@ from the answers in :mod:`.decode`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from ..bodies import DecisionStateBody, OutboxEntryBody, OutboxPageBody, OutcomeBody
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..model import DecisionRequest
 
@@ -53,6 +55,15 @@ class SubmitResult:
         """True when this call's dispatch submitted the decision to the sink."""
         return self.outcome is Outcome.SUBMITTED
 
+    def to_dict(self) -> OutcomeBody:
+        """The service's answer body (``DispatchOutcome.to_dict()``'s shape)."""
+        return {
+            "outcome": "submitted" if self.submitted else "duplicate",
+            "decision_id": self.decision_id,
+            "attempt": self.attempt,
+            "receipt": self.receipt.to_dict() if self.receipt else None,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class DecisionState:
@@ -71,6 +82,24 @@ class DecisionState:
     @property
     def completed(self) -> bool:
         return self.state == "completed"
+
+    def to_dict(self) -> DecisionStateBody:
+        """The service's answer body (``LedgerEntry.to_dict()``'s shape)."""
+        body: DecisionStateBody = {
+            "decision_id": self.decision_id,
+            "state": self.state,
+            "attempts": self.attempts,
+            "request_hash": self.request_hash,
+            "execution_identity": (
+                self.execution_identity.to_dict() if self.execution_identity else None
+            ),
+            "receipt": self.receipt.to_dict() if self.receipt else None,
+        }
+        if self.lease_expires_at_ms is not None:
+            body["lease_expires_at_ms"] = self.lease_expires_at_ms
+        if self.completed:
+            body["completed_at_ms"] = self.completed_at_ms
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +128,18 @@ class OutboxItem:
     accepted_at_ms: int
     request: DecisionRequest
 
+    def to_dict(self) -> OutboxEntryBody:
+        """One entry of the service's answer (``OutboxEntry.to_dict()``'s shape)."""
+        return {
+            "seq": self.seq,
+            "decision_id": self.decision_id,
+            "request_hash": self.request_hash,
+            "first_attempt": self.first_attempt,
+            "highest_attempt": self.highest_attempt,
+            "accepted_at_ms": self.accepted_at_ms,
+            "request": json.loads(self.request.to_json()),
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class OutboxPage:
@@ -108,3 +149,11 @@ class OutboxPage:
     next_after: int
     has_more: bool
     request_id: str | None
+
+    def to_dict(self) -> OutboxPageBody:
+        """The service's answer body."""
+        return {
+            "entries": [entry.to_dict() for entry in self.entries],
+            "next_after": self.next_after,
+            "has_more": self.has_more,
+        }

@@ -16,12 +16,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ..bodies import DecisionStateBody
 from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..store.joint import JointWrite, StoreKey
 from ..store.lifecycle import Closable
 from .machine import ClaimRecord
-from .states import ClaimOutcome, ClaimState, JointOutcome
+from .states import ClaimOutcome, ClaimState, Completed, JointOutcome, Pending
 
 __all__ = ["DelegatingLedger", "Ledger", "LedgerEntry", "PruneProgress"]
 
@@ -41,6 +42,27 @@ class LedgerEntry:
     attempts: int
     execution_identity: ExecutionIdentity | None
     result_receipt: ResultReceipt | None
+
+    def to_dict(self) -> DecisionStateBody:
+        """The one JSON shape of a looked-up decision: ``GET /v1/decisions/{id}``'s
+        body, ``flowdecision inspect --json``'s output and the client's
+        ``DecisionState.to_dict()`` (the receipt is ``receipt``)."""
+        state = self.state
+        body: DecisionStateBody = {
+            "decision_id": self.decision_id,
+            "state": state.kind,
+            "attempts": self.attempts,
+            "request_hash": self.request_hash,
+            "execution_identity": (
+                self.execution_identity.to_dict() if self.execution_identity else None
+            ),
+            "receipt": self.result_receipt.to_dict() if self.result_receipt else None,
+        }
+        if isinstance(state, Pending):
+            body["lease_expires_at_ms"] = state.lease_expires_at_ms
+        if isinstance(state, Completed):
+            body["completed_at_ms"] = state.completed_at_ms
+        return body
 
 
 class Ledger(Closable, abc.ABC):

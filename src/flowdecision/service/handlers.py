@@ -9,7 +9,6 @@ here, with the request id, the decision id, the error class and its code.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -21,13 +20,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from ..bodies import DecisionStateBody
 from ..dispatcher import DispatchOutcome
 from ..errors import DispatchError, LedgerError
 from ..health import HealthStatus
 from ..identity import DecisionTooLargeError
-from ..ledger.protocol import LedgerEntry
-from ..ledger.states import Completed, Pending
 from ..limits import I64_MAX, RESULT_RECEIPT_MAX_BYTES
 from ..model import DecisionRequest, InvalidRequestError
 from .config import Settings
@@ -233,25 +229,6 @@ async def _settled(task: asyncio.Future[Any]) -> None:
 # -- reads ------------------------------------------------------------------------
 
 
-def _entry_body(entry: LedgerEntry) -> DecisionStateBody:
-    state = entry.state
-    body: DecisionStateBody = {
-        "decision_id": entry.decision_id,
-        "state": state.kind,
-        "attempts": entry.attempts,
-        "request_hash": entry.request_hash,
-        "execution_identity": (
-            entry.execution_identity.to_dict() if entry.execution_identity else None
-        ),
-        "receipt": entry.result_receipt.to_dict() if entry.result_receipt else None,
-    }
-    if isinstance(state, Pending):
-        body["lease_expires_at_ms"] = state.lease_expires_at_ms
-    if isinstance(state, Completed):
-        body["completed_at_ms"] = state.completed_at_ms
-    return body
-
-
 async def get_decision(request: Request) -> Response:
     """The claim record of one decision, by id alone (never the owner)."""
     _ctx, service = _context(request)
@@ -265,7 +242,7 @@ async def get_decision(request: Request) -> Response:
         return error_response(
             404, "not_found", f"no claim for decision `{decision_id}`", decision_id=decision_id
         )
-    return JSONResponse(_entry_body(entry))
+    return JSONResponse(entry.to_dict())
 
 
 class _BadParam(Exception):
@@ -317,21 +294,8 @@ async def get_outbox(request: Request) -> Response:
         )
     has_more = len(entries) > limit
     entries = entries[:limit]
-    # The stored request bytes are embedded verbatim (they are the exact wire JSON).
-    items = [
-        b'{"seq":%d,"decision_id":%s,"request_hash":%s,"first_attempt":%d,'
-        b'"highest_attempt":%d,"accepted_at_ms":%d,"request":%s}'
-        % (
-            entry.seq,
-            json.dumps(entry.decision_id).encode(),
-            json.dumps(entry.request_hash).encode(),
-            entry.first_attempt,
-            entry.highest_attempt,
-            entry.accepted_at_ms,
-            entry.request_json,
-        )
-        for entry in entries
-    ]
+    # Each entry's own JSON (OutboxEntry.to_json: the stored request bytes verbatim).
+    items = [entry.to_json() for entry in entries]
     next_after = entries[-1].seq if entries else after
     body = b'{"entries":[%s],"next_after":%d,"has_more":%s}' % (
         b",".join(items),

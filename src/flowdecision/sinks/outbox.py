@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+from ..bodies import OutboxEntryBody
 from ..errors import (
     InvalidArgumentError,
     OutboxConflictError,
@@ -106,8 +108,10 @@ class OutboxEntry:
         """The stored request, parsed."""
         return DecisionRequest.parse(self.request_json)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (``request`` is the parsed request JSON text)."""
+    def to_dict(self) -> OutboxEntryBody:
+        """The one JSON shape of an outbox entry: an entry of ``GET /v1/outbox``,
+        a line of ``flowdecision outbox tail --json`` and the client's
+        ``OutboxItem.to_dict()``. ``request`` is the stored request, parsed."""
         return {
             "seq": self.seq,
             "decision_id": self.decision_id,
@@ -115,8 +119,25 @@ class OutboxEntry:
             "first_attempt": self.first_attempt,
             "highest_attempt": self.highest_attempt,
             "accepted_at_ms": self.accepted_at_ms,
-            "request_json": self.request_json.decode("utf-8"),
+            "request": json.loads(self.request_json),
         }
+
+    def to_json(self) -> bytes:
+        """:meth:`to_dict` encoded, with the stored request bytes embedded verbatim
+        (they are the exact wire JSON, so nothing is parsed or re-encoded)."""
+        head = (
+            b'{"seq":%d,"decision_id":%s,"request_hash":%s,"first_attempt":%d,'
+            b'"highest_attempt":%d,"accepted_at_ms":%d,"request":'
+            % (
+                self.seq,
+                json.dumps(self.decision_id).encode(),
+                json.dumps(self.request_hash).encode(),
+                self.first_attempt,
+                self.highest_attempt,
+                self.accepted_at_ms,
+            )
+        )
+        return head + self.request_json + b"}"
 
 
 def _entry(row: Any) -> OutboxEntry:
