@@ -83,3 +83,21 @@ async def crash_then_take_over(ledger_path: Path, sink_url: str, request: Decisi
         await ledger.close()
         await close_sink(sink)
     return out.decode()
+
+
+async def post_twice_through_serve(tmp_path: Path, sink_url: str, request: DecisionRequest) -> None:
+    """``flowdecision serve --sink sink_url``: POST ``request`` twice (201, then the
+    ledger's 200), check ``/healthz`` (which probes the sink) and a clean exit."""
+    import httpx
+
+    from tests.service_process import ServiceProcess
+
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with ServiceProcess(tmp_path, "--ledger", ledger, "--sink", sink_url) as service:
+        async with httpx.AsyncClient(base_url=service.url, headers=service.headers) as http:
+            first = await http.post("/v1/decisions", content=request.to_json())
+            again = await http.post("/v1/decisions", content=request.to_json())
+            health = await http.get("/healthz")
+    assert (first.status_code, again.status_code) == (201, 200), first.text
+    assert health.status_code == 200, health.text
+    assert service.proc.returncode == 0, service.log_text()[-2000:]

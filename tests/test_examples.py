@@ -88,6 +88,8 @@ LAST_LINES = {
         r"outbox: 40 of 40 decisions, each delivered once: True"
     ),
     "05_procrastinate_sink.py": re.compile(r"the job ran 1 time\(s\)"),
+    "06_temporal_sink.py": re.compile(r"each step scheduled once: True"),
+    "07_restate_sink.py": re.compile(r"each decision applied once: True"),
 }
 
 

@@ -25,9 +25,9 @@ from flowdecision.sinks.delivery import DecisionDelivery
 from flowdecision.sinks.loader import SinkConfigError, close_sink, open_sink, sink_kind
 from flowdecision.sinks.restate import RestateSink, parse_restate_url
 from flowdecision.sinks.webhook import WebhookRejectedError
-from tests.engine_crash import crash_then_take_over
+from tests.engine_crash import crash_then_take_over, post_twice_through_serve
 from tests.engine_servers import RestateServer
-from tests.service_process import ServiceProcess, decision, wait_for
+from tests.service_process import decision, wait_for
 
 pytestmark = pytest.mark.usefixtures("restate_deployment")
 
@@ -180,19 +180,9 @@ def test_url_parsing_and_bad_urls() -> None:
 async def test_serve_with_a_restate_sink_url(restate_server: RestateServer, tmp_path: Path) -> None:
     run_id = _uid("run")
     sent = step(f"{run_id}-serve", run_id)
-    with ServiceProcess(
-        tmp_path,
-        "--ledger",
-        f"sqlite:///{tmp_path / 'ledger.db'}",
-        "--sink",
-        restate_server.url("DecisionRun", "apply", keyed_by_run=True),
-    ) as service:
-        async with httpx.AsyncClient(base_url=service.url, headers=service.headers) as http:
-            first = await http.post("/v1/decisions", content=sent.to_json())
-            again = await http.post("/v1/decisions", content=sent.to_json())
-            health = await http.get("/healthz")
-    assert (first.status_code, again.status_code) == (201, 200), first.text
-    assert health.status_code == 200, health.text
+    await post_twice_through_serve(
+        tmp_path, restate_server.url("DecisionRun", "apply", keyed_by_run=True), sent
+    )
     await asyncio.to_thread(wait_for, lambda: asyncio.run(applied(restate_server, run_id)) != {})
     state = await applied(restate_server, run_id)
     assert json.loads(json.dumps(state))[sent.decision_id]["attempt"] == 1

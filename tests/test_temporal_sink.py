@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from temporalio.client import (
     Client,
@@ -36,10 +35,10 @@ from flowdecision.sinks.temporal import (
     parse_temporal_url,
 )
 from flowdecision.sinks.temporal_workflow import APPLIED_QUERY
-from tests.engine_crash import crash_then_take_over
+from tests.engine_crash import crash_then_take_over, post_twice_through_serve
 from tests.engine_fixtures import TEMPORAL_QUEUE
 from tests.engine_servers import TemporalServer, TemporalWorkerProcess, free_port
-from tests.service_process import ServiceProcess, decision
+from tests.service_process import decision
 
 pytestmark = pytest.mark.usefixtures("temporal_worker")
 
@@ -281,20 +280,9 @@ async def test_serve_with_a_temporal_sink_url(
 ) -> None:
     run_id = _uid("run")
     sent = step(f"{run_id}-serve", run_id)
-    with ServiceProcess(
-        tmp_path,
-        "--ledger",
-        f"sqlite:///{tmp_path / 'ledger.db'}",
-        "--sink",
-        temporal_server.url(TEMPORAL_QUEUE, "FlowRun", wait="completed"),
-    ) as service:
-        async with httpx.AsyncClient(base_url=service.url, headers=service.headers) as http:
-            first = await http.post("/v1/decisions", content=sent.to_json())
-            again = await http.post("/v1/decisions", content=sent.to_json())
-            health = await http.get("/healthz")
-    assert (first.status_code, again.status_code) == (201, 200), first.text
-    assert health.status_code == 200, health.text
-    assert service.proc.returncode == 0, service.log_text()[-2000:]
+    await post_twice_through_serve(
+        tmp_path, temporal_server.url(TEMPORAL_QUEUE, "FlowRun", wait="completed"), sent
+    )
     assert await effects(client, run_id) == [
         ["schedule_step", sent.decision_id, 1, f"{sent.decision_id}-s"]
     ]
