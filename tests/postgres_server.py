@@ -148,22 +148,27 @@ class PostgresServer:
         self.started = True
         return self
 
+    def halt(self, mode: str = "immediate") -> None:
+        """Stop the server (``immediate``: no checkpoint wait), keeping its directory."""
+        if self.started:
+            self._run(
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.datadir),
+                "-m",
+                mode,
+                "-w",
+                "stop",
+                timeout=60,
+            )
+            self.started = False
+
     def stop(self) -> None:
         """Stop the server (fast, no checkpoint wait) and delete its directory."""
         try:
-            if self.started:
-                with contextlib.suppress(Exception):
-                    self._run(
-                        str(self.bindir / "pg_ctl"),
-                        "-D",
-                        str(self.datadir),
-                        "-m",
-                        "immediate",
-                        "-w",
-                        "stop",
-                        timeout=60,
-                    )
-                self.started = False
+            with contextlib.suppress(Exception):
+                self.halt()
+            self.started = False
         finally:
             shutil.rmtree(self.base, ignore_errors=True)
 

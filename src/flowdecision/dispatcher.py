@@ -34,6 +34,7 @@ from .errors import (
     DecisionConflictError,
     DispatchError,
     DispatchLedgerError,
+    DispatchStoreFullError,
     InvalidArgumentError,
     InvalidIdentityError,
     LeaseLostError,
@@ -49,6 +50,7 @@ from .ledger.protocol import Ledger
 from .ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict
 from .limits import check_identifier, check_identifiers
 from .model import DecisionRequest, request_hash
+from .outage import Outage
 from .sinks.base import JointSink, Sink, check_sink, is_joint
 
 __all__ = ["DEFAULT_LEASE_MS", "ERROR_CLASSES", "DispatchOutcome", "Dispatcher", "ErrorClass"]
@@ -126,6 +128,7 @@ ERROR_CLASSES: dict[str, ErrorClass] = {
     "ledger_unavailable": ErrorClass("ledger_failures", failure=True, retryable=True),
     "ledger_corrupt": ErrorClass("ledger_failures", failure=True),
     "ledger_schema": ErrorClass("ledger_failures", failure=True),
+    "store_full": ErrorClass("ledger_failures", failure=True, retryable=True),
     "sink_failed": ErrorClass("sink_failures", failure=True),
 }
 #: Anything else (a DispatchError subclass without a row): a failure, not retried.
@@ -135,6 +138,18 @@ _UNCLASSIFIED = ErrorClass(None, failure=True)
 RETRY_BASE_S = 0.05
 RETRY_FACTOR = 2.0
 RETRY_MAX_S = 1.0
+
+
+#: Dispatch errors that mean the ledger's store is down (unreachable, or its disk full).
+_OUTAGES = frozenset({DispatchLedgerError, DispatchStoreFullError})
+#: Refusals that mean the ledger answered (so it is reachable again).
+_LEDGER_ANSWERS = frozenset({DecisionBusyError, DecisionConflictError})
+
+
+def _store_name(ledger: object) -> str:
+    """The ledger's store for log lines (its ``where``, else its file, else its type)."""
+    where = getattr(ledger, "where", None) or getattr(ledger, "path", None)
+    return str(where) if where else type(ledger).__name__
 
 
 def _error_class(error: BaseException) -> ErrorClass:
@@ -257,6 +272,10 @@ class Dispatcher:
             "owner_id", owner_id or f"decision-dispatcher-{uuid.uuid4()}"
         )
         self.metrics = HealthMetrics()
+        #: The ledger's availability as dispatches see it: logs when it goes
+        #: down (unreachable, full), a summary while it stays down, and when
+        #: it is back, instead of a line per failed dispatch.
+        self.ledger_outage = Outage(log, _store_name(self.ledger))
         self._heartbeat_s = max(lease_ms // 3, 1) / 1000
         self._gates: dict[str, _IdGate] = {}
         #: The joint path: the sink writes inside the ledger's transaction (one store).
@@ -286,6 +305,11 @@ class Dispatcher:
             outcome = await self._dispatch(request)
         except DispatchError as error:
             self._record_error(error)
+            if type(error) in _OUTAGES:
+                cause = error.__cause__ or error
+                self.ledger_outage.failed(error.code, f"{type(cause).__name__}: {cause}")
+            elif self.ledger_outage.active and type(error) in _LEDGER_ANSWERS:
+                self.ledger_outage.succeeded(wrote=False)
             raise
         except asyncio.CancelledError:
             metrics.cancellations += 1
@@ -296,6 +320,8 @@ class Dispatcher:
             raise
         else:
             metrics.record_success(duplicate=not outcome.submitted)
+            if self.ledger_outage.active:
+                self.ledger_outage.succeeded(wrote=outcome.submitted)
             return outcome
         finally:
             metrics.in_flight -= 1

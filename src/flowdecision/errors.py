@@ -27,6 +27,7 @@ __all__ = [
     "DispatchLedgerCorruptError",
     "DispatchLedgerError",
     "DispatchLedgerSchemaError",
+    "DispatchStoreFullError",
     "ExecutionContractError",
     "ExecutionIdentityError",
     "FlowDecisionError",
@@ -56,6 +57,7 @@ __all__ = [
     "RetryPolicyError",
     "SinkConfigError",
     "SinkError",
+    "StoreFullError",
     "StoreMissingError",
     "TemporalRunClosedError",
     "TemporalSinkError",
@@ -128,6 +130,16 @@ class LedgerUnavailableError(LedgerError):
     """The store cannot be reached, opened or written (I/O, network, permissions)."""
 
     code: ClassVar[str] = "ledger_unavailable"
+
+
+class StoreFullError(LedgerUnavailableError):
+    """The store's disk (SQLite ``SQLITE_FULL``) or the database server's
+    (PostgreSQL SQLSTATE 53100 ``disk_full``) is full: nothing was written.
+
+    Transient: once space is freed the same request succeeds, with no restart.
+    """
+
+    code: ClassVar[str] = "store_full"
 
 
 class StoreMissingError(LedgerError):
@@ -250,7 +262,9 @@ class DispatchLedgerError(DispatchError):
         act) and get their own subclass, hence their own ``code``.
         """
         kind: type[DispatchLedgerError] = DispatchLedgerError
-        if isinstance(error, LedgerCorruptError):
+        if isinstance(error, StoreFullError):
+            kind = DispatchStoreFullError
+        elif isinstance(error, LedgerCorruptError):
             kind = DispatchLedgerCorruptError
         elif isinstance(error, LedgerSchemaError):
             kind = DispatchLedgerSchemaError
@@ -269,6 +283,12 @@ class DispatchLedgerSchemaError(DispatchLedgerError):
     """The ledger's schema is newer (or older) than this version: permanent."""
 
     code: ClassVar[str] = "ledger_schema"
+
+
+class DispatchStoreFullError(DispatchLedgerError):
+    """The ledger's store is out of disk space (:class:`StoreFullError`): transient."""
+
+    code: ClassVar[str] = "store_full"
 
 
 class SinkError(DispatchError):

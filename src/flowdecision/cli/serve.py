@@ -54,6 +54,11 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 @_flag("--log-level", help="debug, info, warning, error.  [default: info]")
 @_flag("--access-log/--no-access-log", help="Write a structured access log.  [default: on]")
 @_flag(
+    "--outage-summary-s",
+    type=float,
+    help="While a store is down, seconds between summary log lines.  [default: 30]",
+)
+@_flag(
     "--allowed-origins", help="Comma-separated browser origins allowed to call.  [default: none]"
 )
 @_flag("--allowed-hosts", help="Comma-separated extra Host names accepted.  [default: none]")

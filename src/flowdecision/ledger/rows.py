@@ -15,6 +15,7 @@ from ..errors import (
     LedgerError,
     LedgerSchemaError,
     LedgerUnavailableError,
+    StoreFullError,
     StoreMissingError,
 )
 from ..jsonwire import encode_json_text
@@ -40,6 +41,7 @@ LEDGER = Component(
         schema=LedgerSchemaError,
         corrupt=LedgerCorruptError,
         missing=StoreMissingError,
+        full=StoreFullError,
     ),
     migrate_hint="run `flowdecision migrate` (or the ledger's migrate()) against it first",
     legacy_user_version=True,

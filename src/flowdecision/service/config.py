@@ -95,6 +95,8 @@ class Settings:
     webhook_token: str | None = field(default=None, repr=False)
     log_level: str = "info"
     access_log: bool = True
+    #: While a store is down: seconds between the outage log's summary lines.
+    outage_summary_s: float = 30.0
     # -- transport edge (docs/SERVICE.md, "Safety limits") ---------------------------
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
@@ -278,6 +280,7 @@ _TYPES: dict[str, type] = {
     "webhook_token": str,
     "log_level": str,
     "access_log": bool,
+    "outage_summary_s": float,
     "allowed_origins": tuple,
     "allowed_hosts": tuple,
     "header_timeout_s": float,

@@ -158,6 +158,12 @@ HTTP_ERRORS: dict[str, HttpAnswer] = {
     "ledger_unavailable": HttpAnswer(
         503, "the decision ledger is unavailable; retrying is safe", RetryAfter.SOON
     ),
+    "store_full": HttpAnswer(
+        503,
+        "the decision store is out of disk space; nothing was stored, so retrying is safe "
+        "once space is freed",
+        RetryAfter.SOON,
+    ),
     "ledger_error": HttpAnswer(
         503, "the decision ledger is unavailable; retrying is safe", RetryAfter.SOON
     ),

@@ -26,6 +26,7 @@ from ..health import HealthStatus
 from ..identity import DecisionTooLargeError
 from ..limits import I64_MAX, RESULT_RECEIPT_MAX_BYTES
 from ..model import DecisionRequest, InvalidRequestError
+from ..outage import OUTAGE_CODES
 from .config import Settings
 from .errors import (
     HTTP_ERRORS,
@@ -78,8 +79,13 @@ def _log_failure(error: BaseException, code: str, decision_id: str | None) -> No
     """One record per failed request: request id (added by the log filter), decision
     id, error class, code and cause. Failures of the service's parts are warnings."""
     status = HTTP_ERRORS[code].status
+    # A store that is down fails every request: the dispatcher's outage log says
+    # so once, then summarizes (flowdecision.outage); per request, only at debug.
+    level = logging.INFO if status < 500 else logging.WARNING
+    if code in OUTAGE_CODES:
+        level = logging.DEBUG
     log.log(
-        logging.WARNING if status >= 500 else logging.INFO,
+        level,
         "request failed",
         extra={
             "decision_id": decision_id,
@@ -236,7 +242,10 @@ async def get_decision(request: Request) -> Response:
     try:
         entry = await service.ledger.lookup(decision_id)
     except LedgerError as error:
-        _log_failure(error, error_code_for(error), decision_id)
+        code = error_code_for(error)
+        if code in OUTAGE_CODES:
+            service.dispatcher.ledger_outage.failed(code, describe_cause(error))
+        _log_failure(error, code, decision_id)
         return response_for_error(error, _error_context(service))
     if entry is None:
         return error_response(

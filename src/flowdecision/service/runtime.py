@@ -28,6 +28,7 @@ from ..health import ErrorRate, HealthSnapshot
 from ..ledger.protocol import Ledger
 from ..ledger.url import open_ledger
 from ..limits import I64_MAX
+from ..outage import Outage
 from ..sinks.base import Sink
 from ..sinks.loader import WebhookOptions, close_sink, open_sink
 from .config import Settings
@@ -145,22 +146,33 @@ def _sink_probe(sink: Sink) -> Callable[[], Awaitable[object]] | None:
     return None
 
 
-async def _check(probe: Callable[[], Awaitable[object]], what: str) -> Check:
+async def _check(
+    probe: Callable[[], Awaitable[object]], what: str, outage: Outage | None = None
+) -> Check:
+    """Run ``probe``; with ``outage``, its failures go to that outage log (one line
+    when it starts, summaries, one when it ends) instead of a line per probe."""
     try:
         await asyncio.wait_for(probe(), PROBE_TIMEOUT_S)
     except TimeoutError:
-        log.warning(f"{what} probe timed out", extra={"timeout_s": PROBE_TIMEOUT_S})
-        return Check(False, f"{what}_unavailable")
+        code, cause = f"{what}_unavailable", f"no answer within {PROBE_TIMEOUT_S} s"
     except FlowDecisionError as error:
-        code = error.code
+        code, cause = error.code, describe_cause(error)
         if code in ("ledger_error", "outbox_error", "error"):
             code = f"{what}_unavailable"
-        log.warning(f"{what} probe failed", extra={"code": code, "cause": describe_cause(error)})
-        return Check(False, code)
     except Exception as error:
-        log.warning(f"{what} probe failed", extra={"cause": describe_cause(error)})
-        return Check(False, f"{what}_unavailable")
-    return OK
+        code, cause = f"{what}_unavailable", describe_cause(error)
+    else:
+        if outage is not None:
+            outage.succeeded(wrote=False)
+            if outage.active and outage.code == "store_full":
+                # Reads work on a full disk: it is full until a write succeeds.
+                return Check(False, "store_full")
+        return OK
+    if outage is not None:
+        outage.failed(code, cause)
+    else:
+        log.warning(f"{what} probe failed", extra={"code": code, "cause": cause})
+    return Check(False, code)
 
 
 class Service:
@@ -173,6 +185,7 @@ class Service:
         self.dispatcher = Dispatcher(
             settings.production_branch, sink, ledger, lease_ms=settings.lease_ms
         )
+        self.dispatcher.ledger_outage.summary_s = settings.outage_summary_s
         self.recent: deque[RecentDecision] = deque(maxlen=settings.recent_limit)
         self.tasks: set[asyncio.Task[Any]] = set()
         self.started_at_ms = time.time_ns() // 1_000_000
@@ -220,8 +233,15 @@ class Service:
     # -- health -------------------------------------------------------------------
 
     def cached_health(self) -> HealthVerdict:
-        """The verdict from the last probes and the current error rate (no I/O)."""
+        """The verdict from the last probes and the current error rate (no I/O).
+
+        A full disk fails the ledger check (code ``store_full``) from the first
+        write it refused until a write succeeds: the probe only reads.
+        """
         ledger, sink = self._checks
+        outage = self.dispatcher.ledger_outage
+        if outage.active and outage.code == "store_full":
+            ledger = Check(False, "store_full")
         return HealthVerdict(
             ledger=ledger,
             sink=sink,
@@ -254,7 +274,9 @@ class Service:
         return self.cached_health()
 
     async def _probe(self) -> tuple[Check, Check]:
-        ledger_check = _check(lambda: self.ledger.lookup(PROBE_DECISION_ID), "ledger")
+        ledger_check = _check(
+            lambda: self.ledger.lookup(PROBE_DECISION_ID), "ledger", self.dispatcher.ledger_outage
+        )
         if self._sink_probe is None:
             return await ledger_check, NOT_PROBED
         ledger, sink = await asyncio.gather(ledger_check, _check(self._sink_probe, "sink"))

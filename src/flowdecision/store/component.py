@@ -25,6 +25,13 @@ class ErrorKinds:
     corrupt: type[FlowDecisionError]
     #: opened with ``create=False``, the store does not exist (nothing was created)
     missing: type[FlowDecisionError]
+    #: the disk or the database server is out of space (nothing was written);
+    #: None: reported as ``unavailable``
+    full: type[FlowDecisionError] | None = None
+
+    def out_of_space(self) -> type[FlowDecisionError]:
+        """The class for a full disk: :attr:`full`, else :attr:`unavailable`."""
+        return self.full or self.unavailable
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ install it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from ..errors import FlowDecisionError
@@ -21,6 +22,24 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     asyncpg = None  # type: ignore[assignment]
 
 __all__ = ["CLOCK_SQL", "PgPool", "asyncpg", "retryable"]
+
+
+class _QuietReconnects(logging.Filter):
+    """asyncpg logs a warning with a full traceback for each failed attempt to
+    restore a pool's connections while the server is down; the dispatcher's
+    outage log (:mod:`flowdecision.outage`) says that once, then summarizes.
+    Those records are kept at debug level only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and str(record.msg).startswith(
+            "Failed to restore the pool connection"
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+logging.getLogger("asyncpg.pool").addFilter(_QuietReconnects())
 
 #: The database clock in Unix-epoch milliseconds, as a SQL expression. It reads
 #: ``clock_timestamp()`` (the time now, not the transaction's start).
@@ -171,6 +190,11 @@ class PgPool:
         what = "connect to" if connecting else "use"
         detail = f"{type(error).__name__}: {error}"
         if asyncpg is not None:
+            if isinstance(error, asyncpg.DiskFullError):  # SQLSTATE 53100
+                return errors.out_of_space()(
+                    f"{self.where}: the database server's disk is full ({error}); "
+                    "nothing was written, free space and retry"
+                )
             if isinstance(error, asyncpg.UndefinedTableError):
                 return errors.schema(
                     f"{self.where} has no flowdecision tables ({error}): "

@@ -35,6 +35,7 @@ __all__ = [
     "WalUnavailableError",
     "connect_wal",
     "create_private_file",
+    "full_disk",
     "sqlite_transaction",
 ]
 
@@ -121,6 +122,16 @@ def _switch_to_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
         raise WalUnavailableError(f"cannot enable WAL mode (got {mode!r})")
 
 
+def full_disk(error: BaseException) -> bool:
+    """``SQLITE_FULL`` (the file could not grow), or an I/O error that was ENOSPC."""
+    if not isinstance(error, sqlite3.Error):
+        return False
+    code = getattr(error, "sqlite_errorcode", None)
+    return (code is not None and code & 0xFF == sqlite3.SQLITE_FULL) or (
+        "database or disk is full" in str(error)
+    )
+
+
 @dataclass(slots=True)
 class SqliteOpener:
     """How one store opens its SQLite file: where, how durably, and for whom.
@@ -192,6 +203,11 @@ class SqliteOpener:
         """The component's error for ``error``, naming the file."""
         errors = self.component.errors
         text = str(error)
+        if full_disk(error):
+            return errors.out_of_space()(
+                f"{self.where}: the disk is full ({text}); nothing was written, "
+                "free space and retry"
+            )
         if isinstance(error, sqlite3.OperationalError):
             if "locked" in text or "busy" in text:
                 return errors.unavailable(
