@@ -68,6 +68,8 @@ class PostgresServer:
         self.log = self.base / "server.log"
         self.db_user = "flowdecision"
         self.started = False
+        #: more ``-c name=value`` settings
+        self.extra_options: list[str] = []
 
     # -- helpers ---------------------------------------------------------------
 
@@ -124,6 +126,11 @@ class PostgresServer:
             "--locale=C",
             *(["--no-sync"] if self.fast else []),
         )
+        self.resume()
+        return self
+
+    def options(self) -> list[str]:
+        """The server's ``-c`` settings (``pg_ctl -o``)."""
         options = [
             "-c listen_addresses=''",
             f"-c unix_socket_directories='{self.socket_dir}'",
@@ -132,6 +139,10 @@ class PostgresServer:
         ]
         if self.fast:
             options += [f"-c {key}={value}" for key, value in FAST_SETTINGS.items()]
+        return options + self.extra_options
+
+    def resume(self) -> None:
+        """Start the server on its existing data directory (after :meth:`halt`)."""
         self._run(
             str(self.bindir / "pg_ctl"),
             "-D",
@@ -139,14 +150,13 @@ class PostgresServer:
             "-l",
             str(self.log),
             "-o",
-            " ".join(options),
+            " ".join(self.options()),
             "-w",
             "-t",
             "60",
             "start",
         )
         self.started = True
-        return self
 
     def halt(self, mode: str = "immediate") -> None:
         """Stop the server (``immediate``: no checkpoint wait), keeping its directory."""
