@@ -28,7 +28,7 @@ from ..health import ErrorRate, HealthSnapshot
 from ..ledger.protocol import Ledger
 from ..ledger.url import open_ledger
 from ..limits import I64_MAX
-from ..outage import Outage
+from ..outage import OUTAGE_CODES, Outage
 from ..sinks.base import Sink
 from ..sinks.loader import WebhookOptions, close_sink, open_sink
 from .config import Settings
@@ -149,18 +149,23 @@ def _sink_probe(sink: Sink) -> Callable[[], Awaitable[object]] | None:
 async def _check(
     probe: Callable[[], Awaitable[object]], what: str, outage: Outage | None = None
 ) -> Check:
-    """Run ``probe``; with ``outage``, its failures go to that outage log (one line
+    """Run ``probe``. With ``outage``, a failure meaning the store is down
+    (:data:`~flowdecision.outage.OUTAGE_CODES`) goes to that outage log (one line
     when it starts, summaries, one when it ends) instead of a line per probe."""
+    extra: dict[str, object]
     try:
         await asyncio.wait_for(probe(), PROBE_TIMEOUT_S)
     except TimeoutError:
         code, cause = f"{what}_unavailable", f"no answer within {PROBE_TIMEOUT_S} s"
+        message, extra = f"{what} probe timed out", {"timeout_s": PROBE_TIMEOUT_S}
     except FlowDecisionError as error:
         code, cause = error.code, describe_cause(error)
         if code in ("ledger_error", "outbox_error", "error"):
             code = f"{what}_unavailable"
+        message, extra = f"{what} probe failed", {"code": code, "cause": cause}
     except Exception as error:
         code, cause = f"{what}_unavailable", describe_cause(error)
+        message, extra = f"{what} probe failed", {"cause": cause}
     else:
         if outage is not None:
             outage.succeeded(wrote=False)
@@ -168,10 +173,10 @@ async def _check(
                 # Reads work on a full disk: it is full until a write succeeds.
                 return Check(False, "store_full")
         return OK
-    if outage is not None:
+    if outage is not None and code in OUTAGE_CODES:
         outage.failed(code, cause)
     else:
-        log.warning(f"{what} probe failed", extra={"code": code, "cause": cause})
+        log.warning(message, extra=extra)
     return Check(False, code)
 
 
