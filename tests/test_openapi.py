@@ -36,7 +36,7 @@ from .service_process import ROOT, ServiceProcess, decision
 
 TOKEN = "openapi-test-token-0123456789abcdef"
 COMMITTED = ROOT / "docs" / "openapi.json"
-SERVICE_SOURCES = sorted((ROOT / "src" / "flowdecision" / "service").glob("*.py"))
+SERVICE_SOURCES = sorted((ROOT / "src" / "flowdecision" / "service").rglob("*.py"))
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +123,8 @@ def _literal_codes() -> list[tuple[str, int, str]]:
             args = node.args
             if node.func.id == "error_response" and len(args) >= 2:
                 status, code = args[0], args[1]
-            elif node.func.id == "_raw_response" and len(args) >= 3:
-                status, code = args[0], args[2]
+            elif node.func.id == "edge_answer" and len(args) >= 2:
+                status, code = args[0], args[1]
             else:
                 continue
             if isinstance(status, ast.Constant) and isinstance(code, ast.Constant):

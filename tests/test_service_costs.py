@@ -1,5 +1,5 @@
-"""The per-request shortcuts keep behaviour: POST /v1/decisions's direct lane answers as
-Starlette's full stack, the direct access line is the line the JSON
+"""The per-request shortcuts keep behaviour (the lean ASGI path: tests/test_service_lean.py):
+the direct access line is the line the JSON
 formatter writes, buffered lines are written by the end of the loop iteration and at
 exit, request ids stay unique, the written-out health dict is ``asdict``'s, cached
 request counters count, and a response leaves in one write."""
@@ -27,8 +27,8 @@ from uvicorn.server import ServerState
 
 from flowdecision.health import HealthMetrics, HealthSnapshot
 from flowdecision.service import logs
+from flowdecision.service.edge import ConnectionTable, EdgeLimits, edge_protocol
 from flowdecision.service.metrics import ServiceMetrics
-from flowdecision.service.transport import ConnectionTable, TransportLimits, guarded_protocol
 from tests.service_process import ROOT
 
 ACCESS = dict(
@@ -250,7 +250,7 @@ async def _serve_one(
     loop = asyncio.get_running_loop()
     config = uvicorn.Config(app, http=base, lifespan="off", log_config=None)  # type: ignore[arg-type]
     config.load()
-    protocol_class = guarded_protocol(base, ConnectionTable(TransportLimits()))
+    protocol_class = edge_protocol(base, ConnectionTable(EdgeLimits()))
     served, client = socket.socketpair()
     client.setblocking(False)
 
@@ -296,87 +296,3 @@ def test_a_streamed_chunk_is_not_held_back(base: type[asyncio.Protocol]) -> None
             release.set()
 
     assert b"first" in asyncio.run(main())
-
-
-# -- the direct lane for POST /v1/decisions ------------------------------------------
-
-_DECISION = (
-    b'{"decision_id":"d-1","run_id":"r","authority_branch_id":"production",'
-    b'"causation_event_id":"e","decision":{"type":"fail","error":"x"}}'
-)
-_JSON = {"Content-Type": "application/json", "X-Request-Id": "req-1"}
-#: (settings overrides, requests each as headers and body), all sent to one app in turn.
-_LANE_CASES: dict[str, tuple[dict[str, Any], list[tuple[dict[str, str], bytes]]]] = {
-    "submitted then duplicate": ({}, [(_JSON, _DECISION), (_JSON, _DECISION)]),
-    "prefer wait": ({}, [({**_JSON, "Prefer": "wait=2"}, _DECISION)]),
-    "wrong content type": ({}, [({**_JSON, "Content-Type": "text/plain"}, _DECISION)]),
-    "foreign host": ({}, [({**_JSON, "Host": "evil.example"}, _DECISION)]),
-    "foreign origin": ({}, [({**_JSON, "Origin": "http://evil.example"}, _DECISION)]),
-    "allowed origin": (
-        {"allowed_origins": ("http://console.example",)},
-        [({**_JSON, "Origin": "http://console.example"}, _DECISION)],
-    ),
-    "invalid body": ({}, [(_JSON, b'{"decision_id":')]),
-    "too large": ({"max_body_bytes": 64}, [(_JSON, _DECISION)]),
-    "no token": ({"token": "secret"}, [(_JSON, _DECISION)]),
-    "token": ({"token": "secret"}, [({**_JSON, "Authorization": "Bearer secret"}, _DECISION)]),
-}
-
-
-_LANE_STATUSES = {
-    "submitted then duplicate": [201, 200],
-    "prefer wait": [201],
-    "wrong content type": [415],
-    "foreign host": [421],
-    "foreign origin": [403],
-    "allowed origin": [201],
-    "invalid body": [422],
-    "too large": [413],
-    "no token": [401],
-    "token": [201],
-}
-
-
-@pytest.mark.parametrize("case", list(_LANE_CASES))
-async def test_the_direct_lane_answers_as_the_full_starlette_stack(case: str) -> None:
-    # In-process ASGI (every answer is also checked over real sockets in
-    # test_service*.py): the same requests to two fresh apps, one taking the
-    # direct lane for POST /v1/decisions, one forced through Starlette's whole stack.
-    import httpx
-    from starlette.applications import Starlette
-
-    from flowdecision.ledger import MemoryLedger
-    from flowdecision.service.app import Service, ServiceApp, create_app
-    from flowdecision.service.config import Settings
-    from tests.helpers import RecordingSink
-
-    overrides, requests = _LANE_CASES[case]
-    settings = Settings(ledger="memory:", sink="python:tests.helpers:RecordingSink", **overrides)
-    answers: dict[str, list[tuple[int, list[tuple[str, str]], bytes]]] = {}
-    taken: list[bool] = []
-    for lane in ("direct", "full"):
-        app = create_app(settings, service=Service(settings, MemoryLedger(), RecordingSink()))
-        assert isinstance(app, ServiceApp)
-
-        async def full(scope: Any, receive: Any, send: Any, app: ServiceApp = app) -> None:
-            await Starlette.__call__(app, scope, receive, send)
-
-        async def direct(scope: Any, receive: Any, send: Any, app: ServiceApp = app) -> None:
-            await app(scope, receive, send)
-            taken.append("router" not in scope)  # Starlette's router marks the scope
-
-        transport = httpx.ASGITransport(app=direct if lane == "direct" else full)
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-            answers[lane] = [
-                (
-                    response.status_code,
-                    sorted((k, v) for k, v in response.headers.items() if k != "date"),
-                    response.content,
-                )
-                for headers, body in requests
-                for response in [await client.post("/v1/decisions", headers=headers, content=body)]
-            ]
-        if lane == "direct":
-            assert taken and all(taken)
-    assert answers["direct"] == answers["full"]
-    assert [status for status, _, _ in answers["direct"]] == _LANE_STATUSES[case]

@@ -1,6 +1,6 @@
-"""The service's connection layer on a real socket: TCP_NODELAY, the Host/Origin/Content-Type
-guard with both HTTP parsers, header/body/keep-alive timeouts, slow clients against a
-1024-descriptor limit, and a 413 that urllib and requests can read."""
+"""The service's connection edge (service/edge/) on a real socket: TCP_NODELAY, the
+Host/Origin/Content-Type guard with both HTTP parsers, header/body/keep-alive timeouts,
+slow clients against a 1024-descriptor limit, and a 413 that urllib and requests can read."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import requests
 
 from flowdecision.model import DecisionRequest
 from flowdecision.service.config import ConfigError, Settings, load_settings
+from flowdecision.service.edge import effective_max_connections
 from flowdecision.service.server import _optional, bind_socket, event_loop_factory, serve
-from flowdecision.service.transport import effective_max_connections
 from tests.service_process import ServiceProcess, decision, wait_for
 
 T = TypeVar("T")
@@ -254,9 +254,13 @@ def _read_response(conn: socket.socket) -> bytes:
 
 
 def _status_and_error(raw: bytes) -> tuple[int, str]:
+    """Status and error code of a raw answer, which carries its request id (header and body)."""
     head, _, body = raw.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])
-    return status, json.loads(body)["error"]["code"]
+    error = json.loads(body)["error"]
+    request_ids = re.findall(rb"(?im)^x-request-id: *([^\r\n]+)", head)
+    assert [value.decode() for value in request_ids] == [error["request_id"]], head
+    return status, error["code"]
 
 
 @pytest.mark.parametrize(("http", "loop"), STACKS, ids=[f"{h}-{lp}" for h, lp in STACKS])

@@ -68,6 +68,11 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 @_flag("--max-connections", type=int, help="Open connection cap.  [default: 1000]")
 @_flag("--http", help="HTTP parser: auto, httptools, h11.  [default: auto]")
 @_flag("--loop", help="Event loop: auto, uvloop, asyncio.  [default: auto]")
+@_flag(
+    "--edge",
+    help="guarded: the service polices connections (timeouts, caps); plain: stock uvicorn, "
+    "for a reverse proxy that does it (docs/SERVICE.md).  [default: guarded]",
+)
 @_flag("--workers", type=int, help="Server processes on the one port.  [default: 1]")
 def serve_cmd(config_file: str | None, **flags: Any) -> None:
     """Run the HTTP decision service (POST /v1/decisions, status page at /).
@@ -80,6 +85,7 @@ def serve_cmd(config_file: str | None, **flags: Any) -> None:
     from ..service.logs import configure_logging
     from ..service.server import (
         bind_socket,
+        check_edge,
         curl_example,
         event_loop_factory,
         http_protocol_class,
@@ -91,6 +97,7 @@ def serve_cmd(config_file: str | None, **flags: Any) -> None:
         settings = load_settings(flags, config_file=config_file)
         loop_factory = event_loop_factory(settings)
         http_protocol_class(settings)  # fails early when the chosen parser is missing
+        check_edge(settings)  # ... or when uvicorn moved under the edge
     except ConfigError as error:
         fail(error, EXIT_USAGE)
     configure_logging(settings.log_level)

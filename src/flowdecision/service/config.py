@@ -36,6 +36,7 @@ from ..redact import redact_url
 __all__ = [
     "DEFAULT_LEDGER_URL",
     "DEFAULT_SINK_URL",
+    "EDGES",
     "ENV_PREFIX",
     "EVENT_LOOPS",
     "HTTP_IMPLEMENTATIONS",
@@ -60,6 +61,8 @@ ENV_PREFIX = "FLOWDECISION_"
 HTTP_IMPLEMENTATIONS = ("auto", "httptools", "h11")
 #: ``loop`` values (``auto`` is uvloop when installed).
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+#: ``edge`` values: the service's own connection edge, or stock uvicorn behind a proxy.
+EDGES = ("guarded", "plain")
 #: Most server processes ``workers`` may ask for.
 MAX_WORKERS = 64
 #: Shortest bearer token accepted on a non-loopback address (``serve`` warns on loopback).
@@ -106,6 +109,8 @@ class Settings:
     max_connections: int = 1000
     http: str = "auto"
     loop: str = "auto"
+    #: ``guarded``: connections go through service/edge/; ``plain``: stock uvicorn.
+    edge: str = "guarded"
     #: Server processes sharing the listening socket (docs/SERVICE.md, "Workers").
     workers: int = 1
 
@@ -181,6 +186,8 @@ class Settings:
             )
         if self.loop not in EVENT_LOOPS:
             raise ConfigError(f"loop must be one of {', '.join(EVENT_LOOPS)}, got {self.loop!r}")
+        if self.edge not in EDGES:
+            raise ConfigError(f"edge must be one of {', '.join(EDGES)}, got {self.edge!r}")
         for origin in self.allowed_origins:
             normalize_origin(origin, setting="allowed_origins")
         for name in self.allowed_hosts:
@@ -289,6 +296,7 @@ _TYPES: dict[str, type] = {
     "max_connections": int,
     "http": str,
     "loop": str,
+    "edge": str,
     "workers": int,
 }
 assert set(_TYPES) == set(_FIELDS)

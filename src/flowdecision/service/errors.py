@@ -198,7 +198,7 @@ class ServiceCode:
     client's exception; the old name stays importable from here).
 
     ``where`` names the module that sends it. tests/test_openapi.py checks that
-    every ``error_response``/``_raw_response`` in the service uses a code listed
+    every ``error_response``/``edge_answer`` in the service uses a code listed
     here or in :data:`HTTP_ERRORS`, with the same status.
     """
 
@@ -215,18 +215,21 @@ ServiceError = ServiceCode
 #: Codes answered outside :data:`HTTP_ERRORS`, for the OpenAPI contract
 #: (service/openapi.py) and docs/SERVICE.md.
 SERVICE_ERRORS: dict[str, ServiceCode] = {
+    "bad_request": ServiceCode(400, "guards"),  # and edge/base.py, for malformed HTTP
     "unauthorized": ServiceCode(401, "auth"),
     "origin_not_allowed": ServiceCode(403, "guards"),
     "not_found": ServiceCode(404, "handlers", NotFoundDetails),
     "no_outbox": ServiceCode(404, "handlers"),
     "method_not_allowed": ServiceCode(405, "errors"),
-    "request_timeout": ServiceCode(408, "transport"),
+    "request_timeout": ServiceCode(408, "edge/timeouts"),
+    "expectation_failed": ServiceCode(417, "guards"),
     "payload_too_large": ServiceCode(413, "handlers", LimitDetails),
     "unsupported_media_type": ServiceCode(415, "guards"),
     "host_not_allowed": ServiceCode(421, "guards"),
+    "request_head_too_large": ServiceCode(431, "edge/timeouts"),
     "invalid_parameter": ServiceCode(422, "handlers", ParameterDetails),
     "outbox_unavailable": ServiceCode(503, "handlers", retry_after=RetryAfter.SOON),
-    "overloaded": ServiceCode(503, "transport", retry_after=RetryAfter.SOON),
+    "overloaded": ServiceCode(503, "edge/connections", retry_after=RetryAfter.SOON),
 }
 
 

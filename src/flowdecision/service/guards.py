@@ -5,7 +5,12 @@ A web page in the operator's browser can send requests to the service: a
 preflight, and a DNS-rebinding page can even make the browser address a
 loopback service under the attacker's host name. So:
 
-- :class:`BrowserGuardMiddleware` (before auth) refuses a ``Host`` that names
+- :class:`BrowserGuardMiddleware` (before auth) first refuses what HTTP/1.1
+  itself forbids, whichever parser read it: no ``Host`` on an HTTP/1.1
+  request, or two (400 ``bad_request``, RFC 9112 §3.2); two
+  ``Content-Length`` fields, or one with ``Transfer-Encoding`` (400: a
+  request-smuggling shape, §6.3); an ``Expect`` other than ``100-continue``
+  (417 ``expectation_failed``). Then it refuses a ``Host`` that names
   neither loopback nor an ``allowed_hosts`` entry when the service listens on
   loopback (or whenever ``allowed_hosts`` is set): 421 ``host_not_allowed``;
   and any ``Origin`` not in ``allowed_origins`` (empty by default, so every
@@ -14,15 +19,18 @@ loopback service under the attacker's host name. So:
   console served from that origin can call the API with its bearer token.
 - :class:`JsonContentTypeMiddleware` (after auth, so unauthenticated callers
   still learn nothing but 401) refuses a ``POST`` whose ``Content-Type`` is not
-  ``application/json``: 415 ``unsupported_media_type``. No HTML form can send
-  that type, and a script can only send it after a preflight.
+  ``application/json``, or whose body is compressed (``Content-Encoding``
+  other than ``identity``): 415 ``unsupported_media_type``. No HTML form can
+  send that type, and a script can only send it after a preflight. Only the
+  methods a route accepts are checked: ``PUT /v1/decisions`` is the router's
+  405 (with ``Allow``), whatever its content type.
 
 Non-browser clients (curl, SDKs, load balancers) send no ``Origin``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from starlette.middleware import Middleware
 from starlette.responses import Response
@@ -90,7 +98,35 @@ class BrowserGuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        host = _header(scope, b"host")
+        # One pass over the headers for every rule below.
+        host = origin = expect = None
+        hosts = lengths = 0
+        chunked = False
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value
+                hosts += 1
+            elif name == b"origin":
+                origin = value
+            elif name == b"content-length":
+                lengths += 1
+            elif name == b"transfer-encoding":
+                chunked = True
+            elif name == b"expect":
+                expect = value
+        problem = _framing_problem(scope, hosts, lengths, chunked)
+        if problem is not None:
+            await error_response(400, "bad_request", problem)(scope, receive, send)
+            return
+        if expect is not None and expect.strip().lower() != b"100-continue":
+            shown = bytes(expect).decode("latin-1")[:100]
+            refusal = error_response(
+                417,
+                "expectation_failed",
+                f"`Expect: {shown}` cannot be met; the only expectation is `100-continue`",
+            )
+            await refusal(scope, receive, send)
+            return
         if self.check_host and host is not None and not self._host_allowed(host):
             shown = host.decode("latin-1")[:200]
             refusal = error_response(
@@ -101,7 +137,6 @@ class BrowserGuardMiddleware:
             )
             await refusal(scope, receive, send)
             return
-        origin = _header(scope, b"origin")
         if origin is None:
             await self.app(scope, receive, send)
             return
@@ -142,6 +177,17 @@ class BrowserGuardMiddleware:
         return bool(name) and (is_loopback(name) or name in self.allowed_hosts)
 
 
+def _framing_problem(scope: Scope, hosts: int, lengths: int, chunked: bool) -> str | None:
+    """What makes the request's framing or ``Host`` ambiguous (RFC 9112), if anything."""
+    if hosts > 1 or (hosts == 0 and scope.get("http_version") == "1.1"):
+        return f"an HTTP/1.1 request needs exactly one `Host` header, got {hosts}"
+    if lengths > 1:
+        return f"the request has {lengths} `Content-Length` headers; send one"
+    if lengths and chunked:
+        return "the request has both `Content-Length` and `Transfer-Encoding`; send one"
+    return None
+
+
 def _adding(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
     async def send_with_headers(message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -152,30 +198,48 @@ def _adding(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
 
 
 class JsonContentTypeMiddleware:
-    """Refuses a request with a body whose ``Content-Type`` is not ``application/json`` (415).
+    """Refuses a request body that is not plain ``application/json`` (415).
 
-    With ``paths``, only requests to those paths are checked: a method no route
-    accepts (``PUT /healthz``) then gets the router's 405, not a 415 that
-    suggests another content type would work (found by Schemathesis).
+    With ``routes`` (path -> the methods with a body its route accepts), only
+    those requests are checked: a method no route accepts (``PUT /healthz``,
+    ``PATCH /v1/decisions``) then gets the router's 405 with ``Allow``, not a
+    415 that suggests another content type would work (found by Schemathesis).
     """
 
-    def __init__(self, app: ASGIApp, *, paths: Iterable[str] | None = None) -> None:
+    def __init__(self, app: ASGIApp, *, routes: Mapping[str, Iterable[str]] | None = None) -> None:
         self.app = app
-        self.paths = None if paths is None else frozenset(paths)
+        self.routes = (
+            None
+            if routes is None
+            else {path: frozenset(methods) & _BODY_METHODS for path, methods in routes.items()}
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["method"] not in _BODY_METHODS
-            or (self.paths is not None and scope["path"] not in self.paths)
-        ):
+        if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
             await self.app(scope, receive, send)
             return
-        content_type = _header(scope, b"content-type") or b""
+        if self.routes is not None and scope["method"] not in self.routes.get(scope["path"], ()):
+            await self.app(scope, receive, send)
+            return
+        content_type = encoding = b""
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                content_type = value
+            elif name == b"content-encoding":
+                encoding = value
+        if encoding.strip().lower() not in (b"", b"identity"):
+            shown = bytes(encoding).decode("latin-1")[:100]
+            refusal = error_response(
+                415,
+                "unsupported_media_type",
+                f"`Content-Encoding: {shown}` is not supported; send the body uncompressed",
+            )
+            await refusal(scope, receive, send)
+            return
         if content_type.split(b";", 1)[0].strip().lower() == _JSON.encode():
             await self.app(scope, receive, send)
             return
-        shown = content_type.decode("latin-1")[:100] or "none"
+        shown = bytes(content_type).decode("latin-1")[:100] or "none"
         # The body is not read: UnreadBodyMiddleware marks the answer Connection:
         # close and the connection layer drains the body, so the client reads the 415.
         refusal = error_response(

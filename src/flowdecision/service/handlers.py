@@ -269,7 +269,8 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     raw = values[0] if values else None
     if raw is None or raw == "":
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    # ASCII digits only: int() and str.isdigit() also take fullwidth and Arabic-Indic ones.
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
         raise _BadParam(name, f"must be an integer in {low}..{high}, got `{raw[:40]}`")
     return int(raw)
 

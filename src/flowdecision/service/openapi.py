@@ -68,9 +68,15 @@ __all__ = ["OPENAPI_PATH", "openapi_document", "openapi_json", "openapi_route"]
 OPENAPI_PATH = "/openapi.json"
 _REF = "#/components/schemas/"
 _JSON = "application/json"
-#: Codes sent before a request exists (transport.py): no request id, no X-Request-Id.
-_NO_REQUEST = frozenset({"request_timeout", "overloaded"})
-_CAN_ANSWER_ANY_REQUEST = ("origin_not_allowed", "host_not_allowed", "request_timeout")
+#: Codes any request can get: from the edge (service/edge/) and the browser guard.
+_CAN_ANSWER_ANY_REQUEST = (
+    "bad_request",
+    "origin_not_allowed",
+    "host_not_allowed",
+    "request_timeout",
+    "expectation_failed",
+    "request_head_too_large",
+)
 _AUTH: list[dict[str, list[str]]] = [{"bearerAuth": []}, {"basicAuth": []}]
 
 
@@ -195,8 +201,6 @@ def _error_schemas(schemas: _Schemas) -> None:
             props.update(extra)
             needed += extra_required
         description = f"`{code}` ({status}): {what}."
-        if code in _NO_REQUEST:
-            description += " Sent before a request exists: no `request_id`, no `X-Request-Id`."
         schemas.components[_error_schema_name(code)] = {
             "type": "object",
             "description": description,
@@ -234,16 +238,7 @@ def _responses(
         responses[name] = {**answer, "headers": answer_headers}
     for status in sorted(by_status):
         group = by_status[status]
-        headers: dict[str, Any] = {}
-        if not _NO_REQUEST.intersection(group):
-            headers["X-Request-Id"] = {"$ref": "#/components/headers/X-Request-Id"}
-        else:
-            headers["X-Request-Id"] = {
-                "description": "The request id (absent from "
-                + ", ".join(f"`{c}`" for c in sorted(_NO_REQUEST.intersection(group)))
-                + ").",
-                "schema": {"type": "string"},
-            }
+        headers: dict[str, Any] = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}}
         retrying = [code for code in group if rows[code][1] is not RetryAfter.NEVER]
         if retrying:
             headers["Retry-After"] = _header(
@@ -589,8 +584,7 @@ def openapi_document() -> dict[str, Any]:
             "description": (
                 "Submit workflow decisions exactly once. Every error is "
                 '`{"error": {"code", "message", "request_id", ...}}`; `code` is stable. '
-                "Every response carries `X-Request-Id` (except the two answers sent before a "
-                "request exists: 408 `request_timeout` and 503 `overloaded`). See docs/SERVICE.md."
+                "Every response carries `X-Request-Id`. See docs/SERVICE.md."
             ),
             "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
         },

@@ -1,10 +1,12 @@
 """Run the app under uvicorn: bind, print where it listens, shut down gracefully.
 
-uvicorn parses HTTP and runs the app; the connections themselves are accepted
-and policed by :mod:`.transport` (TCP_NODELAY, connection cap, header, body and
-keep-alive timeouts, lingering close). The HTTP parser (``http``: httptools or
-h11) and the event loop (``loop``: uvloop or asyncio) are settings; ``auto``
-picks the faster one when it is installed.
+uvicorn parses HTTP and runs the app. With ``edge = "guarded"`` (the default)
+the connections themselves are accepted and policed by the edge,
+:mod:`.edge` (connection cap, timeouts, request-head cap, lingering close,
+write coalescing); with ``edge = "plain"`` uvicorn accepts them itself, for
+deployments behind a reverse proxy that does that work. The HTTP parser
+(``http``: httptools or h11) and the event loop (``loop``: uvloop or asyncio)
+are settings; ``auto`` picks the faster one when it is installed.
 
 Shutdown has one deadline. On SIGTERM or SIGINT uvicorn stops accepting
 connections and the service starts its grace period (``shutdown_grace_s``):
@@ -34,15 +36,17 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from ..model import DecisionRequest, DecisionStep, ScheduleStep
 from .app import create_app
 from .config import ConfigError, Settings
+from .edge import EdgeLimits, contract_problems, serve_through_edge
 from .logs import flush_logs
 from .metrics import ServiceMetrics
 from .runtime import UNWIND_S, Service
-from .transport import Acceptor, ConnectionTable, TransportLimits, guarded_protocol
 
 __all__ = [
     "LISTEN_BACKLOG",
     "bind_socket",
+    "check_edge",
     "curl_example",
+    "edge_limits",
     "event_loop_factory",
     "http_protocol_class",
     "serve",
@@ -110,9 +114,23 @@ def event_loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEvent
     return uvloop.new_event_loop
 
 
-def transport_limits(settings: Settings) -> TransportLimits:
+def check_edge(settings: Settings) -> None:
+    """Refuse the guarded edge on a uvicorn whose internals it relies on have moved."""
+    if settings.edge != "guarded":
+        return
+    problems = contract_problems()
+    if problems:
+        raise ConfigError(
+            "the installed uvicorn is not one the service edge was tested with ("
+            + "; ".join(problems)
+            + "): install the version pyproject.toml pins, or run with edge = plain "
+            "behind a reverse proxy"
+        )
+
+
+def edge_limits(settings: Settings) -> EdgeLimits:
     """The connection limits the settings ask for."""
-    return TransportLimits(
+    return EdgeLimits(
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
         keep_alive_timeout_s=settings.keep_alive_timeout_s,
@@ -152,7 +170,7 @@ class _Server(uvicorn.Server):
         config: uvicorn.Config,
         on_ready: Callable[[], None],
         on_exit: Callable[[], None],
-        limits: TransportLimits | None = None,
+        limits: EdgeLimits | None = None,
         *,
         every_second: Callable[[], None] | None = None,
         supervised: bool = False,
@@ -160,7 +178,8 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self._on_ready = on_ready
         self._on_exit = on_exit
-        self._limits = limits or TransportLimits()
+        #: None: plain uvicorn (its own listening server, no edge).
+        self._limits = limits
         self._every_second = every_second
         self._supervised = supervised
 
@@ -171,23 +190,15 @@ class _Server(uvicorn.Server):
         return await super().on_tick(counter)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        # uvicorn runs the lifespan but listens on nothing: an Acceptor per socket
-        # accepts instead (see transport.py). uvicorn's shutdown closes them like
-        # its own servers, since they sit in ``self.servers``.
-        await super().startup(sockets=[])
+        if self._limits is None:
+            await super().startup(sockets=sockets)
+        else:
+            # uvicorn runs the lifespan but listens on nothing; the edge accepts.
+            await super().startup(sockets=[])
+            if self.started and not self.should_exit:
+                serve_through_edge(self, sockets or [], self._limits)
         if not self.started or self.should_exit:
             return
-        table = ConnectionTable(self._limits)
-        protocol = guarded_protocol(self.config.http_protocol_class, table)
-        config, state, app_state = self.config, self.server_state, self.lifespan.state
-
-        def factory() -> asyncio.Protocol:
-            return protocol(config=config, server_state=state, app_state=app_state)  # type: ignore[call-arg]
-
-        for sock in sockets or []:
-            acceptor = Acceptor(sock, factory, table)
-            acceptor.start()
-            self.servers.append(acceptor)  # type: ignore[arg-type]
         quiet_collector()
         self._on_ready()
 
@@ -243,9 +254,11 @@ async def serve(
     SIGINT is left to the supervisor, a second SIGTERM cancels what is left, and
     the worker shuts down by itself if its supervisor disappears.
     """
+    check_edge(settings)
     service = await Service.start(settings)
     app = create_app(settings, service=service)
     grace_s = settings.shutdown_grace_s
+    guarded = settings.edge == "guarded"
     config = uvicorn.Config(
         app,
         log_config=None,
@@ -257,6 +270,10 @@ async def serve(
         http=http_protocol_class(settings),
         ws="none",
         backlog=LISTEN_BACKLOG,
+        # h11 refuses (400) an incomplete head past this; the edge's 431 comes first.
+        h11_max_incomplete_event_size=2 * edge_limits(settings).head_max_bytes if guarded else None,
+        # Plain: uvicorn's own keep-alive timer (whole seconds); the edge has its own.
+        timeout_keep_alive=max(1, math.ceil(settings.keep_alive_timeout_s)),
     )
     loop = asyncio.get_running_loop()
 
@@ -277,7 +294,7 @@ async def serve(
         config,
         lambda: on_ready(service_url(sock)),
         on_exit,
-        transport_limits(settings),
+        edge_limits(settings) if guarded else None,
         every_second=every_second,
         supervised=supervised,
     )
