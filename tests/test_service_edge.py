@@ -244,7 +244,8 @@ _BODY = decision("hostile-1").to_json()
         ),
         (
             "expect 200-ok",
-            b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nExpect: 200-ok\r\nConnection: close\r\n\r\n",
+            b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nExpect: 200-ok\r\n"
+            b"Connection: close\r\n\r\n",
             417,
             "expectation_failed",
         ),
@@ -258,7 +259,8 @@ _BODY = decision("hostile-1").to_json()
         ),
         (
             "fullwidth digit",
-            b"GET /v1/outbox?limit=%EF%BC%95 HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+            b"GET /v1/outbox?limit=%EF%BC%95 HTTP/1.1\r\nHost: localhost\r\n"
+            b"Connection: close\r\n\r\n",
             422,
             "invalid_parameter",
         ),
