@@ -80,9 +80,20 @@ def test_package_imports_only_what_the_architecture_allows(package: str) -> None
 
 #: package -> everything in flowdecision it may import (stricter than FORBIDDEN).
 ALLOWED = {
-    "store": {"store", "errors", "closing", "redact"},
+    # `defaults` (constants only): every constructor's defaults, from one place.
+    "store": {"store", "errors", "closing", "redact", "defaults"},
     # `bodies` (TypedDicts only): to_dict() returns the service's JSON shape.
-    "ledger": {"ledger", "store", "errors", "limits", "identity", "jsonwire", "redact", "bodies"},
+    "ledger": {
+        "ledger",
+        "store",
+        "errors",
+        "limits",
+        "identity",
+        "jsonwire",
+        "redact",
+        "bodies",
+        "defaults",
+    },
     "sinks": {
         "sinks",
         "store",
@@ -93,6 +104,7 @@ ALLOWED = {
         "closing",
         "redact",
         "bodies",
+        "defaults",
     },
 }
 

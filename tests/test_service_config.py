@@ -290,3 +290,31 @@ def test_default_layout_is_one_store_and_an_old_layout_is_kept(
     settings = load_settings({}, env={})
     assert (settings.ledger, settings.sink) == (shared, shared)
     assert default_outbox_url() == shared
+
+
+async def test_sqlite_ledger_without_a_path_is_the_ledger_serve_uses_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SqliteLedger()`` follows ``serve``'s layout rule: the one shared file in a
+    new directory, the old ``ledger.db`` where only the old layout exists (it never
+    creates the shared file beside it, which would flip ``serve`` to an empty store)."""
+    from flowdecision import SqliteLedger
+
+    monkeypatch.chdir(tmp_path)
+    fresh = SqliteLedger()
+    assert fresh.path == Path(".flowdecision/flowdecision.db")
+    assert fresh.path.as_posix() == load_settings({}, env={}).ledger.removeprefix("sqlite:///")
+    old = tmp_path / "old"
+    (old / ".flowdecision").mkdir(parents=True)
+    monkeypatch.chdir(old)
+    legacy = await SqliteLedger.open(Path(".flowdecision/ledger.db"))
+    await legacy.claim("d", "h", "owner", lease_ms=1000)
+    await legacy.close()
+    ledger = await SqliteLedger.open()
+    try:
+        assert ledger.path == Path(".flowdecision/ledger.db")
+        assert (await ledger.lookup("d")) is not None
+        assert not (old / ".flowdecision" / "flowdecision.db").exists()
+        assert load_settings({}, env={}).ledger == LEGACY_LEDGER_URL
+    finally:
+        await ledger.close()

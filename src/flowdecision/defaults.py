@@ -1,4 +1,8 @@
-"""Where flowdecision keeps its stores when none is named (``serve``, the CLI).
+"""Every default, in one place: where the stores live when none is named, and
+the default of every constructor's tuning argument (the constructors, ``serve``'s
+settings and the CLI read them from here, so they cannot drift apart).
+
+**Where the stores live** (``serve``, the CLI, ``SqliteLedger()``, ``OutboxSink``).
 
 The default layout keeps the ledger and the outbox in ONE SQLite file, so each
 accepted decision is claimed, written to the outbox and completed in one
@@ -11,20 +15,48 @@ by new, empty ones.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Final
 from urllib.parse import urlsplit
 
 __all__ = [
+    "BATCH_CONCURRENCY",
+    "CLIENT_TIMEOUT_S",
+    "DEFAULT_STORE_PATH",
     "DEFAULT_STORE_URL",
+    "LEASE_MS",
     "LEGACY_LEDGER_URL",
     "LEGACY_OUTBOX_URL",
+    "MAX_BATCH",
+    "MAX_WAIT_MS",
+    "PG_COMMAND_TIMEOUT_S",
+    "PG_CONNECT_TIMEOUT_S",
+    "PG_MAX_SIZE",
+    "PG_MIN_SIZE",
+    "RETRY_BACKOFF_BASE_S",
+    "RETRY_BACKOFF_MAX_S",
+    "RETRY_MAX_RETRY_AFTER_S",
+    "RETRY_MAX_TRIES",
+    "SERVICE_HOST",
+    "SERVICE_PORT",
+    "SERVICE_URL",
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "SQLITE_CACHE_KIB",
+    "SQLITE_SYNCHRONOUS",
+    "WEBHOOK_BACKOFF_BASE_S",
+    "WEBHOOK_BACKOFF_MAX_S",
+    "WEBHOOK_MAX_ATTEMPTS",
+    "WEBHOOK_MAX_RETRY_AFTER_S",
+    "WEBHOOK_TIMEOUT_S",
+    "default_ledger_path",
     "default_ledger_url",
     "default_outbox_url",
     "legacy_layout_only",
     "legacy_outbox_exists",
 ]
 
-#: The ledger and the outbox, together.
-DEFAULT_STORE_URL = "sqlite:///.flowdecision/flowdecision.db"
+#: The ledger and the outbox, together (relative to the working directory).
+DEFAULT_STORE_PATH = Path(".flowdecision") / "flowdecision.db"
+DEFAULT_STORE_URL = f"sqlite:///{DEFAULT_STORE_PATH.as_posix()}"
 #: The two-file layout of releases before the transactional outbox.
 LEGACY_LEDGER_URL = "sqlite:///.flowdecision/ledger.db"
 LEGACY_OUTBOX_URL = "sqlite:///.flowdecision/outbox.db"
@@ -53,3 +85,64 @@ def default_ledger_url() -> str:
 def default_outbox_url() -> str:
     """The outbox used here when none is named (see :func:`default_ledger_url`)."""
     return LEGACY_OUTBOX_URL if legacy_layout_only() else DEFAULT_STORE_URL
+
+
+def default_ledger_path() -> Path:
+    """The SQLite ledger file used here when none is named (``SqliteLedger()``):
+    the one the CLI and ``serve`` use (see :func:`default_ledger_url`), so a
+    library call never creates the shared file beside an old ``ledger.db`` and
+    flips this directory's layout under ``serve``."""
+    return _file(default_ledger_url())
+
+
+# -- the dispatcher -------------------------------------------------------------------
+
+#: A claim's lease: how long another owner waits before taking over a silent one.
+LEASE_MS = 30_000
+
+# -- SQLite stores (ledger and outbox) --------------------------------------------------
+
+#: ``PRAGMA synchronous``: FULL, a committed claim survives power loss.
+SQLITE_SYNCHRONOUS: Final = "FULL"
+#: How long a write waits for another process's transaction before failing.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: The SQLite ledger's page cache (``PRAGMA cache_size``), in KiB.
+SQLITE_CACHE_KIB = 16_384
+
+# -- group commit (the SQL ledgers) -----------------------------------------------------
+
+#: At most this many mutations share one commit.
+MAX_BATCH = 64
+#: How long a started batch waits for more (0: never; in flight together is enough).
+MAX_WAIT_MS = 0.0
+#: PostgreSQL ledger: batches committing at once.
+BATCH_CONCURRENCY = 2
+
+# -- PostgreSQL pools (ledger and outbox) ---------------------------------------------
+
+PG_MIN_SIZE = 1
+PG_MAX_SIZE = 10
+PG_CONNECT_TIMEOUT_S = 10.0
+PG_COMMAND_TIMEOUT_S: float | None = 60.0
+
+# -- the webhook sink -------------------------------------------------------------------
+
+WEBHOOK_TIMEOUT_S = 10.0
+WEBHOOK_MAX_ATTEMPTS = 4
+WEBHOOK_BACKOFF_BASE_S = 0.2
+WEBHOOK_BACKOFF_MAX_S = 5.0
+WEBHOOK_MAX_RETRY_AFTER_S = 30.0
+
+# -- the HTTP client (flowdecision.client, ``flowdecision submit``) ----------------------
+
+#: Where ``serve`` listens by default, and where the client looks.
+SERVICE_HOST = "127.0.0.1"
+SERVICE_PORT = 8080
+SERVICE_URL = f"http://{SERVICE_HOST}:{SERVICE_PORT}"
+#: Per HTTP request.
+CLIENT_TIMEOUT_S = 10.0
+#: ``RetryOptions``: HTTP requests per call (first included) and the backoff.
+RETRY_MAX_TRIES = 5
+RETRY_BACKOFF_BASE_S = 0.1
+RETRY_BACKOFF_MAX_S = 10.0
+RETRY_MAX_RETRY_AFTER_S = 60.0

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Literal, cast
 
 from .bodies import OutcomeBody
+from .defaults import LEASE_MS
 from .errors import (
     DecisionBusyError,
     DecisionConflictError,
@@ -55,7 +56,8 @@ from .sinks.base import JointSink, Sink, check_sink, is_joint
 
 __all__ = ["DEFAULT_LEASE_MS", "ERROR_CLASSES", "DispatchOutcome", "Dispatcher", "ErrorClass"]
 
-DEFAULT_LEASE_MS = 30_000
+#: The default lease (``flowdecision.defaults.LEASE_MS``).
+DEFAULT_LEASE_MS = LEASE_MS
 log = logging.getLogger("flowdecision.dispatcher")
 
 _OTHER_IDS = ("decision_id", "run_id", "causation_event_id")

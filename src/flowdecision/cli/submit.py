@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from ..defaults import SERVICE_URL
 from ..errors import FlowDecisionError
 from .common import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
 
@@ -157,7 +158,7 @@ def _open_client(
 @click.argument("source", metavar="FILE|-", type=click.File("rb"))
 @click.option(
     "--url",
-    default="http://127.0.0.1:8080",
+    default=SERVICE_URL,
     show_default=True,
     envvar="FLOWDECISION_URL",
     help="Base URL of the decision service.",

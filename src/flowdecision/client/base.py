@@ -8,13 +8,14 @@ from typing import Any, Final, Generic, TypeVar
 
 import httpx
 
+from ..defaults import CLIENT_TIMEOUT_S, SERVICE_URL
 from ..errors import InvalidArgumentError
 from .protocol import Send, ServiceProtocol
 from .retry import OnRetry, RetryOptions
 
 __all__ = ["DEFAULT_URL", "HTTP_DEFAULTS", "BaseClient", "read_token_file", "send_kwargs"]
 
-DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_URL = SERVICE_URL
 
 _USER_AGENT = "flowdecision-client"
 
@@ -46,7 +47,7 @@ class BaseClient(Generic[H]):
         url: str = DEFAULT_URL,
         *,
         token: str | None = None,
-        timeout: float | httpx.Timeout = 10.0,
+        timeout: float | httpx.Timeout = CLIENT_TIMEOUT_S,
         retry: RetryOptions | None = None,
         wait_s: float | None = None,
         on_retry: OnRetry | None = None,

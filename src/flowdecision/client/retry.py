@@ -9,6 +9,12 @@ from dataclasses import dataclass
 
 import httpx
 
+from ..defaults import (
+    RETRY_BACKOFF_BASE_S,
+    RETRY_BACKOFF_MAX_S,
+    RETRY_MAX_RETRY_AFTER_S,
+    RETRY_MAX_TRIES,
+)
 from ..errors import FlowDecisionError, InvalidArgumentError
 
 __all__ = ["MAYBE_SENT", "NOT_SENT", "OnRetry", "RetryEvent", "RetryOptions"]
@@ -19,12 +25,12 @@ class RetryOptions:
     """When and how long to retry; see the module docstring for *what* is retried."""
 
     #: HTTP requests per call, the first included (1 = never retry).
-    max_tries: int = 5
+    max_tries: int = RETRY_MAX_TRIES
     #: Full-jitter backoff: retry n waits uniform(0, min(backoff_max_s, backoff_base_s·2^(n-1))).
-    backoff_base_s: float = 0.1
-    backoff_max_s: float = 10.0
+    backoff_base_s: float = RETRY_BACKOFF_BASE_S
+    backoff_max_s: float = RETRY_BACKOFF_MAX_S
     #: A ``Retry-After`` longer than this ends the retries at once (the error is raised).
-    max_retry_after_s: float = 60.0
+    max_retry_after_s: float = RETRY_MAX_RETRY_AFTER_S
     #: Total time budget of one call, sleeps included (None: bounded by ``max_tries`` only).
     deadline_s: float | None = None
     #: Resend a decision after a failure that may have reached the service (see above).

@@ -52,6 +52,15 @@ import asyncio
 import collections
 from typing import Any, TypeVar
 
+from ..defaults import (
+    BATCH_CONCURRENCY,
+    MAX_BATCH,
+    MAX_WAIT_MS,
+    PG_COMMAND_TIMEOUT_S,
+    PG_CONNECT_TIMEOUT_S,
+    PG_MAX_SIZE,
+    PG_MIN_SIZE,
+)
 from ..errors import LedgerCorruptError, LedgerError, LedgerUnavailableError
 from ..store.batching import copy_error, settle
 from ..store.joint import JointWrite, StoreKey, postgres_key
@@ -159,14 +168,14 @@ class PostgresLedger(StoredLedger):
         self,
         dsn: str,
         *,
-        min_size: int = 1,
-        max_size: int = 10,
-        connect_timeout_s: float = 10.0,
-        command_timeout_s: float | None = 60.0,
+        min_size: int = PG_MIN_SIZE,
+        max_size: int = PG_MAX_SIZE,
+        connect_timeout_s: float = PG_CONNECT_TIMEOUT_S,
+        command_timeout_s: float | None = PG_COMMAND_TIMEOUT_S,
         group_commit: bool = True,
-        max_batch: int = 64,
-        max_wait_ms: float = 0.0,
-        batch_concurrency: int = 2,
+        max_batch: int = MAX_BATCH,
+        max_wait_ms: float = MAX_WAIT_MS,
+        batch_concurrency: int = BATCH_CONCURRENCY,
     ) -> None:
         max_batch, max_wait_ms = check_group_commit(
             "PostgreSQL ledger", max_batch, max_wait_ms, LedgerError

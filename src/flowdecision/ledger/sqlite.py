@@ -25,6 +25,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from ..defaults import (
+    DEFAULT_STORE_PATH,
+    MAX_BATCH,
+    MAX_WAIT_MS,
+    SQLITE_BUSY_TIMEOUT_MS,
+    SQLITE_CACHE_KIB,
+    SQLITE_SYNCHRONOUS,
+    default_ledger_path,
+)
 from ..errors import LedgerCorruptError, LedgerError
 from ..store.batching import copy_error
 from ..store.joint import StoreKey, sqlite_key
@@ -46,8 +55,10 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Where the CLI, the demo and the service keep their ledger unless told otherwise.
-DEFAULT_SQLITE_PATH = Path(".flowdecision") / "ledger.db"
+#: The one-file layout's store (``flowdecision.defaults.DEFAULT_STORE_PATH``).
+#: ``SqliteLedger()`` without a path resolves :func:`~flowdecision.defaults.default_ledger_path`
+#: instead: this file, unless the directory holds only the old ``ledger.db``.
+DEFAULT_SQLITE_PATH = DEFAULT_STORE_PATH
 
 #: ``synchronous`` settings accepted; FULL makes every commit durable on power loss.
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
@@ -84,6 +95,12 @@ class SqliteLedger(StoredLedger):
     """Claim ledger in one SQLite file (``serve``'s default: ``./.flowdecision/flowdecision.db``,
     which also holds the outbox).
 
+    Without a ``path`` it is the ledger ``serve`` and the CLI use in the working
+    directory (:func:`flowdecision.defaults.default_ledger_path`): that shared
+    file, or the old ``.flowdecision/ledger.db`` when the directory holds only
+    the old two-file layout (so it is never replaced by a new, empty file).
+    Every tuning default comes from :mod:`flowdecision.defaults`.
+
     ``SqliteLedger(path)`` does no I/O: the database is opened, created and
     migrated by the first operation, or eagerly by :meth:`start` /
     ``await SqliteLedger.open(path)``. Parent directories are created, and a
@@ -109,14 +126,14 @@ class SqliteLedger(StoredLedger):
 
     def __init__(
         self,
-        path: str | os.PathLike[str] = DEFAULT_SQLITE_PATH,
+        path: str | os.PathLike[str] | None = None,
         *,
-        synchronous: Synchronous = "FULL",
-        busy_timeout_ms: int = 30_000,
+        synchronous: Synchronous = SQLITE_SYNCHRONOUS,
+        busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
         group_commit: bool = True,
-        max_batch: int = 64,
-        max_wait_ms: float = 0.0,
-        cache_kib: int = 16_384,
+        max_batch: int = MAX_BATCH,
+        max_wait_ms: float = MAX_WAIT_MS,
+        cache_kib: int = SQLITE_CACHE_KIB,
         create: bool = True,
     ) -> None:
         sync = str(synchronous).upper()
@@ -127,7 +144,7 @@ class SqliteLedger(StoredLedger):
         max_batch, max_wait_ms = check_group_commit(
             "sqlite ledger", max_batch, max_wait_ms, LedgerError
         )
-        self.path = Path(path)
+        self.path = default_ledger_path() if path is None else Path(path)
         self.synchronous = sync
         self.busy_timeout_ms = busy_timeout_ms
         self.group_commit = bool(group_commit)
@@ -163,7 +180,7 @@ class SqliteLedger(StoredLedger):
     @classmethod
     async def open(
         cls,
-        path: str | os.PathLike[str] = DEFAULT_SQLITE_PATH,
+        path: str | os.PathLike[str] | None = None,
         **options: Any,
     ) -> SqliteLedger:
         """Open (creating and migrating if needed) the database at ``path``.

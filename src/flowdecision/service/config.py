@@ -24,6 +24,10 @@ from ..defaults import (
     DEFAULT_STORE_URL,
     LEGACY_LEDGER_URL,
     LEGACY_OUTBOX_URL,
+    SERVICE_HOST,
+    SERVICE_PORT,
+    WEBHOOK_MAX_ATTEMPTS,
+    WEBHOOK_TIMEOUT_S,
     default_outbox_url,
     legacy_layout_only,
     legacy_outbox_exists,
@@ -78,8 +82,8 @@ _SHARED_STORE_SCHEMES = ("sqlite", "postgres", "postgresql")
 class Settings:
     """Everything ``flowdecision serve`` can be told. See docs/SERVICE.md for the table."""
 
-    host: str = "127.0.0.1"
-    port: int = 8080
+    host: str = SERVICE_HOST
+    port: int = SERVICE_PORT
     ledger: str = DEFAULT_LEDGER_URL
     sink: str = DEFAULT_SINK_URL
     production_branch: str = "production"
@@ -93,8 +97,8 @@ class Settings:
     shutdown_grace_s: float = 10.0
     recent_limit: int = 50
     status_refresh_s: int = 5
-    webhook_timeout_s: float = 10.0
-    webhook_max_attempts: int = 4
+    webhook_timeout_s: float = WEBHOOK_TIMEOUT_S
+    webhook_max_attempts: int = WEBHOOK_MAX_ATTEMPTS
     webhook_token: str | None = field(default=None, repr=False)
     log_level: str = "info"
     access_log: bool = True

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from ..defaults import WEBHOOK_MAX_ATTEMPTS, WEBHOOK_TIMEOUT_S
 from ..errors import SinkConfigError
 from .base import Sink, has_async_submit
 
@@ -62,8 +63,8 @@ _ENGINE_PREFIXES = {
 
 @dataclass(frozen=True, slots=True)
 class WebhookOptions:
-    timeout_s: float = 10.0
-    max_attempts: int = 4
+    timeout_s: float = WEBHOOK_TIMEOUT_S
+    max_attempts: int = WEBHOOK_MAX_ATTEMPTS
     token: str | None = None
 
 

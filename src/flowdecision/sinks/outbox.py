@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from ..bodies import OutboxEntryBody
+from ..defaults import SQLITE_BUSY_TIMEOUT_MS
 from ..errors import (
     InvalidArgumentError,
     OutboxConflictError,
@@ -200,7 +201,13 @@ class OutboxSink(Closable):
     opens; a SQLite one migrates itself when it opens.
     """
 
-    def __init__(self, url: str, *, busy_timeout_ms: int = 30_000, create: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+        create: bool = True,
+    ) -> None:
         self.url = url
         self.create = bool(create)
         self.kind, self._target = parse_outbox_url(url)

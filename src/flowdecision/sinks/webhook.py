@@ -28,6 +28,13 @@ import httpx
 
 from ..backoff import parse_retry_after
 from ..closing import Openable
+from ..defaults import (
+    WEBHOOK_BACKOFF_BASE_S,
+    WEBHOOK_BACKOFF_MAX_S,
+    WEBHOOK_MAX_ATTEMPTS,
+    WEBHOOK_MAX_RETRY_AFTER_S,
+    WEBHOOK_TIMEOUT_S,
+)
 from ..errors import InvalidArgumentError, WebhookError, WebhookRejectedError
 from ..model import DecisionRequest
 
@@ -61,11 +68,11 @@ class WebhookSink(Openable):
         self,
         url: str,
         *,
-        timeout_s: float = 10.0,
-        max_attempts: int = 4,
-        backoff_base_s: float = 0.2,
-        backoff_max_s: float = 5.0,
-        max_retry_after_s: float = 30.0,
+        timeout_s: float = WEBHOOK_TIMEOUT_S,
+        max_attempts: int = WEBHOOK_MAX_ATTEMPTS,
+        backoff_base_s: float = WEBHOOK_BACKOFF_BASE_S,
+        backoff_max_s: float = WEBHOOK_BACKOFF_MAX_S,
+        max_retry_after_s: float = WEBHOOK_MAX_RETRY_AFTER_S,
         token: str | None = None,
         rng: random.Random | None = None,
     ) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ..defaults import PG_COMMAND_TIMEOUT_S, PG_CONNECT_TIMEOUT_S, PG_MAX_SIZE, PG_MIN_SIZE
 from ..errors import FlowDecisionError
 from .component import Component
 from .migrations import pg_check, pg_migrate, pg_schema_version
@@ -87,10 +88,10 @@ class PgPool:
         component: Component,
         dsn: str,
         *,
-        min_size: int = 1,
-        max_size: int = 10,
-        connect_timeout_s: float = 10.0,
-        command_timeout_s: float | None = 60.0,
+        min_size: int = PG_MIN_SIZE,
+        max_size: int = PG_MAX_SIZE,
+        connect_timeout_s: float = PG_CONNECT_TIMEOUT_S,
+        command_timeout_s: float | None = PG_COMMAND_TIMEOUT_S,
         create: bool = True,
     ) -> None:
         if asyncpg is None:
