@@ -137,3 +137,22 @@ def test_no_module_outside_a_backend_calls_a_backends_private_storage_methods() 
         if needle in path.read_text(encoding="utf-8")
     ]
     assert not offences, "\n".join(offences)
+
+
+def test_the_service_edge_is_one_optional_seam() -> None:
+    # Only server.py chooses the edge; the edge knows nothing of the app above it.
+    edge = ROOT / "service" / "edge"
+    importers = sorted(
+        str(path.relative_to(ROOT))
+        for path in ROOT.rglob("*.py")
+        if edge not in path.parents
+        and any(name.startswith("flowdecision.service.edge") for name in _imports(path))
+    )
+    assert importers == ["service/server.py"]
+    reaches = {
+        name
+        for path in edge.rglob("*.py")
+        for name in _imports(path)
+        if not name.startswith("flowdecision.service.edge")
+    }
+    assert reaches <= {"flowdecision.service.logs", "flowdecision.service.logs.new_request_id"}

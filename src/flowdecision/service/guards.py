@@ -120,12 +120,8 @@ class BrowserGuardMiddleware:
             return
         if expect is not None and expect.strip().lower() != b"100-continue":
             shown = bytes(expect).decode("latin-1")[:100]
-            refusal = error_response(
-                417,
-                "expectation_failed",
-                f"`Expect: {shown}` cannot be met; the only expectation is `100-continue`",
-            )
-            await refusal(scope, receive, send)
+            problem = f"`Expect: {shown}` cannot be met; the only expectation is `100-continue`"
+            await error_response(417, "expectation_failed", problem)(scope, receive, send)
             return
         if self.check_host and host is not None and not self._host_allowed(host):
             shown = host.decode("latin-1")[:200]
@@ -229,12 +225,8 @@ class JsonContentTypeMiddleware:
                 encoding = value
         if encoding.strip().lower() not in (b"", b"identity"):
             shown = bytes(encoding).decode("latin-1")[:100]
-            refusal = error_response(
-                415,
-                "unsupported_media_type",
-                f"`Content-Encoding: {shown}` is not supported; send the body uncompressed",
-            )
-            await refusal(scope, receive, send)
+            problem = f"`Content-Encoding: {shown}` is not supported; send the body uncompressed"
+            await error_response(415, "unsupported_media_type", problem)(scope, receive, send)
             return
         if content_type.split(b";", 1)[0].strip().lower() == _JSON.encode():
             await self.app(scope, receive, send)
