@@ -35,9 +35,11 @@ async def outbox_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
     try:
         await conn.execute("DROP TABLE IF EXISTS flow_decision_outbox")
         await conn.execute("DROP TABLE IF EXISTS flow_decision_outbox_schema")
+        await conn.execute("DROP TABLE IF EXISTS flow_decision_outbox_cursor")
+        await conn.execute("DROP FUNCTION IF EXISTS flow_decision_outbox_notify")
     finally:
         await conn.close()
-    assert await OutboxSink(url).migrate() == (0, 1)  # PostgreSQL migrates only when asked
+    assert await OutboxSink(url).migrate() == (0, 2)  # PostgreSQL migrates only when asked
     yield url
 
 

@@ -145,7 +145,7 @@ async def test_a_ledger_and_an_outbox_keep_separate_versions_in_one_sqlite_file(
     ledger = await SqliteLedger.open(path)
     try:
         async with OutboxSink(f"sqlite:///{path}") as outbox:
-            assert await outbox.migrate() == (0, 1)  # what opening found, and did
+            assert await outbox.migrate() == (0, 2)  # what opening found, and did
             assert await outbox.deliver(request(decision_id="dec-1"), 1) is True
         assert await ledger.schema_version() == 1
     finally:
@@ -175,8 +175,8 @@ async def test_a_postgres_outbox_is_not_migrated_on_open_and_says_how(pg_empty_u
         await sink.open()
     await sink.close()
     assert await _public_tables(pg_empty_url) == set()
-    assert await OutboxSink(pg_empty_url).migrate() == (0, 1)
-    assert await OutboxSink(pg_empty_url).migrate() == (1, 1)
+    assert await OutboxSink(pg_empty_url).migrate() == (0, 2)
+    assert await OutboxSink(pg_empty_url).migrate() == (2, 2)
     async with OutboxSink(pg_empty_url) as opened:
         assert await opened.deliver(request(decision_id="dec-1"), 1) is True
     # The ledger's schema is its own: migrating the outbox did not create it.
@@ -192,12 +192,13 @@ async def test_ledger_and_outbox_in_one_postgres_database_version_separately(
         assert await ledger.migrate() == (0, 1)
     finally:
         await ledger.close()
-    assert await OutboxSink(pg_empty_url).migrate() == (0, 1)
+    assert await OutboxSink(pg_empty_url).migrate() == (0, 2)
     assert {
         "flowdecision_claims",
         "flowdecision_schema_version",
         "flow_decision_outbox",
         "flow_decision_outbox_schema",
+        "flow_decision_outbox_cursor",
     } <= await _public_tables(pg_empty_url)
 
 
@@ -214,7 +215,7 @@ def test_migrate_command_migrates_an_outbox_too(pg_empty_url: str, tmp_path: Pat
         "url": pg_empty_url,
         "migrated": True,
         "version_before": 0,
-        "version_after": 1,
+        "version_after": 2,
     }
     lite = subprocess.run(
         [sys.executable, "-m", "flowdecision.cli", "migrate", "--ledger",
@@ -222,4 +223,4 @@ def test_migrate_command_migrates_an_outbox_too(pg_empty_url: str, tmp_path: Pat
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert lite.returncode == 0, lite.stderr
-    assert f"outbox sqlite:///{tmp_path}/o.db: schema at version 1 (was 0)" in lite.stdout
+    assert f"outbox sqlite:///{tmp_path}/o.db: schema at version 2 (was 0)" in lite.stdout

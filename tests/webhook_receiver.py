@@ -2,13 +2,15 @@
 
 ``script`` is a list of ``(status, headers)`` answers used in order (the last
 one repeats); the special status ``0`` closes the connection without answering.
-Every request is recorded as ``(path, headers, body)``.
+Every request is recorded as ``(path, headers, body)``. ``delay_s`` slows each
+answer down; ``most_in_flight`` is the most requests it ever served at once.
 """
 
 from __future__ import annotations
 
 import http.server
 import threading
+import time
 from typing import Any
 
 
@@ -16,6 +18,10 @@ class WebhookReceiver:
     def __init__(self, script: list[tuple[int, dict[str, str]]] | None = None, port: int = 0):
         self.script = list(script or [(200, {})])
         self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.delay_s = 0.0
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.stopped = False
         self._lock = threading.Lock()
         receiver = self
 
@@ -23,9 +29,19 @@ class WebhookReceiver:
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
+                if receiver.stopped:  # a kept-alive connection outliving stop(): drop it
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
                 length = int(self.headers.get("Content-Length", "0"))
                 body = self.rfile.read(length)
                 with receiver._lock:
+                    receiver.in_flight += 1
+                    receiver.most_in_flight = max(receiver.most_in_flight, receiver.in_flight)
+                if receiver.delay_s:
+                    time.sleep(receiver.delay_s)
+                with receiver._lock:
+                    receiver.in_flight -= 1
                     receiver.requests.append((self.path, dict(self.headers.items()), body))
                     status, headers = (
                         receiver.script.pop(0) if len(receiver.script) > 1 else receiver.script[0]
@@ -63,6 +79,7 @@ class WebhookReceiver:
         return self
 
     def stop(self) -> None:
+        self.stopped = True
         self.server.shutdown()
         self.server.server_close()
 

@@ -80,8 +80,10 @@ from .sinks import (
     OutboxConflictError,
     OutboxEntry,
     OutboxError,
+    OutboxRelay,
     OutboxSchemaError,
     OutboxSink,
+    RelayStatus,
     Sink,
 )
 
@@ -135,10 +137,12 @@ __all__ = [
     "OutboxConflictError",
     "OutboxEntry",
     "OutboxError",
+    "OutboxRelay",
     "OutboxSchemaError",
     "OutboxSink",
     "Pending",
     "PostgresLedger",
+    "RelayStatus",
     "ResultOutcome",
     "ResultReceipt",
     "ResultReceiptError",

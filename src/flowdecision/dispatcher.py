@@ -485,6 +485,10 @@ class Dispatcher:
         if not isinstance(outcome, Claimed):
             return await self._not_claimed(decision_id, outcome)
         self._count_claim(outcome)
+        if done.inserted:
+            committed = getattr(write.writer, "committed", None)
+            if committed is not None:  # e.g. the outbox wakes the relays waiting for rows
+                committed(write)
         return DispatchOutcome(True, decision_id, outcome.attempt, receipt)
 
     def _count_claim(self, claimed: Claimed) -> None:

@@ -47,11 +47,13 @@ __all__ = [
     "LedgerUnavailableError",
     "MigrationError",
     "OutboxConflictError",
+    "OutboxCursorLeasedError",
     "OutboxError",
     "OutboxMissingError",
     "OutboxSchemaError",
     "ProcrastinateConflictError",
     "ProcrastinateSinkError",
+    "RelayError",
     "RestateSinkError",
     "ResultReceiptError",
     "RetryPolicyError",
@@ -476,6 +478,25 @@ class OutboxConflictError(OutboxError):
         self.decision_id = decision_id
         self.stored_hash = stored_hash
         self.offered_hash = offered_hash
+
+
+class OutboxCursorLeasedError(OutboxError):
+    """A relay cursor cannot be moved: a running relay holds its lease."""
+
+    code: ClassVar[str] = "outbox_cursor_leased"
+
+    def __init__(self, name: str, owner: str) -> None:
+        super().__init__(
+            f"relay cursor `{name}` is leased by the running relay {owner}; stop it first"
+        )
+        self.name = name
+        self.owner = owner
+
+
+class RelayError(FlowDecisionError):
+    """An outbox relay is misconfigured or was used after it closed."""
+
+    code: ClassVar[str] = "relay_error"
 
 
 class SinkConfigError(FlowDecisionError):

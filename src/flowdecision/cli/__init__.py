@@ -14,6 +14,7 @@ from .chaos import chaos
 from .common import CleanErrorsGroup
 from .demo import demo
 from .ledger_cmds import inspect_cmd, migrate_cmd, prune_cmd
+from .relay import cursors_cmd, relay_cmd
 from .serve import outbox, serve_cmd
 from .submit import submit_cmd
 
@@ -32,7 +33,9 @@ cli.add_command(migrate_cmd)
 cli.add_command(demo)
 cli.add_command(chaos)
 cli.add_command(serve_cmd)
+outbox.add_command(cursors_cmd)
 cli.add_command(outbox)
+cli.add_command(relay_cmd)
 cli.add_command(submit_cmd)
 
 

@@ -47,7 +47,11 @@ LEDGER = Component(
     legacy_user_version=True,
     refuse_foreign=True,
     # The outbox may live in the ledger's file (the transactional outbox's layout).
-    shares_with=("flow_decision_outbox", "flow_decision_outbox_schema"),
+    shares_with=(
+        "flow_decision_outbox",
+        "flow_decision_outbox_schema",
+        "flow_decision_outbox_cursor",
+    ),
 )
 
 # SQLite integers and PostgreSQL's index column are signed 64-bit (I64_MAX);

@@ -9,6 +9,7 @@ from .outbox import (
     OutboxSchemaError,
     OutboxSink,
 )
+from .relay import OutboxRelay, RelayStatus
 
 __all__ = [
     "InvalidSinkError",
@@ -17,8 +18,10 @@ __all__ = [
     "OutboxEntry",
     "OutboxError",
     "OutboxMissingError",
+    "OutboxRelay",
     "OutboxSchemaError",
     "OutboxSink",
+    "RelayStatus",
     "Sink",
     "TransactionalSink",
 ]

@@ -43,18 +43,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from ..bodies import OutboxEntryBody
 from ..defaults import SQLITE_BUSY_TIMEOUT_MS
 from ..errors import (
     InvalidArgumentError,
     OutboxConflictError,
+    OutboxCursorLeasedError,
     OutboxError,
     OutboxMissingError,
     OutboxSchemaError,
@@ -64,16 +66,35 @@ from ..model import DecisionRequest
 from ..store.component import Component, ErrorKinds
 from ..store.joint import JointWrite, StoreKey, postgres_key, sqlite_key
 from ..store.lifecycle import Closable, started
-from ..store.postgres import CLOCK_SQL, PgPool
+from ..store.postgres import CLOCK_SQL, PgPool, asyncpg
 from ..store.sqlite import SqliteOpener, sqlite_transaction
 from ..store.sqlite_thread import SqliteThread
 from ..store.url import OUTBOX_KINDS, describe_dsn, parse_store_url
 from .base import HasStoreKey, check_attempt
+from .cursor import (
+    CursorLease,
+    CursorState,
+    LeaseHeld,
+    check_cursor_name,
+    pg_acquire,
+    pg_advance,
+    pg_cursors,
+    pg_release,
+    pg_set,
+    sqlite_acquire,
+    sqlite_advance,
+    sqlite_cursors,
+    sqlite_release,
+    sqlite_set,
+)
+from .wake import Wakeup, wakeup_for
 
 __all__ = [
+    "NOTIFY_CHANNEL",
     "OUTBOX_SCHEMA_VERSION",
     "OUTBOX_TABLE",
     "OutboxConflictError",
+    "OutboxCursorLeasedError",
     "OutboxEntry",
     "OutboxError",
     "OutboxMissingError",
@@ -84,9 +105,20 @@ __all__ = [
 ]
 
 
+log = logging.getLogger("flowdecision.outbox")
+T = TypeVar("T")
+
 OUTBOX_TABLE = "flow_decision_outbox"
 #: pg_advisory_xact_lock key serializing new rows so seq order is commit order ("fdoutbox").
 _INSERT_LOCK = 0x66646F7574626F78
+#: The channel the outbox's trigger NOTIFYs on every insert (PostgreSQL, schema >= 2).
+NOTIFY_CHANNEL = "flow_decision_outbox"
+#: Waiting for rows on SQLite, other processes' commits are found by a poll that
+#: starts this often and backs off to ``poll_max_s``.
+POLL_MIN_S = 0.005
+#: Waiting on PostgreSQL, the rows are read again this often even without a
+#: NOTIFY (a LISTEN connection lost and not yet noticed costs at most this much).
+LISTEN_RECHECK_S = 5.0
 _COLUMNS = (
     "seq, decision_id, request_json, request_hash, first_attempt, highest_attempt, accepted_at_ms"
 )
@@ -207,8 +239,11 @@ class OutboxSink(Closable):
         *,
         busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
         create: bool = True,
+        poll_max_s: float = 0.25,
     ) -> None:
         self.url = url
+        #: SQLite: the longest pause between polls while waiting for rows (:meth:`fetch`).
+        self.poll_max_s = float(poll_max_s)
         self.create = bool(create)
         self.kind, self._target = parse_outbox_url(url)
         self.busy_timeout_ms = busy_timeout_ms
@@ -216,6 +251,7 @@ class OutboxSink(Closable):
             sqlite_key(self._target) if self.kind == "sqlite" else postgres_key(self._target)
         )
         self._backend: _SqliteOutbox | _PostgresOutbox | None = None
+        self._wakeup: Wakeup = wakeup_for(self._store_key)
         self._lock = asyncio.Lock()
         self._closed = False
 
@@ -286,7 +322,10 @@ class OutboxSink(Closable):
         text = request.to_json()
         hash_ = hashlib.sha256(text).hexdigest()
         backend = await self._ready()
-        return await backend.deliver(request.decision_id, text.decode("utf-8"), hash_, attempt)
+        inserted = await backend.deliver(request.decision_id, text.decode("utf-8"), hash_, attempt)
+        if inserted:
+            self._wakeup.notify()
+        return inserted
 
     # -- the joint path (a JointSink) ---------------------------------------------------
 
@@ -328,10 +367,24 @@ class OutboxSink(Closable):
         open): per write, True when inserted, False for a replay, or its refusal."""
         return await _postgres_put_many(conn, writes)
 
+    def committed(self, write: JointWrite) -> None:
+        """The ledger's transaction that inserted ``write`` committed: wake this process's
+        readers waiting for rows (the dispatcher calls it; see :mod:`.wake`)."""
+        self._wakeup.notify()
+
     # -- reading ------------------------------------------------------------------
 
-    async def fetch(self, after: int = 0, limit: int = 100) -> list[OutboxEntry]:
-        """Rows with ``seq > after``, ordered by ``seq``, at most ``limit`` (<= 10000)."""
+    async def fetch(
+        self, after: int = 0, limit: int = 100, *, wait_s: float = 0.0
+    ) -> list[OutboxEntry]:
+        """Rows with ``seq > after``, ordered by ``seq``, at most ``limit`` (<= 10000).
+
+        With ``wait_s`` > 0 and no such row yet, wait up to ``wait_s`` seconds
+        for one (an empty list after that). The wait is no busy poll: rows this
+        process commits wake it at once; on PostgreSQL so does every writer's
+        commit (``LISTEN``); on SQLite other processes' rows are found by a poll
+        that backs off from 5 ms to :attr:`poll_max_s`.
+        """
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise InvalidArgumentError(f"after must be a non-negative integer, got {after!r}")
         if (
@@ -342,7 +395,24 @@ class OutboxSink(Closable):
             raise InvalidArgumentError(
                 f"limit must be an integer in 1..={OUTBOX_FETCH_MAX}, got {limit!r}"
             )
-        return await (await self._ready()).fetch(after, limit)
+        backend = await self._ready()
+        if not wait_s > 0:
+            return await backend.fetch(after, limit)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        wakeup = self._wakeup
+        # LISTEN before the first read: a commit after that read then always wakes us.
+        listening = await backend.listen(wakeup)
+        pause = LISTEN_RECHECK_S if listening else POLL_MIN_S
+        while True:
+            seen = wakeup.generation
+            rows = await backend.fetch(after, limit)
+            left = deadline - loop.time()
+            if rows or left <= 0:
+                return rows
+            woken = await wakeup.wait(seen, min(left, pause))
+            if not woken and not listening:
+                pause = min(pause * 2, max(self.poll_max_s, POLL_MIN_S))
 
     async def get(self, decision_id: str) -> OutboxEntry | None:
         """The row for ``decision_id``, or None."""
@@ -352,8 +422,46 @@ class OutboxSink(Closable):
         """How many rows the outbox holds."""
         return await (await self._ready()).count()
 
+    # -- relay cursors (see :mod:`.cursor`) ----------------------------------------------
+
+    async def acquire_cursor(self, name: str, owner: str, lease_ms: int) -> CursorLease | LeaseHeld:
+        """Lease cursor ``name`` for ``owner`` (created at position 0 on first use)."""
+        check_cursor_name(name)
+        return await (await self._ready()).acquire_cursor(name, owner, lease_ms)
+
+    async def advance_cursor(
+        self, lease: CursorLease, position: int, *, delivered: int = 0, lease_ms: int
+    ) -> bool:
+        """Move the cursor to ``position`` and renew the lease; False when it was lost."""
+        return await (await self._ready()).advance_cursor(lease, position, delivered, lease_ms)
+
+    async def release_cursor(self, lease: CursorLease) -> bool:
+        """Give the lease up (False when it was no longer ours)."""
+        return await (await self._ready()).release_cursor(lease)
+
+    async def cursors(self, name: str | None = None) -> list[CursorState]:
+        """Every relay cursor of this outbox (or the one named), with its lag."""
+        return await (await self._ready()).cursors(name)
+
+    async def set_cursor(self, name: str, position: int) -> None:
+        """Move relay ``name``'s cursor to ``position`` (an operator's skip or replay).
+
+        Raises :class:`OutboxCursorLeasedError` while a relay of that name holds
+        it: stop that relay first.
+        """
+        check_cursor_name(name)
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise InvalidArgumentError(f"position must be a non-negative integer, got {position!r}")
+        held = await (await self._ready()).set_cursor(name, position)
+        if held is not None:
+            raise OutboxCursorLeasedError(held.name, held.owner)
+
 
 # ------------------------------------------------------------------------------- SQLite
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _sqlite_put(
@@ -402,6 +510,42 @@ class _SqliteOutbox:
 
     async def close(self) -> None:
         await self._thread.close()
+
+    async def listen(self, wakeup: Wakeup) -> bool:
+        return False  # other processes' commits are found by polling
+
+    async def acquire_cursor(self, name: str, owner: str, lease_ms: int) -> CursorLease | LeaseHeld:
+        def work(conn: sqlite3.Connection) -> CursorLease | LeaseHeld:
+            with sqlite_transaction(conn):
+                return sqlite_acquire(conn, name, owner, lease_ms, _now_ms())
+
+        return await self._thread.run(work)
+
+    async def advance_cursor(
+        self, lease: CursorLease, position: int, delivered: int, lease_ms: int
+    ) -> bool:
+        def work(conn: sqlite3.Connection) -> bool:
+            with sqlite_transaction(conn):
+                return sqlite_advance(conn, lease, position, delivered, lease_ms, _now_ms())
+
+        return await self._thread.run(work)
+
+    async def release_cursor(self, lease: CursorLease) -> bool:
+        def work(conn: sqlite3.Connection) -> bool:
+            with sqlite_transaction(conn):
+                return sqlite_release(conn, lease, _now_ms())
+
+        return await self._thread.run(work)
+
+    async def cursors(self, name: str | None) -> list[CursorState]:
+        return await self._thread.run(lambda conn: sqlite_cursors(conn, name, _now_ms()))
+
+    async def set_cursor(self, name: str, position: int) -> LeaseHeld | None:
+        def work(conn: sqlite3.Connection) -> LeaseHeld | None:
+            with sqlite_transaction(conn):
+                return sqlite_set(conn, name, position, _now_ms())
+
+        return await self._thread.run(work)
 
     async def deliver(self, decision_id: str, text: str, hash_: str, attempt: int) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
@@ -507,12 +651,76 @@ class _PostgresOutbox:
 
     def __init__(self, dsn: str, create: bool = True) -> None:
         self._pg = PgPool(OUTBOX, dsn, create=create)
+        self._listener: Any = None
+        self._listen_lock = asyncio.Lock()
 
     async def start(self) -> None:
         await self._pg.ready()
 
     async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.terminate()
         await self._pg.close()
+
+    async def listen(self, wakeup: Wakeup) -> bool:
+        """LISTEN on a connection of its own (session state no pooled connection keeps).
+
+        True while it is up; False when it cannot be opened (the waiter then
+        polls). A lost connection wakes the waiters, who reopen it.
+        """
+        if self._listener is not None and not self._listener.is_closed():
+            return True
+        async with self._listen_lock:
+            if self._listener is not None and not self._listener.is_closed():
+                return True
+            try:
+                conn = await asyncpg.connect(self._pg.dsn, timeout=10)
+            except Exception as error:
+                log.warning(
+                    "outbox LISTEN connection failed; polling instead",
+                    extra={"cause": str(self._pg.translate(error, connecting=True))},
+                )
+                return False
+            try:
+                await conn.add_listener(NOTIFY_CHANNEL, lambda *_: wakeup.notify())
+            except Exception as error:
+                conn.terminate()
+                log.warning(
+                    "outbox LISTEN failed; polling instead",
+                    extra={"cause": str(self._pg.translate(error))},
+                )
+                return False
+            conn.add_termination_listener(lambda _conn: wakeup.notify())
+            self._listener = conn
+            return True
+
+    async def acquire_cursor(self, name: str, owner: str, lease_ms: int) -> CursorLease | LeaseHeld:
+        return await self._with_conn(lambda conn: pg_acquire(conn, name, owner, lease_ms))
+
+    async def advance_cursor(
+        self, lease: CursorLease, position: int, delivered: int, lease_ms: int
+    ) -> bool:
+        return await self._with_conn(
+            lambda conn: pg_advance(conn, lease, position, delivered, lease_ms)
+        )
+
+    async def release_cursor(self, lease: CursorLease) -> bool:
+        return await self._with_conn(lambda conn: pg_release(conn, lease))
+
+    async def cursors(self, name: str | None) -> list[CursorState]:
+        return await self._with_conn(lambda conn: pg_cursors(conn, name))
+
+    async def set_cursor(self, name: str, position: int) -> LeaseHeld | None:
+        return await self._with_conn(lambda conn: pg_set(conn, name, position))
+
+    async def _with_conn(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        pool = await self._pg.ready()
+        try:
+            async with pool.acquire() as conn:
+                return await work(conn)
+        except Exception as error:
+            raise self._pg.translate(error) from error
 
     async def deliver(self, decision_id: str, text: str, hash_: str, attempt: int) -> bool:
         pool = await self._pg.ready()

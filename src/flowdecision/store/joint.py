@@ -69,7 +69,11 @@ def postgres_key(dsn: str) -> StoreKey:
 
 
 class JointWriter(Protocol):
-    """Writes :class:`JointWrite` rows on the ledger's connection, in its transaction."""
+    """Writes :class:`JointWrite` rows on the ledger's connection, in its transaction.
+
+    A writer may also define ``committed(write)``: the dispatcher calls it once
+    the transaction that inserted ``write`` committed (the outbox wakes its readers).
+    """
 
     def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool:
         """Write one row on the ledger's SQLite connection (its transaction is open).
