@@ -21,6 +21,10 @@ from tests.service_process import ROOT, wait_for
 from tests.webhook_receiver import WebhookReceiver
 
 
+#: The log record of a relay that got its cursor's lease (JSON log lines).
+HOLDS = '"message": "relay holds its cursor"'
+
+
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWDECISION_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
@@ -115,7 +119,7 @@ def test_a_relay_sigkilled_mid_batch_and_restarted_delivers_every_row(tmp_path: 
     assert max(counts.values()) == 2
     (final,) = _cursors(tmp_path, url)
     assert (final["position"], final["lag_rows"], final["leased"]) == (120, 0, False)
-    assert "relay holds its cursor" in second.text()
+    assert HOLDS in second.text()
 
 
 def test_a_receiver_stopped_and_restarted_under_a_running_relay(tmp_path: Path) -> None:
@@ -160,13 +164,13 @@ def test_two_relay_processes_with_one_name_deliver_one_at_a_time(tmp_path: Path)
         options = ("--name", "one", "--lease-ms", "1500", "--batch", "10")
         relays = [RelayProcess(tmp_path, url, receiver.url, *options) for _ in range(2)]
         wait_for(lambda: len(receiver.requests) >= 20, timeout=60)
-        holder = next(r for r in relays if "relay holds its cursor" in r.text())
+        holder = next(r for r in relays if HOLDS in r.text())
         other = relays[1 - relays.index(holder)]
         assert "another relay holds its cursor" in other.text()
         holder.kill()  # the other takes over once the lease expires
         wait_for(lambda: set(_received(receiver)) == set(ids), timeout=60)
         assert other.terminate() == 0, other.text()
-        assert "relay holds its cursor" in other.text()
+        assert HOLDS in other.text()
     assert receiver.most_in_flight == 1
     received = _received(receiver)
     assert sorted(set(received)) == ids and len(received) - len(ids) <= 10
