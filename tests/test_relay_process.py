@@ -20,7 +20,6 @@ from tests.helpers import request
 from tests.service_process import ROOT, wait_for
 from tests.webhook_receiver import WebhookReceiver
 
-
 #: The log record of a relay that got its cursor's lease (JSON log lines).
 HOLDS = '"message": "relay holds its cursor"'
 
