@@ -343,12 +343,12 @@ def test_migrate_outbox_alone_touches_only_the_outbox(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     # The default ledger (.flowdecision/flowdecision.db) was neither created nor migrated.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.db"]
-    assert result.stdout.splitlines() == [f"outbox sqlite:///{outbox}: schema at version 1 (was 0)"]
+    assert result.stdout.splitlines() == [f"outbox sqlite:///{outbox}: schema at version 2 (was 0)"]
     as_json = json.loads(
         _run_in(tmp_path, "migrate", "--outbox", f"sqlite:///{outbox}", "--json").stdout
     )
     assert as_json == {"outbox": {"url": f"sqlite:///{outbox}", "migrated": False,
-                                  "version_before": 1, "version_after": 1}}  # fmt: skip
+                                  "version_before": 2, "version_after": 2}}  # fmt: skip
 
 
 def test_migrate_names_each_store_it_migrated(tmp_path: Path) -> None:
@@ -357,7 +357,7 @@ def test_migrate_names_each_store_it_migrated(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         f"ledger {ledger}: schema at version 1 (was 0)",
-        f"outbox {outbox}: schema at version 1 (was 0)",
+        f"outbox {outbox}: schema at version 2 (was 0)",
     ]
 
 
