@@ -7,6 +7,7 @@ destroys it afterwards. Workflows run in this process (tests/dbos_workflows.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,13 @@ from tests.helpers import request
 from tests.service_process import ServiceProcess, decision
 
 WORKFLOW = "tests.dbos_workflows:record_decision"
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def runs_of(decision_id: str) -> int:
@@ -194,6 +202,13 @@ async def test_serve_with_a_dbos_sink_url(tmp_path: Path) -> None:
             first = await client.post("/v1/decisions", content=sent.to_json())
             again = await client.post("/v1/decisions", content=sent.to_json())
     assert (first.status_code, again.status_code) == (201, 200), first.text
+    # SERVICE.md: everything on stderr is JSON lines, DBOS's own records included.
+    lines = [line for line in service.stderr_path.read_text().splitlines() if line.strip()]
+    not_json = [line for line in lines if not _is_json_object(line)]
+    assert not_json == [], not_json[:5]
+    assert any(json.loads(line).get("logger", "").startswith("dbos") for line in lines)
+    # The system database holds decision payloads: private, like every other store.
+    assert (tmp_path / "dbos.sqlite").stat().st_mode & 0o777 == 0o600
     # Read the service's system database from here, after the service stopped.
     DBOS(config={"name": "flowdecision-reader", "system_database_url": system_db})
     DBOS.launch()

@@ -78,12 +78,16 @@ def redact_text(text: str) -> str:
 # every format character (Cf) of the Unicode version Python ships; a candidate is
 # escaped when it is a control/surrogate or its category is Cf.
 # tests/test_redact.py checks that this class covers every Cf character.
-_CANDIDATES = re.compile(
-    "[\x00-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e"
+_NON_ASCII_CANDIDATES = (
+    "\x80-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e"
     "\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
-    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
 )
+_CANDIDATES = re.compile(f"[\x00-\x1f\x7f{_NON_ASCII_CANDIDATES}]")
+# In a JSON text C0 characters stand only outside strings (the encoder escapes
+# them inside), as white space that must stay.
+_JSON_CANDIDATES = re.compile(f"[{_NON_ASCII_CANDIDATES}]")
 
 
 def _hidden(char: str) -> bool:
@@ -129,7 +133,7 @@ def json_safe(line: str) -> str:
     """
     if line.isascii():
         return line
-    return _CANDIDATES.sub(
+    return _JSON_CANDIDATES.sub(
         lambda match: _json_escape(match.group()) if _hidden(match.group()) else match.group(),
         line,
     )

@@ -14,6 +14,7 @@ import click
 
 from ..defaults import DEFAULT_STORE_URL, LEGACY_LEDGER_URL, default_ledger_url
 from ..errors import FlowDecisionError, StoreMissingError
+from ..redact import json_safe, printable, redact_text
 
 T = TypeVar("T")
 
@@ -49,8 +50,13 @@ def one_line(text: object) -> str:
 
 
 def fail(message: object, code: int = EXIT_ERROR) -> NoReturn:
-    """Print ``error: message`` as one line on stderr and exit with ``code``."""
-    click.echo(f"error: {one_line(message)}", err=True)
+    """Print ``error: message`` as one line on stderr and exit with ``code``.
+
+    Every URL in it is redacted (a driver's message may repeat the URL it was
+    given, password included), and control and format characters of ids are
+    shown escaped.
+    """
+    click.echo(f"error: {printable(redact_text(one_line(message)))}", err=True)
     sys.exit(code)
 
 
@@ -110,12 +116,13 @@ async def _call(coro_fn: Callable[[], Awaitable[T]]) -> T:
 
 
 def emit_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+    """Print ``value`` as indented JSON; format characters (bidi controls) as JSON escapes."""
+    click.echo(json_safe(json.dumps(value, indent=2, ensure_ascii=False)))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain aligned text table."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    """A plain aligned text table; control and format characters are shown escaped."""
+    cells = [[str(h) for h in headers]] + [[printable(str(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))

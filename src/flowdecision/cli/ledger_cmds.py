@@ -12,7 +12,7 @@ from ..errors import FlowDecisionError, StoreMissingError
 from ..ledger import Completed, Ledger, Missing, Pending, open_ledger
 from ..ledger.protocol import LedgerEntry
 from ..ledger.url import parse_ledger_url
-from ..redact import redact_url
+from ..redact import printable, redact_url
 from .common import (
     EXIT_NOT_FOUND,
     EXIT_USAGE,
@@ -55,7 +55,7 @@ def inspect_cmd(ledger_url: str, decision_id: str, request_hash: str | None, as_
         if as_json:
             emit_json({"decision_id": decision_id, **Missing().to_dict()})
         else:
-            click.echo(f"decision `{decision_id}`: missing")
+            click.echo(f"decision `{printable(decision_id)}`: missing")
         sys.exit(EXIT_NOT_FOUND)
     if as_json:
         emit_json(entry.to_dict())  # GET /v1/decisions/{id}'s shape

@@ -1,8 +1,10 @@
 """Structured (JSON lines) logging, a cheap access log and the current request's id.
 
-Log records never carry tokens, ``Authorization`` headers, query strings or
-owner ids: the access log writes a fixed set of fields, and the formatter drops
-any extra field whose name suggests a secret.
+Log records never carry tokens, ``Authorization`` headers, query strings,
+owner ids or passwords: the access log writes a fixed set of fields, the
+formatter drops any extra field whose name suggests a secret and redacts every
+URL in the rest (:func:`flowdecision.redact.redact_text`), and format
+characters (bidi controls) are written as JSON escapes.
 
 The request id lives in a context variable, set by the boundary middleware for
 the duration of one request. That is what lets every record logged while
@@ -39,6 +41,8 @@ from json.encoder import encode_basestring
 from typing import Any, TextIO
 
 from starlette.types import Scope
+
+from ..redact import json_safe, redact_text
 
 __all__ = [
     "ACCESS_LOGGER",
@@ -109,16 +113,21 @@ class JsonFormatter(logging.Formatter):
         }
         if self.pid is not None:
             out["pid"] = self.pid
-        out["message"] = record.getMessage()
+        out["message"] = redact_text(record.getMessage())
         for key, value in record.__dict__.items():
             if key in _STANDARD or key.startswith("_"):
                 continue
             if any(hint in key.lower() for hint in _SECRET_HINTS):
                 continue
-            out[key] = value if isinstance(value, str | int | float | bool | None) else str(value)
+            if isinstance(value, int | float | bool | None):
+                out[key] = value
+            else:  # a URL (or a driver message quoting one) loses its password
+                out[key] = redact_text(value if isinstance(value, str) else str(value))
         if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False)
+            out["exception"] = redact_text(self.formatException(record.exc_info))
+        # Bidi controls and other format characters of ids as JSON escapes: the
+        # line decodes to the same text, and a terminal shows no reordering.
+        return json_safe(json.dumps(out, ensure_ascii=False))
 
 
 class LineWriter(logging.Handler):
@@ -301,7 +310,7 @@ def write_access_line(
         return
     writer.append(
         f'{{"ts": {round(time.time(), 3)}, {writer.access_head}{encode_basestring(request_id)}, '
-        f'"method": {encode_basestring(method)}, "path": {encode_basestring(path)}, '
+        f'"method": {encode_basestring(method)}, "path": {json_safe(encode_basestring(path))}, '
         f'"route": {encode_basestring(route)}, "status": {status}, "bytes": {sent}, '
         f'"duration_ms": {duration_ms}, '
         f'"client": {"null" if client is None else encode_basestring(client)}}}'

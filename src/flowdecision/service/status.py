@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
 
 from ..health import HealthSnapshot, HealthStatus
+from ..redact import printable
 from .metrics import HEALTH_COUNTERS
 
 __all__ = ["SHOWN_ID_MAX_CHARS", "RecentDecision", "render_status_page", "shown_text"]
@@ -16,20 +16,16 @@ __all__ = ["SHOWN_ID_MAX_CHARS", "RecentDecision", "render_status_page", "shown_
 #: Characters of an id the status page shows (and keeps); longer ones end in "…".
 SHOWN_ID_MAX_CHARS = 96
 
-# C0 controls, DEL, C1 controls, lone surrogates: never sent to the browser raw.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
 
 def shown_text(text: str, limit: int = SHOWN_ID_MAX_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, control characters shown as ``\\uXXXX``.
+    """``text`` cut to ``limit`` characters; control characters, lone surrogates and
+    format characters (bidi overrides, zero-width characters) shown as ``\\uXXXX``.
 
     The page shows what a client sent, including what the service refused (an
-    over-long id, a NUL byte), so it must stay small and printable.
+    over-long id, a NUL byte), so it must stay small and printable, and an id
+    must not pass for another (``pay-\\u202eexe.fdp`` reads as ``pay-pdf.exe``).
     """
-    clipped = text if len(text) <= limit else text[:limit] + "…"
-    if _UNPRINTABLE.search(clipped) is None:  # the usual id: no copy
-        return clipped
-    return _UNPRINTABLE.sub(lambda match: f"\\u{ord(match.group()):04x}", clipped)
+    return printable(text if len(text) <= limit else text[:limit] + "…")
 
 
 @dataclass(frozen=True, slots=True)

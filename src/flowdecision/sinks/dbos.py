@@ -37,11 +37,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..model import DecisionRequest
+from ..redact import redact_text, redact_url
+from ..store.sqlite import create_private_file
+from ..store.url import sqlite_path
 from .base import check_attempt
 
 if TYPE_CHECKING:
@@ -130,18 +135,32 @@ def parse_dbos_url(url: str) -> DBOSUrl:
     target, params = split_engine_url(url, "dbos", ("workflow", "name"))
     if not target.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise SinkConfigError(
-            f"DBOS sink URL `{url}` must name its system database: "
+            f"DBOS sink URL `{redact_url(url)}` must name its system database: "
             "dbos+sqlite:///path?workflow=module:function or dbos+postgresql://…?workflow=…"
         )
     workflow = params.get("workflow", "")
     module, sep, attribute = workflow.rpartition(":")
     if not sep or not module or not attribute:
         raise SinkConfigError(
-            f"DBOS sink URL `{url}` needs ?workflow=module:function (the async workflow)"
+            f"DBOS sink URL `{redact_url(url)}` needs ?workflow=module:function "
+            "(the async workflow)"
         )
     return DBOSUrl(
         system_database_url=target, workflow=workflow, app_name=params.get("name") or "flowdecision"
     )
+
+
+def _log_through_the_host() -> None:
+    """Send DBOS's log records to the host's handlers (the service's JSON lines).
+
+    DBOS installs its own plain-text console handler, and stops propagation,
+    unless its logger already has a handler when it starts; a NullHandler is
+    enough to keep its records flowing to the root logger.
+    """
+    logger = logging.getLogger("dbos")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = True
 
 
 async def open_dbos_url(url: str) -> DBOSSink:
@@ -153,12 +172,25 @@ async def open_dbos_url(url: str) -> DBOSSink:
     parsed = parse_dbos_url(url)
     # Importing the module registers its @DBOS.workflow functions before launch.
     workflow = load_attribute(url, parsed.workflow)
+    _log_through_the_host()
+    if parsed.system_database_url.startswith("sqlite:"):
+        # It holds decision payloads: private (0600) like every other store, not
+        # whatever SQLite creates under the umask.
+        create_private_file(
+            Path(
+                sqlite_path(
+                    parsed.system_database_url, what="DBOS system database", error=SinkConfigError
+                )
+            )
+        )
     try:
         DBOS(config={"name": parsed.app_name, "system_database_url": parsed.system_database_url})
         DBOS.launch()
     except Exception as error:
         await asyncio.to_thread(DBOS.destroy)
-        raise SinkConfigError(f"DBOS sink `{url}`: DBOS did not launch: {error}") from error
+        raise SinkConfigError(
+            f"DBOS sink `{redact_url(url)}`: DBOS did not launch: {redact_text(str(error))}"
+        ) from error
     try:
         return DBOSSink(workflow, owns_dbos=True)
     except DBOSSinkError:

@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..defaults import WEBHOOK_MAX_ATTEMPTS, WEBHOOK_TIMEOUT_S
 from ..errors import SinkConfigError
+from ..redact import redact_text, redact_url
 from .base import Sink, has_async_submit
 
 __all__ = [
@@ -86,7 +87,8 @@ def sink_kind(url: str) -> str:
         return "webhook"
     shown = f"`{scheme}`" if scheme else "(none)"
     raise SinkConfigError(
-        f"unsupported sink URL scheme {shown} in `{url}`: expected one of {', '.join(SINK_SCHEMES)}"
+        f"unsupported sink URL scheme {shown} in `{redact_url(url)}`: "
+        f"expected one of {', '.join(SINK_SCHEMES)}"
     )
 
 
@@ -104,7 +106,7 @@ async def open_sink(url: str, *, webhook: WebhookOptions | None = None) -> Sink:
 
         options = webhook or WebhookOptions()
         if not urlsplit(url).hostname:
-            raise SinkConfigError(f"webhook URL `{url}` has no host")
+            raise SinkConfigError(f"webhook URL `{redact_url(url)}` has no host")
         sink = WebhookSink(
             url,
             timeout_s=options.timeout_s,
@@ -142,7 +144,8 @@ def _require_extra(url: str, module: str, extra: str) -> None:
         importlib.import_module(module)
     except ImportError as error:
         raise SinkConfigError(
-            f"sink `{url}` needs the `{module}` package: pip install 'flowdecision[{extra}]' "
+            f"sink `{redact_url(url)}` needs the `{module}` package: "
+            f"pip install 'flowdecision[{extra}]' "
             f"({error})"
         ) from error
 
@@ -157,20 +160,22 @@ def split_engine_url(
     """
     prefix = f"{engine}+"
     if not url.lower().startswith(prefix):
-        raise SinkConfigError(f"`{url}` is not a {engine}+… sink URL")
+        raise SinkConfigError(f"`{redact_url(url)}` is not a {engine}+… sink URL")
     target = url[len(prefix) :]
     # Cut the query textually: urlunsplit would rewrite sqlite:////abs/path.
     base, _, query = target.partition("?")
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError as error:
-        raise SinkConfigError(f"{engine} sink URL `{url}` is malformed: {error}") from error
+        raise SinkConfigError(
+            f"{engine} sink URL `{redact_url(url)}` is malformed: {error}"
+        ) from error
     own: dict[str, str] = {}
     rest: list[tuple[str, str]] = []
     for name, value in pairs:
         if name in own_params:
             if name in own:
-                raise SinkConfigError(f"{engine} sink URL `{url}` sets `{name}` twice")
+                raise SinkConfigError(f"{engine} sink URL `{redact_url(url)}` sets `{name}` twice")
             own[name] = value
         else:
             rest.append((name, value))
@@ -182,18 +187,22 @@ def load_attribute(url: str, spec: str) -> Any:
     """Import ``module:attribute`` (the attribute may be dotted) for the sink ``url``."""
     module_name, sep, attribute = spec.rpartition(":")
     if not sep or not module_name or not attribute:
-        raise SinkConfigError(f"sink URL `{url}`: `{spec}` must look like module:attribute")
+        raise SinkConfigError(
+            f"sink URL `{redact_url(url)}`: `{spec}` must look like module:attribute"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise SinkConfigError(f"sink `{url}`: cannot import `{module_name}`: {error}") from error
+        raise SinkConfigError(
+            f"sink `{redact_url(url)}`: cannot import `{module_name}`: {error}"
+        ) from error
     target: Any = module
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
             raise SinkConfigError(
-                f"sink `{url}`: `{module_name}` has no attribute `{attribute}`"
+                f"sink `{redact_url(url)}`: `{module_name}` has no attribute `{attribute}`"
             ) from None
     return target
 
@@ -202,18 +211,22 @@ async def _load_python(url: str) -> Sink:
     spec = url[len("python:") :]
     module_name, sep, attribute = spec.rpartition(":")
     if not sep or not module_name or not attribute:
-        raise SinkConfigError(f"custom sink URL `{url}` must look like python:module:attribute")
+        raise SinkConfigError(
+            f"custom sink URL `{redact_url(url)}` must look like python:module:attribute"
+        )
     target = load_attribute(url, spec)
     if inspect.isclass(target) or (callable(target) and not hasattr(target, "submit")):
         try:
             target = target()
         except Exception as error:
-            raise SinkConfigError(f"custom sink `{url}`: creating it failed: {error}") from error
+            raise SinkConfigError(
+                f"custom sink `{redact_url(url)}`: creating it failed: {redact_text(str(error))}"
+            ) from error
         if inspect.isawaitable(target):
             target = await target
     if not has_async_submit(target):
         raise SinkConfigError(
-            f"custom sink `{url}` must provide `async def submit(request, attempt)`, "
+            f"custom sink `{redact_url(url)}` must provide `async def submit(request, attempt)`, "
             f"got {type(target).__qualname__}"
         )
     opener = getattr(target, "open", None)

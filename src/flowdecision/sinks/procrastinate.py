@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from ..closing import Openable
 from ..model import DecisionRequest
+from ..redact import redact_url
 from .base import check_attempt
 
 if TYPE_CHECKING:
@@ -283,18 +284,20 @@ def parse_procrastinate_url(url: str) -> ProcrastinateUrl:
     target, params = split_engine_url(url, "procrastinate", ("task", "queue", "lock"))
     if not target.startswith(("postgresql://", "postgres://")):
         raise SinkConfigError(
-            f"procrastinate sink URL `{url}` must look like "
+            f"procrastinate sink URL `{redact_url(url)}` must look like "
             "procrastinate+postgresql://user@host/db?task=module.task_name"
         )
     task = params.get("task")
     if not task:
         raise SinkConfigError(
-            f"procrastinate sink URL `{url}` needs ?task=NAME (the procrastinate task name)"
+            f"procrastinate sink URL `{redact_url(url)}` needs ?task=NAME "
+            "(the procrastinate task name)"
         )
     lock = params.get("lock")
     if lock not in (None, "run"):
         raise SinkConfigError(
-            f"procrastinate sink URL `{url}`: lock must be `run` (or absent), got `{lock}`"
+            f"procrastinate sink URL `{redact_url(url)}`: lock must be `run` (or absent), "
+            f"got `{lock}`"
         )
     return ProcrastinateUrl(
         conninfo=target, task_name=task, queue=params.get("queue"), lock_by_run=lock == "run"
