@@ -139,7 +139,7 @@ async def test_newer_schema_is_refused(tmp_path: Path) -> None:
 
 
 def test_url_must_be_sqlite_or_postgres() -> None:
-    with pytest.raises(OutboxError, match="sqlite:///path or postgresql"):
+    with pytest.raises(OutboxError, match="expected one of sqlite:///path, postgresql"):
         OutboxSink("file:///tmp/x")
     with pytest.raises(OutboxError, match="unsupported"):
         OutboxSink("mysql://x")

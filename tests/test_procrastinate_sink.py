@@ -7,6 +7,7 @@ returns; the task appends to ``RUNS`` so a test can count executions.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import subprocess
 import sys
@@ -326,3 +327,52 @@ async def test_serve_with_a_procrastinate_sink_url(
     async with await psycopg.AsyncConnection.connect(db) as conn:
         cursor = await conn.execute(f"SELECT count(*) FROM {MARKER_TABLE}")
         assert await cursor.fetchone() == (1,)
+
+
+async def test_a_procrastinate_conflict_is_a_permanent_409_not_a_retryable_502(
+    app: procrastinate.App, db: str, tmp_path: Path
+) -> None:
+    """The sink deferred d-c with other content (say, before the ledger was replaced):
+    a retry can never succeed, so the answer must not say "retrying is safe"."""
+    from flowdecision.errors import SinkConflictError
+
+    async with ProcrastinateSink(app, TASK) as sink:
+        await sink.submit(request(decision_id="d-c", decision=Complete(output=1)), 1)
+        ledger = SqliteLedger(tmp_path / "fresh.db")
+        try:
+            with pytest.raises(SinkConflictError) as caught:
+                await Dispatcher("production", sink, ledger).dispatch(request(decision_id="d-c"))
+        finally:
+            await ledger.close()
+    assert caught.value.code == "sink_conflict" and caught.value.decision_id == "d-c"
+    assert isinstance(caught.value.__cause__, ProcrastinateConflictError)
+
+    url = engine_url("procrastinate", db, task=TASK)
+    sent = decision("d-c")
+    with ServiceProcess(
+        tmp_path, "--ledger", f"sqlite:///{tmp_path / 'ledger.db'}", "--sink", url
+    ) as service:
+        async with httpx.AsyncClient(base_url=service.url, headers=service.headers) as client:
+            answers = [await client.post("/v1/decisions", content=sent.to_json()) for _ in "ab"]
+    for answer in answers:
+        assert answer.status_code == 409, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "sink_conflict" and error["decision_id"] == "d-c"
+        assert "retrying is safe" not in error["message"]
+        assert "Retry-After" not in answer.headers
+
+
+def test_serve_fails_fast_naming_an_unreachable_procrastinate_database(tmp_path: Path) -> None:
+    # Nothing listens on port 1: refused at once. Before, serve waited for the pool's
+    # 30 s timeout and then said only "unexpected PoolTimeout".
+    url = "procrastinate+postgresql://postgres:S3CRETPW@127.0.0.1:1/db?task=m.t"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWDECISION_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "flowdecision.cli", "serve", "--port", "0",
+         "--ledger", "memory:", "--sink", url],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=25,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "procrastinate" in last and "127.0.0.1:1" in last, last
+    assert "PoolTimeout" not in done.stderr and "S3CRETPW" not in done.stderr

@@ -40,6 +40,8 @@ from .errors import (
     InvalidIdentityError,
     LeaseLostError,
     LedgerError,
+    SinkConflictError,
+    SinkContentConflictError,
     SinkError,
     UnauthorizedBranchError,
     classify,
@@ -132,7 +134,21 @@ ERROR_CLASSES: dict[str, ErrorClass] = {
     "ledger_schema": ErrorClass("ledger_failures", failure=True),
     "store_full": ErrorClass("ledger_failures", failure=True, retryable=True),
     "sink_failed": ErrorClass("sink_failures", failure=True),
+    # The sink refuses the content under this id: like a ledger conflict, the
+    # caller's content is the problem, not the service.
+    "sink_conflict": ErrorClass("conflicts", failure=False),
 }
+
+
+def sink_failure(decision_id: str, error: Exception) -> SinkError:
+    """What the sink's ``error`` is reported as: a permanent :class:`SinkConflictError`
+    when the sink refuses different content under the id, else a :class:`SinkError`."""
+    detail = str(error) or type(error).__name__
+    if isinstance(error, SinkContentConflictError):
+        return SinkConflictError(decision_id, detail)
+    return SinkError(detail)
+
+
 #: Anything else (a DispatchError subclass without a row): a failure, not retried.
 _UNCLASSIFIED = ErrorClass(None, failure=True)
 
@@ -480,7 +496,7 @@ class Dispatcher:
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
         except Exception as error:  # the sink refused its row (e.g. different content)
-            raise SinkError(str(error) or type(error).__name__) from error
+            raise sink_failure(request.decision_id, error) from error
         outcome = done.claim
         if not isinstance(outcome, Claimed):
             return await self._not_claimed(decision_id, outcome)
@@ -538,7 +554,7 @@ class Dispatcher:
                     raise asyncio.CancelledError from error  # also cancelled from outside
                 raise heartbeat.error from heartbeat.error.__cause__
             await self._release_after_failure(args)
-            raise SinkError(str(error) or type(error).__name__) from error
+            raise sink_failure(request.decision_id, error) from error
         finally:
             await heartbeat.stop()
         if heartbeat.error is not None:

@@ -58,6 +58,8 @@ __all__ = [
     "ResultReceiptError",
     "RetryPolicyError",
     "SinkConfigError",
+    "SinkConflictError",
+    "SinkContentConflictError",
     "SinkError",
     "StoreFullError",
     "StoreMissingError",
@@ -303,6 +305,38 @@ class SinkError(DispatchError):
         self.detail = detail
 
 
+class SinkConflictError(SinkError):
+    """The sink holds different content under this decision id and refuses it: permanent.
+
+    Raised by the dispatcher when the sink raised a
+    :class:`SinkContentConflictError` (chained as ``__cause__``). Unlike other
+    sink failures a retry can never succeed; the service answers 409
+    ``sink_conflict`` without ``Retry-After``.
+    """
+
+    code: ClassVar[str] = "sink_conflict"
+
+    def __init__(self, decision_id: str, detail: str) -> None:
+        DispatchError.__init__(
+            self,
+            f"decision `{decision_id}` reached the sink before with different content; "
+            "the sink refuses it, so retrying cannot succeed",
+        )
+        self.decision_id = decision_id
+        self.detail = detail
+
+
+class SinkContentConflictError(FlowDecisionError):
+    """Base of a sink's own "this id already holds different content" refusal.
+
+    The outbox's and procrastinate's conflicts derive from it; a custom sink may
+    raise it too. The dispatcher reports it as :class:`SinkConflictError`
+    (permanent), never as a retryable :class:`SinkError`.
+    """
+
+    code: ClassVar[str] = "sink_content_conflict"
+
+
 # -- the wire format and the request model -------------------------------------
 
 
@@ -465,7 +499,7 @@ class OutboxMissingError(OutboxError, StoreMissingError):
     code: ClassVar[str] = "outbox_missing"
 
 
-class OutboxConflictError(OutboxError):
+class OutboxConflictError(OutboxError, SinkContentConflictError):
     """A delivery reused a decision id whose stored row has different content."""
 
     code: ClassVar[str] = "outbox_conflict"
@@ -534,7 +568,7 @@ class ProcrastinateSinkError(FlowDecisionError):
     code: ClassVar[str] = "procrastinate_sink"
 
 
-class ProcrastinateConflictError(ProcrastinateSinkError):
+class ProcrastinateConflictError(ProcrastinateSinkError, SinkContentConflictError):
     """A decision id that was deferred before came back with different content."""
 
     code: ClassVar[str] = "procrastinate_conflict"

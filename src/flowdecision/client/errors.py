@@ -137,7 +137,8 @@ class ServiceBranchError(UnauthorizedBranchError, ServiceError):
 
 
 class ServiceConflictError(DecisionConflictError, ServiceError):
-    """409 ``conflict``: the id is already bound to different content. Never retried."""
+    """409 ``conflict`` (or ``sink_conflict``: the sink, not the ledger, holds the id
+    with different content): the id is bound to other content. Never retried."""
 
     code: ClassVar[str] = "conflict"
 
@@ -246,6 +247,7 @@ _ERRORS_BY_CODE: dict[str, type[ServiceError]] = {
     "unauthorized": ServiceAuthError,
     "forbidden_branch": ServiceBranchError,
     "conflict": ServiceConflictError,
+    "sink_conflict": ServiceConflictError,
     "busy": ServiceBusyError,
     "invalid_request": ServiceInvalidRequestError,
     "invalid_identifier": ServiceInvalidRequestError,

@@ -146,6 +146,8 @@ HTTP_ERRORS: dict[str, HttpAnswer] = {
     "invalid_request": HttpAnswer(422, None, details=_fields),
     "invalid_identifier": HttpAnswer(422, None, details=_fields),
     # The service's parts: a generic message; the cause goes to the log.
+    # Permanent: the sink holds other content under this id (the ledger did not).
+    "sink_conflict": HttpAnswer(409, None, details=_conflict),
     "sink_failed": HttpAnswer(
         502,
         "the sink did not accept the decision; the claim was released, so retrying is safe",

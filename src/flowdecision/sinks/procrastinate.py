@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, Any, Self
 
 from ..closing import Openable
 from ..model import DecisionRequest
-from ..redact import redact_url
+from ..redact import redact_text, redact_url
+from ..store.url import describe_dsn
 from .base import check_attempt
 
 if TYPE_CHECKING:
@@ -304,11 +305,36 @@ def parse_procrastinate_url(url: str) -> ProcrastinateUrl:
     )
 
 
+#: Seconds to wait for the first connection (libpq's ``connect_timeout``).
+PROBE_CONNECT_TIMEOUT_S = 10
+
+
+async def _probe(conninfo: str) -> None:
+    """Connect once, so an unreachable database fails now, naming the sink and host.
+
+    Without it the connection pool retries in the background until its 30 s
+    timeout and then raises a bare ``PoolTimeout``.
+    """
+    import psycopg
+
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            conninfo, connect_timeout=PROBE_CONNECT_TIMEOUT_S
+        )
+    except Exception as error:
+        detail = " ".join(redact_text(str(error)).split()) or type(error).__name__
+        raise ProcrastinateSinkError(
+            f"procrastinate sink cannot connect to PostgreSQL {describe_dsn(conninfo)}: {detail}"
+        ) from error
+    await conn.close()
+
+
 async def open_procrastinate_url(url: str) -> ProcrastinateSink:
     """Build an App for the URL's database and open a :class:`ProcrastinateSink` on it."""
     parsed = parse_procrastinate_url(url)
     import procrastinate
 
+    await _probe(parsed.conninfo)
     app = procrastinate.App(
         connector=procrastinate.PsycopgConnector(conninfo=parsed.conninfo, min_size=1, max_size=4)
     )
