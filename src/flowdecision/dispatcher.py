@@ -49,7 +49,7 @@ from .errors import (
 from .health import HealthMetrics, HealthSnapshot
 from .identity import ExecutionIdentity, ResultReceipt, decision_receipt
 from .ledger.memory import MemoryLedger
-from .ledger.protocol import Ledger
+from .ledger.protocol import ClaimKey, Ledger
 from .ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict
 from .limits import check_identifier, check_identifiers
 from .model import DecisionRequest, request_hash
@@ -190,19 +190,19 @@ class _Heartbeat:
     task, which really stops the sink coroutine.
     """
 
-    __slots__ = ("_dispatcher", "_handle", "_period", "_renewal", "_task", "args", "error")
+    __slots__ = ("_dispatcher", "_handle", "_period", "_renewal", "_task", "error", "key")
 
     def __init__(
         self,
         dispatcher: Dispatcher,
         task: asyncio.Task[object],
         period_s: float,
-        args: tuple[str, str, ExecutionIdentity],
+        key: ClaimKey,
     ) -> None:
         self._dispatcher = dispatcher
         self._task = task
         self._period = period_s
-        self.args = args
+        self.key = key
         self.error: DispatchError | None = None
         self._renewal: asyncio.Task[None] | None = None
         self._handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
@@ -214,7 +214,7 @@ class _Heartbeat:
         self._renewal = asyncio.get_running_loop().create_task(self._renew())
 
     async def _renew(self) -> None:
-        decision_id, hash_, identity = self.args
+        decision_id, hash_, identity = self.key
         dispatcher = self._dispatcher
         try:
             renewed = await dispatcher.ledger.renew(
@@ -458,7 +458,7 @@ class Dispatcher:
             return await self._not_claimed(decision_id, outcome)
         self._count_claim(outcome)
 
-        await self._submit(request, outcome.attempt, (decision_id, hash_, identity))
+        await self._submit(request, outcome.attempt, ClaimKey(decision_id, hash_, identity))
 
         try:
             ours = await ledger.complete(
@@ -532,12 +532,10 @@ class Dispatcher:
             return DispatchOutcome(False, decision_id, None, None)
         return DispatchOutcome(False, decision_id, entry.attempts, entry.result_receipt)
 
-    async def _submit(
-        self, request: DecisionRequest, attempt: int, args: tuple[str, str, ExecutionIdentity]
-    ) -> None:
+    async def _submit(self, request: DecisionRequest, attempt: int, key: ClaimKey) -> None:
         task = asyncio.current_task()
         assert task is not None, "dispatch must run inside an asyncio task"
-        heartbeat = _Heartbeat(self, task, self._heartbeat_s, args)
+        heartbeat = _Heartbeat(self, task, self._heartbeat_s, key)
         try:
             await self.sink.submit(request, attempt)
         except asyncio.CancelledError:
@@ -553,7 +551,7 @@ class Dispatcher:
                 if task.uncancel() > 0:
                     raise asyncio.CancelledError from error  # also cancelled from outside
                 raise heartbeat.error from heartbeat.error.__cause__
-            await self._release_after_failure(args)
+            await self._release_after_failure(key)
             raise sink_failure(request.decision_id, error) from error
         finally:
             await heartbeat.stop()
@@ -562,8 +560,8 @@ class Dispatcher:
             task.uncancel()
             raise heartbeat.error from heartbeat.error.__cause__
 
-    async def _release_after_failure(self, args: tuple[str, str, ExecutionIdentity]) -> None:
-        decision_id, hash_, identity = args
+    async def _release_after_failure(self, key: ClaimKey) -> None:
+        decision_id, hash_, identity = key
         try:
             await self.ledger.release(decision_id, hash_, self.owner_id, identity=identity)
         except LedgerError as error:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import LedgerError
-from ..identity import ExecutionIdentity, ResultReceipt
 from ..ledger.protocol import DelegatingLedger, Ledger
 from ..ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict, JointOutcome
-from ..store.joint import JointWrite
 from .config import wall_ms
 
 __all__ = ["Journal", "JournalingLedger", "read_journal"]
@@ -62,6 +61,9 @@ def read_journal(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 
 _CLAIM_RESULT = {Busy: "busy", Conflict: "conflict", AlreadyCompleted: "completed"}
+#: The line journaled *before* a mutation, so a call cut short by a kill is visible.
+_BEFORE = {"renew": "renew0", "complete": "complete0", "joint_commit": "joint0"}
+T = TypeVar("T")
 
 
 class JournalingLedger(DelegatingLedger):
@@ -76,147 +78,65 @@ class JournalingLedger(DelegatingLedger):
         super().__init__(inner)
         self.journal = journal
 
-    async def claim(
-        self,
-        decision_id: str,
-        request_hash: str,
-        owner_id: str,
-        *,
-        lease_ms: int,
-        now_ms: int | None = None,
-        identity: ExecutionIdentity | None = None,
-    ) -> ClaimOutcome:
+    async def around(self, operation: str, decision_id: str, call: Awaitable[T]) -> T:
+        """Journal one mutation: the line before it (``renew0``, ``complete0``,
+        ``joint0``), then its outcome or its error (see :meth:`_journal_done`)."""
         t0 = wall_ms()
+        before = _BEFORE.get(operation)
+        if before is not None:
+            self.journal.write(e=before, d=decision_id, t0=t0)
         try:
-            outcome = await super().claim(
-                decision_id, request_hash, owner_id, lease_ms=lease_ms, now_ms=now_ms,
-                identity=identity,
-            )  # fmt: skip
+            result = await super().around(operation, decision_id, call)
         except LedgerError as error:
-            self.journal.write(
-                e="claim", d=decision_id, t0=t0, t1=wall_ms(), r="error", m=str(error)
-            )
+            if operation in ("claim", "joint_commit"):
+                self.journal.write(
+                    e="claim", d=decision_id, t0=t0, t1=wall_ms(), r="error", m=str(error)
+                )
+            elif operation != "release":
+                self.journal.write(
+                    e=operation, d=decision_id, t0=t0, t1=wall_ms(), ok=False, m=str(error)
+                )
             raise
+        self._journal_done(operation, decision_id, t0, result)
+        return result
+
+    def _journal_done(self, operation: str, decision_id: str, t0: int, result: object) -> None:
         t1 = wall_ms()
-        if isinstance(outcome, Claimed):
-            self.journal.claims += 1
-            if outcome.attempt > 1:
-                self.journal.takeovers += 1
-            self.journal.write(
-                e="claim", d=decision_id, t0=t0, t1=t1, r="claimed", a=outcome.attempt
-            )
+        write = self.journal.write
+        if operation == "renew":
+            write(e="renew", d=decision_id, t0=t0, t1=t1, ok=result)
+        elif operation == "complete":
+            write(e="complete", d=decision_id, t0=t0, t1=t1, ok=True, ours=result)
+        elif operation == "release":
+            write(e="release", d=decision_id, t1=t1)
+        elif operation == "claim":
+            assert isinstance(result, Claimed | AlreadyCompleted | Busy | Conflict)
+            self._journal_claim(decision_id, t0, t1, result)
         else:
-            self.journal.write(
-                e="claim", d=decision_id, t0=t0, t1=t1, r=_CLAIM_RESULT[type(outcome)]
-            )
-        return outcome
+            # A joint commit is journaled as the claim, then the completion, then the
+            # sink's row: the three happened in one transaction, inside the lease the
+            # claim granted. A kill after the commit but before these lines leaves a
+            # completion whose only trace is ``joint0`` (the verifier accepts it: the
+            # claim and the completion were one transaction, so the completer held
+            # the lease it completed under).
+            assert operation == "joint_commit" and isinstance(result, JointOutcome)
+            claimed = self._journal_claim(decision_id, t0, t1, result.claim)
+            if claimed is not None:
+                write(e="complete0", d=decision_id, t0=t0)
+                write(e="complete", d=decision_id, t0=t0, t1=t1, ok=True, ours=True)
+                inserted = "insert" if result.inserted else "replay"
+                write(e="sink", d=decision_id, a=claimed.attempt, r=inserted)
 
-    async def renew(
-        self,
-        decision_id: str,
-        request_hash: str,
-        owner_id: str,
-        *,
-        lease_ms: int,
-        now_ms: int | None = None,
-        identity: ExecutionIdentity | None = None,
-    ) -> bool:
-        t0 = wall_ms()
-        self.journal.write(e="renew0", d=decision_id, t0=t0)
-        try:
-            renewed = await super().renew(
-                decision_id, request_hash, owner_id, lease_ms=lease_ms, now_ms=now_ms,
-                identity=identity,
-            )  # fmt: skip
-        except LedgerError as error:
-            self.journal.write(
-                e="renew", d=decision_id, t0=t0, t1=wall_ms(), ok=False, m=str(error)
-            )
-            raise
-        self.journal.write(e="renew", d=decision_id, t0=t0, t1=wall_ms(), ok=renewed)
-        return renewed
-
-    async def complete(
-        self,
-        decision_id: str,
-        request_hash: str,
-        owner_id: str,
-        *,
-        completed_at_ms: int | None = None,
-        identity: ExecutionIdentity | None = None,
-        receipt: ResultReceipt | None = None,
-    ) -> bool:
-        t0 = wall_ms()
-        self.journal.write(e="complete0", d=decision_id, t0=t0)
-        try:
-            ours = await super().complete(
-                decision_id, request_hash, owner_id, completed_at_ms=completed_at_ms,
-                identity=identity, receipt=receipt,
-            )  # fmt: skip
-        except LedgerError as error:
-            self.journal.write(
-                e="complete", d=decision_id, t0=t0, t1=wall_ms(), ok=False, m=str(error)
-            )
-            raise
-        self.journal.write(e="complete", d=decision_id, t0=t0, t1=wall_ms(), ok=True, ours=ours)
-        return ours
-
-    async def joint_commit(
-        self,
-        decision_id: str,
-        request_hash: str,
-        owner_id: str,
-        *,
-        lease_ms: int,
-        identity: ExecutionIdentity,
-        receipt: ResultReceipt,
-        write: JointWrite,
-    ) -> JointOutcome:
-        """Journaled as the claim, then the completion, then the sink's row: the
-        three happened in one transaction, inside the lease the claim granted.
-
-        ``joint0`` is journaled before the call: a kill after the commit but
-        before the answer is journaled leaves a completion whose only trace is
-        that line (the verifier accepts it: the claim and the completion were
-        one transaction, so the completer held the lease it completed under).
-        """
-        t0 = wall_ms()
-        self.journal.write(e="joint0", d=decision_id, t0=t0)
-        try:
-            done = await super().joint_commit(
-                decision_id, request_hash, owner_id, lease_ms=lease_ms, identity=identity,
-                receipt=receipt, write=write,
-            )  # fmt: skip
-        except LedgerError as error:
-            self.journal.write(
-                e="claim", d=decision_id, t0=t0, t1=wall_ms(), r="error", m=str(error)
-            )
-            raise
-        t1 = wall_ms()
-        outcome = done.claim
+    def _journal_claim(
+        self, decision_id: str, t0: int, t1: int, outcome: ClaimOutcome
+    ) -> Claimed | None:
         if not isinstance(outcome, Claimed):
             self.journal.write(
                 e="claim", d=decision_id, t0=t0, t1=t1, r=_CLAIM_RESULT[type(outcome)]
             )
-            return done
+            return None
         self.journal.claims += 1
         if outcome.attempt > 1:
             self.journal.takeovers += 1
         self.journal.write(e="claim", d=decision_id, t0=t0, t1=t1, r="claimed", a=outcome.attempt)
-        self.journal.write(e="complete0", d=decision_id, t0=t0)
-        self.journal.write(e="complete", d=decision_id, t0=t0, t1=t1, ok=True, ours=True)
-        self.journal.write(
-            e="sink", d=decision_id, a=outcome.attempt, r="insert" if done.inserted else "replay"
-        )
-        return done
-
-    async def release(
-        self,
-        decision_id: str,
-        request_hash: str,
-        owner_id: str,
-        *,
-        identity: ExecutionIdentity | None = None,
-    ) -> None:
-        await super().release(decision_id, request_hash, owner_id, identity=identity)
-        self.journal.write(e="release", d=decision_id, t1=wall_ms())
+        return outcome

@@ -6,7 +6,7 @@ from .jsonfile import JsonFileLedger
 from .machine import ClaimRecord, ClaimStatus
 from .memory import MemoryLedger
 from .postgres import PostgresLedger
-from .protocol import DelegatingLedger, Ledger, LedgerEntry, PruneProgress
+from .protocol import ClaimKey, DelegatingLedger, Ledger, LedgerEntry, PruneProgress
 from .sqlite import SqliteLedger
 from .states import (
     AlreadyCompleted,
@@ -25,6 +25,7 @@ from .url import open_ledger
 __all__ = [
     "AlreadyCompleted",
     "Busy",
+    "ClaimKey",
     "ClaimOutcome",
     "ClaimRecord",
     "ClaimState",

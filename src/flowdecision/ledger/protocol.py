@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ..bodies import DecisionStateBody
 from ..errors import LedgerError
@@ -24,7 +24,7 @@ from ..store.lifecycle import Closable
 from .machine import ClaimRecord
 from .states import ClaimOutcome, ClaimState, Completed, JointOutcome, Pending
 
-__all__ = ["DelegatingLedger", "Ledger", "LedgerEntry", "PruneProgress"]
+__all__ = ["ClaimKey", "DelegatingLedger", "Ledger", "LedgerEntry", "PruneProgress"]
 
 T = TypeVar("T")
 
@@ -63,6 +63,17 @@ class LedgerEntry:
         if isinstance(state, Completed):
             body["completed_at_ms"] = state.completed_at_ms
         return body
+
+
+class ClaimKey(NamedTuple):
+    """What a claim is bound to: the decision, its request hash and (optionally)
+    the execution identity. The dispatcher carries one per dispatch into its
+    heartbeat and its release, instead of three loose values (a tuple: free to
+    build and to unpack on the hot path)."""
+
+    decision_id: str
+    request_hash: str
+    identity: ExecutionIdentity | None = None
 
 
 class Ledger(Closable, abc.ABC):
@@ -246,8 +257,12 @@ class DelegatingLedger(Ledger):
 
     Extend it to observe or alter calls of a real ledger and override only
     what changes: :meth:`intercept` sees each mutation (``claim``, ``renew``,
-    ``complete``, ``release``, ``joint_commit``) as it is forwarded; any
-    method can be overridden as well. Closing it closes ``inner``.
+    ``complete``, ``release``, ``joint_commit``) as it is forwarded, and
+    :meth:`around` sees it with its decision id; any method can be overridden
+    as well. Closing it closes ``inner``.
+
+    The mutations forward their arguments as given (``inner`` checks them), so
+    their signatures are written once, on :class:`Ledger`.
     """
 
     def __init__(self, inner: Ledger) -> None:
@@ -261,83 +276,32 @@ class DelegatingLedger(Ledger):
         """
         return await call
 
-    async def claim(
-        self,
-        decision_id: str,
-        request_hash: str,
-        owner_id: str,
-        *,
-        lease_ms: int,
-        now_ms: int | None = None,
-        identity: ExecutionIdentity | None = None,
-    ) -> ClaimOutcome:
-        return await self.intercept(
-            "claim",
-            self.inner.claim(
-                decision_id,
-                request_hash,
-                owner_id,
-                lease_ms=lease_ms,
-                now_ms=now_ms,
-                identity=identity,
-            ),
+    async def around(self, operation: str, decision_id: str, call: Awaitable[T]) -> T:
+        """Like :meth:`intercept`, with the call's decision id; the default hands
+        the call to :meth:`intercept` (override either one)."""
+        return await self.intercept(operation, call)
+
+    async def claim(self, decision_id: str, *args: Any, **kwargs: Any) -> ClaimOutcome:
+        return await self.around(
+            "claim", decision_id, self.inner.claim(decision_id, *args, **kwargs)
         )
 
-    async def renew(
-        self,
-        decision_id: str,
-        request_hash: str,
-        owner_id: str,
-        *,
-        lease_ms: int,
-        now_ms: int | None = None,
-        identity: ExecutionIdentity | None = None,
-    ) -> bool:
-        return await self.intercept(
-            "renew",
-            self.inner.renew(
-                decision_id,
-                request_hash,
-                owner_id,
-                lease_ms=lease_ms,
-                now_ms=now_ms,
-                identity=identity,
-            ),
+    async def renew(self, decision_id: str, *args: Any, **kwargs: Any) -> bool:
+        return await self.around(
+            "renew", decision_id, self.inner.renew(decision_id, *args, **kwargs)
         )
 
-    async def complete(
-        self,
-        decision_id: str,
-        request_hash: str,
-        owner_id: str,
-        *,
-        completed_at_ms: int | None = None,
-        identity: ExecutionIdentity | None = None,
-        receipt: ResultReceipt | None = None,
-    ) -> bool:
-        return await self.intercept(
-            "complete",
-            self.inner.complete(
-                decision_id,
-                request_hash,
-                owner_id,
-                completed_at_ms=completed_at_ms,
-                identity=identity,
-                receipt=receipt,
-            ),
-        )
+    async def complete(self, decision_id: str, *args: Any, **kwargs: Any) -> bool:
+        call = self.inner.complete(decision_id, *args, **kwargs)
+        return await self.around("complete", decision_id, call)
 
-    async def release(
-        self,
-        decision_id: str,
-        request_hash: str,
-        owner_id: str,
-        *,
-        identity: ExecutionIdentity | None = None,
-    ) -> None:
-        await self.intercept(
-            "release", self.inner.release(decision_id, request_hash, owner_id, identity=identity)
-        )
+    async def release(self, decision_id: str, *args: Any, **kwargs: Any) -> None:
+        call = self.inner.release(decision_id, *args, **kwargs)
+        await self.around("release", decision_id, call)
+
+    async def joint_commit(self, decision_id: str, *args: Any, **kwargs: Any) -> JointOutcome:
+        call = self.inner.joint_commit(decision_id, *args, **kwargs)
+        return await self.around("joint_commit", decision_id, call)
 
     async def inspect(
         self,
@@ -367,30 +331,6 @@ class DelegatingLedger(Ledger):
 
     def store_key(self) -> StoreKey | None:
         return self.inner.store_key()
-
-    async def joint_commit(
-        self,
-        decision_id: str,
-        request_hash: str,
-        owner_id: str,
-        *,
-        lease_ms: int,
-        identity: ExecutionIdentity,
-        receipt: ResultReceipt,
-        write: JointWrite,
-    ) -> JointOutcome:
-        return await self.intercept(
-            "joint_commit",
-            self.inner.joint_commit(
-                decision_id,
-                request_hash,
-                owner_id,
-                lease_ms=lease_ms,
-                identity=identity,
-                receipt=receipt,
-                write=write,
-            ),
-        )
 
     async def close(self) -> None:
         await self.inner.close()
