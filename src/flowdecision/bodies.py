@@ -36,6 +36,7 @@ __all__ = [
     "ReceiptBody",
     "Schema",
     "TooLargeDetails",
+    "outbox_entry_body",
 ]
 
 
@@ -131,6 +132,20 @@ class OutboxEntryBody(TypedDict):
     highest_attempt: Positive
     accepted_at_ms: int
     request: Annotated[dict[str, Any], Schema(ref="DecisionRequest")]
+
+
+def outbox_entry_body(entry: Any, request: dict[str, Any]) -> OutboxEntryBody:
+    """The body of an outbox entry from anything with its fields (the library's
+    ``OutboxEntry``, the client's ``OutboxItem``) and its request, parsed."""
+    return {
+        "seq": entry.seq,
+        "decision_id": entry.decision_id,
+        "request_hash": entry.request_hash,
+        "first_attempt": entry.first_attempt,
+        "highest_attempt": entry.highest_attempt,
+        "accepted_at_ms": entry.accepted_at_ms,
+        "request": request,
+    }
 
 
 class OutboxPageBody(TypedDict):

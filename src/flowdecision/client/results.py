@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..bodies import DecisionStateBody, OutboxEntryBody, OutboxPageBody, OutcomeBody
+from ..bodies import (
+    DecisionStateBody,
+    OutboxEntryBody,
+    OutboxPageBody,
+    OutcomeBody,
+    outbox_entry_body,
+)
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..model import DecisionRequest
 
@@ -130,15 +136,7 @@ class OutboxItem:
 
     def to_dict(self) -> OutboxEntryBody:
         """One entry of the service's answer (``OutboxEntry.to_dict()``'s shape)."""
-        return {
-            "seq": self.seq,
-            "decision_id": self.decision_id,
-            "request_hash": self.request_hash,
-            "first_attempt": self.first_attempt,
-            "highest_attempt": self.highest_attempt,
-            "accepted_at_ms": self.accepted_at_ms,
-            "request": json.loads(self.request.to_json()),
-        }
+        return outbox_entry_body(self, json.loads(self.request.to_json()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from ..bodies import OutboxEntryBody
+from ..bodies import OutboxEntryBody, outbox_entry_body
 from ..defaults import SQLITE_BUSY_TIMEOUT_MS
 from ..errors import (
     InvalidArgumentError,
@@ -145,15 +145,7 @@ class OutboxEntry:
         """The one JSON shape of an outbox entry: an entry of ``GET /v1/outbox``,
         a line of ``flowdecision outbox tail --json`` and the client's
         ``OutboxItem.to_dict()``. ``request`` is the stored request, parsed."""
-        return {
-            "seq": self.seq,
-            "decision_id": self.decision_id,
-            "request_hash": self.request_hash,
-            "first_attempt": self.first_attempt,
-            "highest_attempt": self.highest_attempt,
-            "accepted_at_ms": self.accepted_at_ms,
-            "request": json.loads(self.request_json),
-        }
+        return outbox_entry_body(self, json.loads(self.request_json))
 
     def to_json(self) -> bytes:
         """:meth:`to_dict` encoded, with the stored request bytes embedded verbatim
