@@ -1,16 +1,7 @@
 """The decision service: a Starlette app around one :class:`~.runtime.Service`.
 
-Where things are:
-
-* :mod:`.app` (this module): :func:`create_app` wires routes, middleware and
-  the lifespan;
-* :mod:`.handlers`: one function per endpoint;
-* :mod:`.runtime`: :class:`Service`, the ledger, sink and dispatcher, in-flight
-  dispatches, health checks and the shutdown deadline;
-* :mod:`.errors`: the one table from error code to HTTP answer;
-* :mod:`.boundary`: the outermost middleware (request id, access log, and the
-  answer for disconnects, cancellations and bugs);
-* :mod:`.auth`, :mod:`.metrics`, :mod:`.logs`, :mod:`.status`, :mod:`.config`.
+The module map (every module of the service and of the library) and a tour of
+one ``POST`` through them, file by file, are in docs/ARCHITECTURE.md.
 
 The lifespan opens the ledger and the sink the settings name (unless a started
 :class:`Service` is handed in), checks the ledger before serving, and on
