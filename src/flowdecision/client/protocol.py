@@ -156,7 +156,7 @@ class ServiceProtocol:
 
         response, _tries = yield from self._exchange(
             "GET",
-            "/v1/decisions/" + urllib.parse.quote(decision_id, safe=""),
+            decision_path(decision_id),
             headers=self.headers(request_id),
             accept=lambda r: r.status_code == 200 or missing(r),
         )
@@ -272,3 +272,16 @@ def encode_request(request: DecisionRequest | bytes | Mapping[str, Any]) -> byte
     raise InvalidArgumentTypeError(
         f"submit() takes a DecisionRequest, JSON bytes or a dict, not {type(request).__name__}"
     )
+
+
+def decision_path(decision_id: str) -> str:
+    """The path of one decision: its id as one percent-encoded segment.
+
+    ``quote`` leaves dots alone, and a segment that is ``.`` or ``..`` is a dot
+    segment that the URL layer removes (``GET /v1/decisions/..`` would become
+    ``GET /v1``); encoded as ``%2E`` it stays an id, which the service decodes.
+    """
+    segment = urllib.parse.quote(decision_id, safe="")
+    if segment in (".", ".."):
+        segment = segment.replace(".", "%2E")
+    return "/v1/decisions/" + segment
