@@ -384,3 +384,43 @@ def test_outbox_tail_offers_only_outbox_schemes(tmp_path: Path) -> None:
     assert "sqlite:///path" in result.stderr and "postgresql://" in result.stderr
     for refused in ("http", "python:", "procrastinate", "dbos", "memory:"):
         assert refused not in result.stderr, (refused, result.stderr)
+
+
+def test_demo_says_its_temporary_ledger_is_deleted_and_how_to_keep_one(tmp_path: Path) -> None:
+    result = _run_in(tmp_path, "demo")
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert "deleted" in last and "--dir" in last, last
+    shown = last.split("ledger file: ")[1].split(" ")[0]
+    assert not Path(shown).exists()  # what it says: gone
+    kept = _run_in(tmp_path, "demo", "--dir", str(tmp_path / "keep"))
+    last = kept.stdout.strip().splitlines()[-1]
+    assert last == f"ledger file: {tmp_path / 'keep' / 'flow-decisions.json'} (kept)"
+    assert (tmp_path / "keep" / "flow-decisions.json").exists()
+
+
+def test_inspect_on_a_read_only_filesystem_says_so_and_what_to_do(tmp_path: Path) -> None:
+    # A real read-only mount (a private mount namespace, so nothing leaks out of the
+    # test): a WAL ledger needs its -wal/-shm files beside it, which it cannot create.
+    source, mounted = tmp_path / "src", tmp_path / "ro"
+    source.mkdir()
+    mounted.mkdir()
+    ledger = f"sqlite:///{source / 'l.db'}"
+    assert flowdecision("migrate", "--ledger", ledger).returncode == 0
+    for leftover in source.glob("l.db-*"):
+        leftover.unlink()
+    script = (
+        f"mount --bind {source} {mounted} && mount -o remount,bind,ro {mounted} && "
+        f"exec {' '.join(CLI)} inspect --ledger sqlite:///{mounted / 'l.db'} x"
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert "Permission denied" not in done.stderr and "not permitted" not in done.stderr, (
+        f"cannot make a read-only mount for this test (needs root): {done.stderr}"
+    )
+    assert done.returncode == 1, done.stderr
+    message = done.stderr.strip()
+    assert message.startswith("error: ") and message.count("\n") == 0, message
+    assert "read-only" in message and "l.db" in message, message
+    assert "copy" in message and "read-write" in message, message

@@ -141,7 +141,6 @@ async def run_demo(root: Path, echo: Callable[[str], None]) -> list[tuple[str, s
     echo("")
     echo("health of the main dispatcher:")
     echo(json.dumps(main.health().to_dict(), indent=2))
-    echo(f"\nledger file: {ledger.path}")
     return fates
 
 
@@ -157,9 +156,13 @@ def demo(directory: Path | None) -> None:
     if directory is not None:
         _check_writable(directory)
         run(lambda: run_demo(directory, click.echo))
+        click.echo(f"\nledger file: {JsonFileLedger(directory).path} (kept)")
         return
     with tempfile.TemporaryDirectory(prefix="flowdecision-demo-") as tmp:
         run(lambda: run_demo(Path(tmp), click.echo))
+        path = JsonFileLedger(Path(tmp)).path
+    # The temporary directory is gone now: say so, rather than name a missing file.
+    click.echo(f"\nledger file: {path} (deleted on exit; run with --dir DIR to keep it)")
 
 
 def _check_writable(directory: Path) -> None:

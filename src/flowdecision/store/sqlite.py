@@ -122,6 +122,14 @@ def _switch_to_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
         raise WalUnavailableError(f"cannot enable WAL mode (got {mode!r})")
 
 
+def _on_read_only_filesystem(path: Path) -> bool:
+    """Whether the directory holding ``path`` is on a read-only mount."""
+    try:
+        return bool(os.statvfs(path.absolute().parent).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def full_disk(error: BaseException) -> bool:
     """``SQLITE_FULL`` (the file could not grow), or an I/O error that was ENOSPC."""
     if not isinstance(error, sqlite3.Error):
@@ -216,6 +224,14 @@ class SqliteOpener:
                 )
             if "no such table" in text:
                 return errors.schema(f"{self.where} has no {self.component.name} table: {text}")
+            if _on_read_only_filesystem(self.path):
+                # SQLite says only "unable to open database file" (or "readonly").
+                return errors.unavailable(
+                    f"{self.where}: the filesystem holding it is read-only ({text}); a WAL "
+                    "database must create its -wal and -shm files beside it, even to read: "
+                    "mount it read-write, or copy the file (with any -wal file) to a "
+                    "writable directory and open the copy"
+                )
             return errors.unavailable(f"{self.where}: {text}")
         if isinstance(error, sqlite3.DatabaseError) and (
             "not a database" in text or "malformed" in text
