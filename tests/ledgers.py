@@ -72,6 +72,7 @@ class LeaseLosingLedger(_ScriptedLedger):
         completed_at_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
         receipt: ResultReceipt | None = None,
+        traceparent: str | None = None,
     ) -> bool:
         return True
 

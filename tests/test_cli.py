@@ -261,6 +261,8 @@ sys.meta_path.insert(0, BlockServiceExtra())
 for loaded in [m for m in sys.modules if m.split(".")[0] in {"starlette", "uvicorn"}]:
     del sys.modules[loaded]
 from flowdecision.cli import main
+from flowdecision.ledger.sqlite import SCHEMA_VERSION as LEDGER_VERSION
+from flowdecision.sinks.outbox import OUTBOX_SCHEMA_VERSION as OUTBOX_VERSION
 sys.argv = ["flowdecision", *sys.argv[1:]]
 main()
 """
@@ -343,12 +345,15 @@ def test_migrate_outbox_alone_touches_only_the_outbox(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     # The default ledger (.flowdecision/flowdecision.db) was neither created nor migrated.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.db"]
-    assert result.stdout.splitlines() == [f"outbox sqlite:///{outbox}: schema at version 2 (was 0)"]
+    assert result.stdout.splitlines() == [
+        f"outbox sqlite:///{outbox}: schema at version {OUTBOX_VERSION} (was 0)"
+    ]
     as_json = json.loads(
         _run_in(tmp_path, "migrate", "--outbox", f"sqlite:///{outbox}", "--json").stdout
     )
     assert as_json == {"outbox": {"url": f"sqlite:///{outbox}", "migrated": False,
-                                  "version_before": 2, "version_after": 2}}  # fmt: skip
+                                  "version_before": OUTBOX_VERSION,
+                                  "version_after": OUTBOX_VERSION}}  # fmt: skip
 
 
 def test_migrate_names_each_store_it_migrated(tmp_path: Path) -> None:
@@ -356,8 +361,8 @@ def test_migrate_names_each_store_it_migrated(tmp_path: Path) -> None:
     result = _run_in(tmp_path, "migrate", "--ledger", ledger, "--outbox", outbox)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        f"ledger {ledger}: schema at version 1 (was 0)",
-        f"outbox {outbox}: schema at version 2 (was 0)",
+        f"ledger {ledger}: schema at version {LEDGER_VERSION} (was 0)",
+        f"outbox {outbox}: schema at version {OUTBOX_VERSION} (was 0)",
     ]
 
 

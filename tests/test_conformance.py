@@ -26,7 +26,9 @@ from flowdecision.ledger import (
     open_ledger,
 )
 from flowdecision.ledger.machine import U64_MAX
+from flowdecision.ledger.postgres import SCHEMA_VERSION as PG_VERSION
 from flowdecision.ledger.postgres import PostgresLedger
+from flowdecision.ledger.sqlite import SCHEMA_VERSION as SQLITE_VERSION
 from flowdecision.ledger.sqlite import SqliteLedger
 
 from .helpers import identity, receipt
@@ -305,13 +307,13 @@ async def test_sqlite_constructor_opens_lazily_and_uses_wal(tmp_path: Path) -> N
     assert not path.exists()
     try:
         assert await ledger.claim("d", "h", "o", lease_ms=10, now_ms=1) == Claimed(1)
-        assert await ledger.schema_version() == 1
+        assert await ledger.schema_version() == SQLITE_VERSION
     finally:
         await ledger.close()
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SQLITE_VERSION
         names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
         assert {"flowdecision_claims", "flowdecision_claims_prune"} <= names
     finally:
@@ -326,7 +328,9 @@ async def test_sqlite_newer_schema_is_refused(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA user_version = 99")
     conn.close()
-    with pytest.raises(LedgerSchemaError, match=r"schema version 99, newer than version 1"):
+    with pytest.raises(
+        LedgerSchemaError, match=rf"schema version 99, newer than version {SQLITE_VERSION}"
+    ):
         await SqliteLedger.open(path)
     with pytest.raises(LedgerSchemaError, match=str(path)):
         await open_ledger(f"sqlite:///{path}")
@@ -380,7 +384,7 @@ async def test_sqlite_concurrent_openers_migrate_once(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     ledgers = await asyncio.gather(*(SqliteLedger.open(path) for _ in range(8)))
     try:
-        assert {await ledger.schema_version() for ledger in ledgers} == {1}
+        assert {await ledger.schema_version() for ledger in ledgers} == {SQLITE_VERSION}
     finally:
         for ledger in ledgers:
             await ledger.close()
@@ -396,9 +400,9 @@ async def test_postgres_unmigrated_database_says_run_migrate(pg_empty_url: str) 
         await open_ledger(pg_empty_url)
     ledger = PostgresLedger(pg_empty_url)
     try:
-        assert await ledger.migrate() == (0, 1)
-        assert await ledger.migrate() == (1, 1)  # idempotent
-        assert await ledger.schema_version() == 1
+        assert await ledger.migrate() == (0, PG_VERSION)
+        assert await ledger.migrate() == (PG_VERSION, PG_VERSION)  # idempotent
+        assert await ledger.schema_version() == PG_VERSION
         assert await ledger.claim("d", "h", "o", lease_ms=10, now_ms=1) == Claimed(1)
     finally:
         await ledger.close()
@@ -408,7 +412,8 @@ async def test_postgres_concurrent_migrations_apply_once(pg_empty_url: str) -> N
     ledgers = [PostgresLedger(pg_empty_url) for _ in range(4)]
     try:
         results = await asyncio.gather(*(ledger.migrate() for ledger in ledgers))
-        assert sorted(results) == [(0, 1), (1, 1), (1, 1), (1, 1)]
+        done = (PG_VERSION, PG_VERSION)
+        assert sorted(results) == [(0, PG_VERSION), done, done, done]
     finally:
         for ledger in ledgers:
             await ledger.close()
@@ -423,7 +428,9 @@ async def test_postgres_newer_schema_is_refused(pg_empty_url: str) -> None:
     conn = await asyncpg.connect(pg_empty_url)
     await conn.execute("INSERT INTO flowdecision_schema_version (version, name) VALUES (7, 'x')")
     await conn.close()
-    with pytest.raises(LedgerSchemaError, match="schema version 7, newer than version 1"):
+    with pytest.raises(
+        LedgerSchemaError, match=f"schema version 7, newer than version {PG_VERSION}"
+    ):
         await PostgresLedger.connect(pg_empty_url)
     migrator = PostgresLedger(pg_empty_url)
     try:

@@ -81,7 +81,7 @@ def test_package_imports_only_what_the_architecture_allows(package: str) -> None
 #: package -> everything in flowdecision it may import (stricter than FORBIDDEN).
 ALLOWED = {
     # `defaults` (constants only): every constructor's defaults, from one place.
-    "store": {"store", "errors", "closing", "redact", "defaults"},
+    "store": {"store", "errors", "closing", "redact", "defaults", "tracing"},
     # `bodies` (TypedDicts only): to_dict() returns the service's JSON shape.
     "ledger": {
         "ledger",
@@ -93,6 +93,7 @@ ALLOWED = {
         "redact",
         "bodies",
         "defaults",
+        "tracing",
     },
     "sinks": {
         "sinks",
@@ -105,6 +106,7 @@ ALLOWED = {
         "redact",
         "bodies",
         "defaults",
+        "tracing",
     },
 }
 

@@ -20,6 +20,7 @@ from flowdecision.sinks import (
     OutboxSink,
     Sink,
 )
+from flowdecision.sinks.outbox import OUTBOX_SCHEMA_VERSION
 from tests.helpers import request
 
 
@@ -39,7 +40,8 @@ async def outbox_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
         await conn.execute("DROP FUNCTION IF EXISTS flow_decision_outbox_notify")
     finally:
         await conn.close()
-    assert await OutboxSink(url).migrate() == (0, 2)  # PostgreSQL migrates only when asked
+    # PostgreSQL migrates only when asked
+    assert await OutboxSink(url).migrate() == (0, OUTBOX_SCHEMA_VERSION)
     yield url
 
 

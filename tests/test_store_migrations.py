@@ -19,6 +19,7 @@ from flowdecision.errors import LedgerSchemaError
 from flowdecision.ledger import Claimed, PostgresLedger, SqliteLedger
 from flowdecision.ledger.rows import LEDGER
 from flowdecision.sinks import OutboxSchemaError, OutboxSink
+from flowdecision.sinks.outbox import OUTBOX_SCHEMA_VERSION
 from flowdecision.store import Component
 from flowdecision.store.migrations import (
     load_migrations,
@@ -27,6 +28,9 @@ from flowdecision.store.migrations import (
     sqlite_schema_version,
 )
 from tests.helpers import request
+
+LEDGER_VERSION = LEDGER.newest("sqlite")
+OUTBOX_VERSION = OUTBOX_SCHEMA_VERSION
 
 
 def _tables(path: Path) -> set[str]:
@@ -45,7 +49,9 @@ def _legacy_sqlite_ledger(path: Path) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode = WAL")
-        for _, _, script in load_migrations("flowdecision.ledger", "sqlite"):
+        for version, _, script in load_migrations("flowdecision.ledger", "sqlite"):
+            if version > 1:
+                break
             for statement in split_statements(script):
                 conn.execute(statement)
         conn.execute("PRAGMA user_version = 1")
@@ -60,22 +66,23 @@ async def test_a_sqlite_ledger_left_by_an_earlier_release_opens_without_manual_s
     _legacy_sqlite_ledger(path)
     assert LEDGER.version_table not in _tables(path)
 
-    reader = await open_ledger(f"sqlite:///{path}", create=False)  # read-only: no writes
-    try:
-        assert await reader.lookup("dec-1") is None
-    finally:
-        await reader.close()
+    # Read-only opening never writes: an older schema is refused, saying what to do.
+    with pytest.raises(LedgerSchemaError, match="older than version"):
+        await open_ledger(f"sqlite:///{path}", create=False)
+    assert LEDGER.version_table not in _tables(path)
     ledger = await SqliteLedger.open(path)
     try:
-        assert await ledger.schema_version() == 1
-        assert await ledger.migrate() == (1, 1)
+        assert await ledger.schema_version() == LEDGER_VERSION
+        assert await ledger.migrate() == (1, LEDGER_VERSION)  # what opening found, and did
         hash_ = request_hash(request(decision_id="dec-1"))
         assert await ledger.claim("dec-1", hash_, "owner", lease_ms=60_000) == Claimed(1)
     finally:
         await ledger.close()
-    # An up-to-date store is only read when it opens.
-    assert LEDGER.version_table not in _tables(path)
-    assert _user_version(path) == 1
+    # Opening applied the migrations after version 1 and recorded every version.
+    with sqlite3.connect(path) as conn:
+        applied = [v for (v,) in conn.execute(f"SELECT version FROM {LEDGER.version_table}")]
+    assert applied == list(range(1, LEDGER_VERSION + 1))
+    assert _user_version(path) == LEDGER_VERSION
 
 
 async def test_a_new_sqlite_ledger_records_its_version_in_both_places(tmp_path: Path) -> None:
@@ -83,9 +90,11 @@ async def test_a_new_sqlite_ledger_records_its_version_in_both_places(tmp_path: 
     await (await SqliteLedger.open(path)).close()
     with sqlite3.connect(path) as conn:
         rows = conn.execute(f"SELECT version, name FROM {LEDGER.version_table}").fetchall()
-    assert rows == [(1, "0001_init.sql")]
+    shipped = load_migrations("flowdecision.ledger", "sqlite")
+    assert rows == [(version, name) for version, name, _ in shipped]
+    assert rows[0] == (1, "0001_init.sql")
     # Earlier releases read only user_version: they still see (and refuse) newer schemas.
-    assert _user_version(path) == 1
+    assert _user_version(path) == LEDGER_VERSION
 
 
 def _two_step_component(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Component:
@@ -145,9 +154,9 @@ async def test_a_ledger_and_an_outbox_keep_separate_versions_in_one_sqlite_file(
     ledger = await SqliteLedger.open(path)
     try:
         async with OutboxSink(f"sqlite:///{path}") as outbox:
-            assert await outbox.migrate() == (0, 2)  # what opening found, and did
+            assert await outbox.migrate() == (0, OUTBOX_VERSION)  # what opening found, and did
             assert await outbox.deliver(request(decision_id="dec-1"), 1) is True
-        assert await ledger.schema_version() == 1
+        assert await ledger.schema_version() == LEDGER_VERSION
     finally:
         await ledger.close()
     assert {"flowdecision_schema_version", "flow_decision_outbox_schema"} <= _tables(path)
@@ -175,8 +184,8 @@ async def test_a_postgres_outbox_is_not_migrated_on_open_and_says_how(pg_empty_u
         await sink.open()
     await sink.close()
     assert await _public_tables(pg_empty_url) == set()
-    assert await OutboxSink(pg_empty_url).migrate() == (0, 2)
-    assert await OutboxSink(pg_empty_url).migrate() == (2, 2)
+    assert await OutboxSink(pg_empty_url).migrate() == (0, OUTBOX_VERSION)
+    assert await OutboxSink(pg_empty_url).migrate() == (OUTBOX_VERSION, OUTBOX_VERSION)
     async with OutboxSink(pg_empty_url) as opened:
         assert await opened.deliver(request(decision_id="dec-1"), 1) is True
     # The ledger's schema is its own: migrating the outbox did not create it.
@@ -189,10 +198,10 @@ async def test_ledger_and_outbox_in_one_postgres_database_version_separately(
 ) -> None:
     ledger = PostgresLedger(pg_empty_url)
     try:
-        assert await ledger.migrate() == (0, 1)
+        assert await ledger.migrate() == (0, LEDGER_VERSION)
     finally:
         await ledger.close()
-    assert await OutboxSink(pg_empty_url).migrate() == (0, 2)
+    assert await OutboxSink(pg_empty_url).migrate() == (0, OUTBOX_VERSION)
     assert {
         "flowdecision_claims",
         "flowdecision_schema_version",
@@ -215,7 +224,7 @@ def test_migrate_command_migrates_an_outbox_too(pg_empty_url: str, tmp_path: Pat
         "url": pg_empty_url,
         "migrated": True,
         "version_before": 0,
-        "version_after": 2,
+        "version_after": OUTBOX_VERSION,
     }
     lite = subprocess.run(
         [sys.executable, "-m", "flowdecision.cli", "migrate", "--ledger",
@@ -223,4 +232,7 @@ def test_migrate_command_migrates_an_outbox_too(pg_empty_url: str, tmp_path: Pat
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert lite.returncode == 0, lite.stderr
-    assert f"outbox sqlite:///{tmp_path}/o.db: schema at version 2 (was 0)" in lite.stdout
+    assert (
+        f"outbox sqlite:///{tmp_path}/o.db: schema at version {OUTBOX_VERSION} (was 0)"
+        in lite.stdout
+    )

@@ -15,6 +15,7 @@ import pytest
 from flowdecision import StoreMissingError, open_ledger, request_hash
 from flowdecision.errors import LedgerError
 from flowdecision.ledger import JsonFileLedger, SqliteLedger
+from flowdecision.ledger.sqlite import SCHEMA_VERSION
 from flowdecision.sinks import OutboxError, OutboxMissingError, OutboxSink
 from tests.helpers import request
 
@@ -123,12 +124,12 @@ async def test_migrate_reports_what_it_applied(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     fresh = SqliteLedger(path)
     try:
-        assert await fresh.migrate() == (0, 1)
+        assert await fresh.migrate() == (0, SCHEMA_VERSION)
     finally:
         await fresh.close()
     again = SqliteLedger(path)
     try:
-        assert await again.migrate() == (1, 1)
+        assert await again.migrate() == (SCHEMA_VERSION, SCHEMA_VERSION)
     finally:
         await again.close()
 

@@ -131,6 +131,8 @@ class OutboxEntryBody(TypedDict):
     first_attempt: Positive
     highest_attempt: Positive
     accepted_at_ms: int
+    #: W3C trace context of the dispatch that wrote the row (null when tracing was off).
+    traceparent: str | None
     request: Annotated[dict[str, Any], Schema(ref="DecisionRequest")]
 
 
@@ -144,6 +146,7 @@ def outbox_entry_body(entry: Any, request: dict[str, Any]) -> OutboxEntryBody:
         "first_attempt": entry.first_attempt,
         "highest_attempt": entry.highest_attempt,
         "accepted_at_ms": entry.accepted_at_ms,
+        "traceparent": entry.traceparent,
         "request": request,
     }
 

@@ -21,13 +21,17 @@ attempt, the receipt); every failure is a :class:`DispatchError`, whose
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
+from . import tracing as _tracing
 from .bodies import OutcomeBody
 from .defaults import LEASE_MS
 from .errors import (
@@ -170,6 +174,41 @@ def _store_name(ledger: object) -> str:
     return str(where) if where else type(ledger).__name__
 
 
+#: Dispatch errors recorded as span events on ``flowdecision.dispatch`` (by code).
+_EVENT_CODES = {
+    "busy": "flowdecision.busy",
+    "conflict": "flowdecision.conflict",
+    "lease_lost": "flowdecision.lease_lost",
+}
+_NULL_STEP = contextlib.nullcontext()
+_Step = Callable[..., AbstractContextManager[Any]]
+
+
+def _untraced(name: str, **_: Any) -> AbstractContextManager[Any]:
+    """A step without tracing: one shared null context, nothing made."""
+    return _NULL_STEP
+
+
+def _ledger_backend(ledger: Ledger) -> str:
+    """``sqlite``, ``postgresql``, ``memory``, ``jsonfile`` (or the class name)."""
+    while hasattr(ledger, "inner"):  # a DelegatingLedger: name what it wraps
+        ledger = ledger.inner
+    key = ledger.store_key()
+    if key is not None:
+        return key.kind
+    name = type(ledger).__name__
+    return {"MemoryLedger": "memory", "JsonFileLedger": "jsonfile"}.get(name, name)
+
+
+def _sink_kind(sink: Sink) -> str:
+    """``outbox``, ``webhook``, ``procrastinate``, ``dbos`` ... (the class name otherwise)."""
+    kind = getattr(sink, "kind", None)
+    if isinstance(kind, str) and kind in ("sqlite", "postgresql"):
+        return "outbox"  # OutboxSink.kind is its store's kind
+    name = type(sink).__name__
+    return name.removesuffix("Sink").lower() or name
+
+
 def _error_class(error: BaseException) -> ErrorClass:
     return classify(error, ERROR_CLASSES) or _UNCLASSIFIED
 
@@ -235,6 +274,8 @@ class _Heartbeat:
             self._fail(LeaseLostError(decision_id))
             return
         dispatcher.metrics.lease_renewals += 1
+        if _tracing.active():  # on the sink's span: the renewal runs in its context
+            _tracing.event("flowdecision.lease_renewed")
         self._renewal = None
         self._handle = asyncio.get_running_loop().call_later(self._period, self._due)
 
@@ -314,7 +355,43 @@ class Dispatcher:
         return self.metrics.snapshot()
 
     async def dispatch(self, request: DecisionRequest) -> DispatchOutcome:
-        """Submit ``request`` exactly once; see :class:`DispatchOutcome` for the result."""
+        """Submit ``request`` exactly once; see :class:`DispatchOutcome` for the result.
+
+        With tracing on (:mod:`flowdecision.tracing`) it is one
+        ``flowdecision.dispatch`` span with a child per step; see
+        ``docs/OBSERVABILITY.md`` for the tree.
+        """
+        if _tracing.active():
+            return await self._traced(request)
+        return await self._counted(request)
+
+    async def _traced(self, request: DecisionRequest) -> DispatchOutcome:
+        attributes: dict[str, str | int] = {
+            "flowdecision.decision_id": request.decision_id,
+            "flowdecision.run_id": request.run_id,
+            "flowdecision.ledger.backend": _ledger_backend(self.ledger),
+            "flowdecision.sink.kind": _sink_kind(self.sink),
+        }
+        with _tracing.span("flowdecision.dispatch", attributes=attributes) as span:
+            try:
+                outcome = await self._counted(request)
+            except DispatchError as error:
+                code = error.code
+                span.set_attribute("flowdecision.outcome", code)
+                if code in _EVENT_CODES:
+                    details: dict[str, str | int] = {
+                        "flowdecision.decision_id": request.decision_id
+                    }
+                    if isinstance(error, DecisionBusyError):
+                        details["flowdecision.lease_expires_at_ms"] = error.lease_expires_at_ms
+                    span.add_event(_EVENT_CODES[code], details)
+                raise
+            span.set_attribute("flowdecision.outcome", outcome.outcome)
+            if outcome.attempt is not None:
+                span.set_attribute("flowdecision.attempt", outcome.attempt)
+            return outcome
+
+    async def _counted(self, request: DecisionRequest) -> DispatchOutcome:
         metrics = self.metrics
         metrics.attempted += 1
         metrics.in_flight += 1
@@ -444,26 +521,40 @@ class Dispatcher:
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
     ) -> DispatchOutcome:
+        # Tracing: one check per dispatch; the steps use a shared null context when off.
+        traced = _tracing.active()
+        step = _tracing.span if traced else _untraced
+        # The dispatch span's context is stored with the completion (ledger side data):
+        # a later duplicate links to it.
+        trace = _tracing.current_traceparent() if traced else None
         if self.joint:
-            return await self._joint_commit(request, hash_, identity, receipt)
+            return await self._joint_commit(request, hash_, identity, receipt, step, trace)
         decision_id = request.decision_id
         ledger = self.ledger
         try:
-            outcome = await ledger.claim(
-                decision_id, hash_, self.owner_id, lease_ms=self.lease_ms, identity=identity
-            )
+            with step("flowdecision.claim"):
+                outcome = await ledger.claim(
+                    decision_id, hash_, self.owner_id, lease_ms=self.lease_ms, identity=identity
+                )
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
         if not isinstance(outcome, Claimed):
             return await self._not_claimed(decision_id, outcome)
-        self._count_claim(outcome)
+        self._count_claim(outcome, traced)
 
-        await self._submit(request, outcome.attempt, ClaimKey(decision_id, hash_, identity))
+        with step("flowdecision.sink.submit", attributes={"flowdecision.attempt": outcome.attempt}):
+            await self._submit(request, outcome.attempt, ClaimKey(decision_id, hash_, identity))
 
         try:
-            ours = await ledger.complete(
-                decision_id, hash_, self.owner_id, identity=identity, receipt=receipt
-            )
+            with step("flowdecision.complete"):
+                ours = await ledger.complete(
+                    decision_id,
+                    hash_,
+                    self.owner_id,
+                    identity=identity,
+                    receipt=receipt,
+                    traceparent=trace,
+                )
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
         if not ours:
@@ -478,21 +569,26 @@ class Dispatcher:
         hash_: str,
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
+        step: _Step,
+        trace: str | None,
     ) -> DispatchOutcome:
         """The joint path: claim, the sink's row and completion in one commit."""
         decision_id = request.decision_id
         sink = cast(JointSink, self.sink)
         try:
-            write = await sink.prepare(request)
-            done = await self.ledger.joint_commit(
-                decision_id,
-                hash_,
-                self.owner_id,
-                lease_ms=self.lease_ms,
-                identity=identity,
-                receipt=receipt,
-                write=write,
-            )
+            with step("flowdecision.joint_commit"):
+                # The sink's row takes this span's context (the outbox stores it).
+                write = await sink.prepare(request)
+                done = await self.ledger.joint_commit(
+                    decision_id,
+                    hash_,
+                    self.owner_id,
+                    lease_ms=self.lease_ms,
+                    identity=identity,
+                    receipt=receipt,
+                    write=write,
+                    traceparent=trace,
+                )
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
         except Exception as error:  # the sink refused its row (e.g. different content)
@@ -500,20 +596,28 @@ class Dispatcher:
         outcome = done.claim
         if not isinstance(outcome, Claimed):
             return await self._not_claimed(decision_id, outcome)
-        self._count_claim(outcome)
+        self._count_claim(outcome, trace is not None)
         if done.inserted:
             committed = getattr(write.writer, "committed", None)
             if committed is not None:  # e.g. the outbox wakes the relays waiting for rows
                 committed(write)
         return DispatchOutcome(True, decision_id, outcome.attempt, receipt)
 
-    def _count_claim(self, claimed: Claimed) -> None:
+    def _count_claim(self, claimed: Claimed, traced: bool) -> None:
         self.metrics.claimed += 1
         if claimed.attempt > 1:
             self.metrics.takeovers += 1
+            if traced:
+                _tracing.event("flowdecision.takeover", {"flowdecision.attempt": claimed.attempt})
 
     async def _not_claimed(self, decision_id: str, outcome: ClaimOutcome) -> DispatchOutcome:
         """A duplicate's outcome; raises for a busy or conflicting claim."""
+        if isinstance(outcome, AlreadyCompleted | Conflict) and outcome.traceparent is not None:
+            # Click from this retry to the submission that counted (tracing is on:
+            # only then was a traceparent stored).
+            _tracing.add_link(
+                _tracing.current_span(), outcome.traceparent, link="completed_original"
+            )
         if isinstance(outcome, AlreadyCompleted):
             return await self._duplicate(decision_id, outcome)
         if isinstance(outcome, Busy):

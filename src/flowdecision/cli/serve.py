@@ -74,6 +74,11 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
     "for a reverse proxy that does it (docs/SERVICE.md).  [default: guarded]",
 )
 @_flag("--workers", type=int, help="Server processes on the one port.  [default: 1]")
+@_flag(
+    "--otel/--no-otel",
+    help="Export OpenTelemetry traces over OTLP, configured by the standard OTEL_* "
+    "variables (needs the `otel` extra).  [default: off]",
+)
 def serve_cmd(config_file: str | None, **flags: Any) -> None:
     """Run the HTTP decision service (POST /v1/decisions, status page at /).
 
@@ -98,6 +103,12 @@ def serve_cmd(config_file: str | None, **flags: Any) -> None:
         loop_factory = event_loop_factory(settings)
         http_protocol_class(settings)  # fails early when the chosen parser is missing
         check_edge(settings)  # ... or when uvicorn moved under the edge
+        if settings.otel:
+            from ..tracing import sdk_problem
+
+            problem = sdk_problem()
+            if problem is not None:
+                raise ConfigError(problem)
     except ConfigError as error:
         fail(error, EXIT_USAGE)
     configure_logging(settings.log_level)

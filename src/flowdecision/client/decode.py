@@ -42,6 +42,12 @@ def _optional_int(response: httpx.Response, body: Mapping[str, Any], name: str) 
     return _member(response, body, name, int)
 
 
+def _optional_str(response: httpx.Response, body: Mapping[str, Any], name: str) -> str | None:
+    if body.get(name) is None:
+        return None
+    return _member(response, body, name, str)
+
+
 def _receipt(response: httpx.Response, value: object) -> ResultReceipt | None:
     if value is None:
         return None
@@ -110,6 +116,7 @@ def outbox_page(response: httpx.Response) -> OutboxPage:
                 highest_attempt=_member(response, raw, "highest_attempt", int),
                 accepted_at_ms=_member(response, raw, "accepted_at_ms", int),
                 request=request,
+                traceparent=_optional_str(response, raw, "traceparent"),
             )
         )
     return OutboxPage(

@@ -133,6 +133,8 @@ class OutboxItem:
     highest_attempt: int
     accepted_at_ms: int
     request: DecisionRequest
+    #: The W3C trace context of the dispatch that wrote the row (None: tracing was off).
+    traceparent: str | None = None
 
     def to_dict(self) -> OutboxEntryBody:
         """One entry of the service's answer (``OutboxEntry.to_dict()``'s shape)."""

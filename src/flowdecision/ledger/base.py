@@ -110,6 +110,17 @@ def _check_receipt(identity: ExecutionIdentity | None, receipt: ResultReceipt | 
         raise LedgerError("decision result receipt identity conflicts with its claim")
 
 
+#: A W3C ``traceparent`` is 55 characters; anything else is not kept (side data only).
+_TRACEPARENT_LEN = 55
+
+
+def _check_traceparent(value: str | None) -> str | None:
+    # Side data for observability: a malformed value is dropped, never an error.
+    if value is None or not isinstance(value, str) or len(value) != _TRACEPARENT_LEN:
+        return None
+    return value if value.isascii() and value.isprintable() else None
+
+
 class StoredLedger(Ledger):
     """A :class:`Ledger` kept in a store: the public API over four primitives.
 
@@ -213,6 +224,7 @@ class StoredLedger(Ledger):
         completed_at_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
         receipt: ResultReceipt | None = None,
+        traceparent: str | None = None,
     ) -> bool:
         _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
         fixed = None if completed_at_ms is None else check_u64("completed_at_ms", completed_at_ms)
@@ -228,6 +240,7 @@ class StoredLedger(Ledger):
                 owner_id,
                 receipt,
                 clock if fixed is None else fixed,
+                _check_traceparent(traceparent),
             ),
         )
 
@@ -241,6 +254,7 @@ class StoredLedger(Ledger):
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
         write: JointWrite,
+        traceparent: str | None = None,
     ) -> JointOutcome:
         _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
         check_u64("lease_ms", lease_ms)
@@ -261,9 +275,11 @@ class StoredLedger(Ledger):
         def claim(record: ClaimRecord | None, clock: int) -> Transition[ClaimOutcome]:
             return machine.claim(record, request_hash, identity, owner_id, clock, lease_ms)
 
+        trace = _check_traceparent(traceparent)
+
         def complete(record: ClaimRecord | None, clock: int) -> Transition[bool]:
             return machine.complete(
-                record, decision_id, request_hash, identity, owner_id, receipt, clock
+                record, decision_id, request_hash, identity, owner_id, receipt, clock, trace
             )
 
         return await self._apply_joint(decision_id, JointOperation(claim, complete, write))

@@ -13,7 +13,7 @@ This is a literal port of the record functions of ``decision_ledger.rs``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
@@ -64,6 +64,12 @@ class ClaimRecord:
 
     ``execution_identity`` is None only for legacy records written by the older
     ledger; ``completed_at_ms`` is None for pending and legacy completed records.
+
+    ``traceparent`` is side data, not part of the seed's record: the W3C trace
+    context of the dispatch that completed the decision (see
+    :mod:`flowdecision.tracing`). The SQL ledgers keep it in a column of its
+    own; it is never serialized (:meth:`to_dict`), so the JSON file ledger
+    never holds it, and it takes no part in equality.
     """
 
     request_hash: str
@@ -74,6 +80,7 @@ class ClaimRecord:
     execution_identity: ExecutionIdentity | None = None
     completed_at_ms: int | None = None
     result_receipt: ResultReceipt | None = None
+    traceparent: str | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The seed's serde form: declaration order, absent options omitted."""
@@ -243,9 +250,9 @@ def claim(
         )
         return Transition(created, Claimed(1), True)
     if record.request_hash != request_hash or _identity_conflicts(record, identity):
-        return Transition(record, Conflict(), False)
+        return Transition(record, Conflict(record.traceparent), False)
     if record.status is ClaimStatus.COMPLETED:
-        done = AlreadyCompleted(attempts=record.attempts, receipt=record.result_receipt)
+        done = AlreadyCompleted(record.attempts, record.result_receipt, record.traceparent)
         if record.execution_identity is None and identity is not None:
             return Transition(replace(record, execution_identity=identity), done, True)
         return Transition(record, done, False)
@@ -292,6 +299,7 @@ def complete(
     owner_id: str,
     receipt: ResultReceipt | None,
     completed_at_ms: int,
+    traceparent: str | None = None,
 ) -> Transition[bool]:
     """``complete_record``: finish a live claim held by ``owner_id``.
 
@@ -302,6 +310,8 @@ def complete(
     The result (an addition to the seed, which returns nothing) says whether
     the record is completed *by this owner*: False means another owner
     completed it first, so this caller's lease was lost along the way.
+    ``traceparent`` (side data, see :class:`ClaimRecord`) is kept with a new
+    completion only: the submission that counted.
     """
     if record is None:
         raise LedgerError(f"decision claim `{decision_id}` does not exist")
@@ -336,6 +346,7 @@ def complete(
         execution_identity=record.execution_identity or identity,
         completed_at_ms=completed_at_ms,
         result_receipt=receipt,
+        traceparent=traceparent,
     )
     return Transition(done, True, True)
 

@@ -67,6 +67,8 @@ from ..store.joint import JointWrite, StoreKey, postgres_key
 from ..store.lifecycle import check_group_commit, started
 from ..store.postgres import CLOCK_SQL, PgPool, driver_error, retryable
 from ..store.url import describe_dsn
+from ..tracing import active as tracing_active
+from ..tracing import batch_span, recording_span
 from .base import JointOperation, Operation, PruneProgress, StoredLedger, wall_clock_ms
 from .machine import ClaimRecord
 from .rows import LEDGER, TABLE, DecodedRecords, encode_row
@@ -93,43 +95,50 @@ WITH locked AS (
     SELECT record FROM {_TABLE} WHERE decision_id = $1 FOR UPDATE
 )
 SELECT (SELECT record FROM locked) AS record,
-       (SELECT {_CLOCK} FROM (SELECT count(*) FROM locked) AS after_lock) AS now_ms
+       (SELECT {_CLOCK} FROM (SELECT count(*) FROM locked) AS after_lock) AS now_ms,
+       (SELECT traceparent FROM locked) AS traceparent
 """
 _INSERT_SQL = (
-    f"INSERT INTO {_TABLE} (decision_id, status, completed_at_ms, record) "
-    "VALUES ($1, $2, $3, $4) ON CONFLICT (decision_id) DO NOTHING"
+    f"INSERT INTO {_TABLE} (decision_id, status, completed_at_ms, record, traceparent) "
+    "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (decision_id) DO NOTHING"
 )
+# Side data (traceparent) is never erased by a later write.
 _UPDATE_SQL = (
-    f"UPDATE {_TABLE} SET status = $2, completed_at_ms = $3, record = $4 WHERE decision_id = $1"
+    f"UPDATE {_TABLE} SET status = $2, completed_at_ms = $3, record = $4, "
+    "traceparent = COALESCE($5, traceparent) WHERE decision_id = $1"
 )
 # The optimistic path: read record and clock in one statement; write conditionally.
 _READ_ONE_SQL = (
-    f"SELECT (SELECT record FROM {_TABLE} WHERE decision_id = $1) AS record, {_CLOCK} AS now_ms"
+    f"SELECT c.record, {_CLOCK} AS now_ms, c.traceparent FROM (VALUES (1)) AS one(x) "
+    f"LEFT JOIN {_TABLE} AS c ON c.decision_id = $1"
 )
 _READ_MANY_SQL = f"""
-SELECT d.decision_id, c.record, {_CLOCK} AS now_ms
+SELECT d.decision_id, c.record, {_CLOCK} AS now_ms, c.traceparent
 FROM unnest($1::text[]) AS d(decision_id)
 LEFT JOIN {_TABLE} AS c ON c.decision_id = d.decision_id
 """
 _CAS_UPDATE_SQL = (
-    f"UPDATE {_TABLE} SET status = $2, completed_at_ms = $3, record = $4 "
-    "WHERE decision_id = $1 AND record = $5"
+    f"UPDATE {_TABLE} SET status = $2, completed_at_ms = $3, record = $4, "
+    "traceparent = COALESCE($5, traceparent) WHERE decision_id = $1 AND record = $6"
 )
 # One statement (so one transaction) for a whole batch: new ids are inserted
 # unless someone else did first, old ones are replaced only if still exactly as
 # read. Returns the ids that were written.
 _WRITE_MANY_SQL = f"""
 WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::numeric[], $4::text[], $5::text[])
-        AS t(decision_id, status, completed_at_ms, record, old_record)
+    SELECT * FROM unnest(
+        $1::text[], $2::text[], $3::numeric[], $4::text[], $5::text[], $6::text[]
+    ) AS t(decision_id, status, completed_at_ms, record, traceparent, old_record)
 ), inserted AS (
-    INSERT INTO {_TABLE} (decision_id, status, completed_at_ms, record)
-    SELECT decision_id, status, completed_at_ms, record FROM input WHERE old_record IS NULL
+    INSERT INTO {_TABLE} (decision_id, status, completed_at_ms, record, traceparent)
+    SELECT decision_id, status, completed_at_ms, record, traceparent
+    FROM input WHERE old_record IS NULL
     ON CONFLICT (decision_id) DO NOTHING
     RETURNING decision_id
 ), updated AS (
     UPDATE {_TABLE} AS c
-    SET status = i.status, completed_at_ms = i.completed_at_ms, record = i.record
+    SET status = i.status, completed_at_ms = i.completed_at_ms, record = i.record,
+        traceparent = COALESCE(i.traceparent, c.traceparent)
     FROM input AS i
     WHERE i.old_record IS NOT NULL AND c.decision_id = i.decision_id AND c.record = i.old_record
     RETURNING c.decision_id
@@ -139,7 +148,7 @@ SELECT decision_id FROM inserted UNION ALL SELECT decision_id FROM updated
 # The joint path locks the batch's existing rows (in id order, so two
 # batches never deadlock on each other) for the whole transaction.
 _LOCK_MANY_SQL = (
-    f"SELECT decision_id, record FROM {_TABLE} "
+    f"SELECT decision_id, record, traceparent FROM {_TABLE} "
     "WHERE decision_id = ANY($1::text[]) ORDER BY decision_id FOR UPDATE"
 )
 _EXISTS_SQL = f"SELECT EXISTS (SELECT 1 FROM {_TABLE} WHERE decision_id = $1)"
@@ -268,9 +277,12 @@ class PostgresLedger(StoredLedger):
         return await self._apply(decision_id, joint)  # type: ignore[arg-type]
 
     async def _apply(self, decision_id: str, op: Operation[T]) -> T:
+        traced = tracing_active()
         if not self.group_commit:
             item = _Item(decision_id, op, None)
-            await self._run_batch([item])
+            if traced:
+                item.trace = recording_span()
+            await self._run_traced([item])
             if item.error is not None:
                 raise item.error
             return item.result  # type: ignore[no-any-return]
@@ -278,11 +290,29 @@ class PostgresLedger(StoredLedger):
             raise LedgerError(f"PostgreSQL ledger {self.where} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._pending.append(_Item(decision_id, op, future))
+        item = _Item(decision_id, op, future)
+        if traced:
+            item.trace = recording_span()
+        self._pending.append(item)
         if len(self._flushers) < self.batch_concurrency:
             task = loop.create_task(self._flush())
             self._flushers.add(task)
-        return await future
+        if item.trace is None:
+            return await future
+        try:
+            return await future
+        finally:
+            if item.batch is not None:  # this decision's span -> the batch that committed it
+                item.trace.add_link(item.batch)
+
+    async def _run_traced(self, items: list[_Item]) -> None:
+        """:meth:`_run_batch`, as one ``flowdecision.ledger.commit`` span when traced."""
+        traced = [item for item in items if item.trace is not None]
+        if not traced:
+            await self._run_batch(items)
+            return
+        with batch_span("ledger", "postgresql", len(items), traced):
+            await self._run_batch(items)
 
     async def _flush(self) -> None:
         """Take batches off the queue until it is empty (one of ``batch_concurrency``)."""
@@ -305,7 +335,7 @@ class PostgresLedger(StoredLedger):
                 batch = [item for item in taken if item.future is None or not item.future.done()]
                 if not batch:
                     continue  # drained by another flusher meanwhile, or all cancelled
-                await self._run_batch(batch)
+                await self._run_traced(batch)
                 settle(batch)
                 batch = []
         except BaseException as error:  # cancelled (loop closing): answer everyone left
@@ -368,17 +398,20 @@ class PostgresLedger(StoredLedger):
         if len(groups) == 1:
             (only,) = groups
             row = await conn.fetchrow(_READ_ONE_SQL, only)
-            rows: list[tuple[str, Any, Any]] = [(only, row[0], row[1])]
+            rows: list[tuple[str, Any, Any, Any]] = [(only, row[0], row[1], row[2])]
         else:
-            rows = [(r[0], r[1], r[2]) for r in await conn.fetch(_READ_MANY_SQL, list(groups))]
-        writes: list[tuple[tuple[str, str, int | None, str], str | None, ClaimRecord]] = []
+            rows = [
+                (r[0], r[1], r[2], r[3]) for r in await conn.fetch(_READ_MANY_SQL, list(groups))
+            ]
+        writes: list[tuple[tuple[str, str, int | None, str, str | None], str | None, ClaimRecord]]
+        writes = []
         outcomes: dict[str, list[tuple[Any, BaseException | None]]] = {}
-        for decision_id, text, clock_value in rows:
+        for decision_id, text, clock_value, trace in rows:
             group = groups[decision_id]
             clock = int(clock_value)
             self._clock_offset_ms = clock - wall_clock_ms()
             try:
-                record = None if text is None else self._decoded.decode(decision_id, text)
+                record = None if text is None else self._decoded.decode(decision_id, text, trace)
             except LedgerCorruptError as error:
                 for item in group:
                     item.error = copy_error(error)
@@ -411,7 +444,7 @@ class PostgresLedger(StoredLedger):
                 status = await conn.execute(_CAS_UPDATE_SQL, *values, old)
             written = {values[0]} if status.endswith(" 1") else set()
         else:
-            columns: list[list[Any]] = [[], [], [], [], []]
+            columns: list[list[Any]] = [[], [], [], [], [], []]
             for values, old, _ in writes:
                 for column, value in zip(columns, (*values, old), strict=True):
                     column.append(value)
@@ -500,10 +533,9 @@ class PostgresLedger(StoredLedger):
         record; finally the ledger rows, in one statement. A refused row or a
         rule failure answers only its own caller and writes nothing for it.
         """
-        stored = {
-            row[0]: row[1]
-            for row in await conn.fetch(_LOCK_MANY_SQL, [item.decision_id for item in items])
-        }
+        locked = await conn.fetch(_LOCK_MANY_SQL, [item.decision_id for item in items])
+        stored = {row[0]: row[1] for row in locked}
+        traces = {row[0]: row[2] for row in locked}
         clock = int(await conn.fetchval(f"SELECT {_CLOCK}"))
         self._clock_offset_ms = clock - wall_clock_ms()
         rows: list[tuple[_Item, ClaimRecord]] = []  # ledger rows to write
@@ -512,7 +544,11 @@ class PostgresLedger(StoredLedger):
             joint: JointOperation = item.op  # type: ignore[assignment]
             try:
                 text = stored.get(item.decision_id)
-                record = None if text is None else self._decoded.decode(item.decision_id, text)
+                record = (
+                    None
+                    if text is None
+                    else self._decoded.decode(item.decision_id, text, traces[item.decision_id])
+                )
                 claimed = joint.claim(record, clock)
                 outcome = claimed.result
                 if not isinstance(outcome, Claimed):
@@ -564,7 +600,7 @@ class PostgresLedger(StoredLedger):
             (encode_row(item.decision_id, record, index_max=None), record) for item, record in rows
         ]
         if encoded:
-            columns: list[list[Any]] = [[], [], [], [], []]
+            columns: list[list[Any]] = [[], [], [], [], [], []]
             for values, _ in encoded:
                 old = stored.get(values[0])
                 for column, value in zip(columns, (*values, old), strict=True):
@@ -592,7 +628,11 @@ class PostgresLedger(StoredLedger):
                         row = await conn.fetchrow(_LOAD_SQL, decision_id)
                         text, clock = row["record"], int(row["now_ms"])
                         self._clock_offset_ms = clock - wall_clock_ms()
-                        record = None if text is None else self._decoded.decode(decision_id, text)
+                        record = (
+                            None
+                            if text is None
+                            else self._decoded.decode(decision_id, text, row["traceparent"])
+                        )
                         transition = op(record, clock)
                         if not transition.changed or transition.record is None:
                             return transition.result
@@ -622,12 +662,12 @@ class PostgresLedger(StoredLedger):
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         pool = await self._pg.ready()
         try:
-            text = await pool.fetchval(
-                f"SELECT record FROM {_TABLE} WHERE decision_id = $1", decision_id
+            row = await pool.fetchrow(
+                f"SELECT record, traceparent FROM {_TABLE} WHERE decision_id = $1", decision_id
             )
         except Exception as error:
             raise self._pg.translate(error) from error
-        return None if text is None else self._decoded.decode(decision_id, text)
+        return None if row is None else self._decoded.decode(decision_id, row[0], row[1])
 
     async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
         pool = await self._pg.ready()
@@ -666,7 +706,7 @@ def _write_of(item: _Item) -> JointWrite:
 class _Item:
     """One queued mutation and, once applied, its outcome."""
 
-    __slots__ = ("decision_id", "done", "error", "future", "op", "result")
+    __slots__ = ("batch", "decision_id", "done", "error", "future", "op", "result", "trace")
 
     def __init__(
         self, decision_id: str, op: Operation[Any], future: asyncio.Future[Any] | None
@@ -677,6 +717,8 @@ class _Item:
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
+        self.trace: Any = None  # tracing on: the caller's span, and the batch's context
+        self.batch: Any = None
 
 
 def _finish(group: list[_Item], results: list[tuple[Any, BaseException | None]]) -> None:

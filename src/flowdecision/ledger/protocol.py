@@ -134,6 +134,7 @@ class Ledger(Closable, abc.ABC):
         completed_at_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
         receipt: ResultReceipt | None = None,
+        traceparent: str | None = None,
     ) -> bool:
         """Record completion; only the current owner with a live lease may complete.
 
@@ -141,7 +142,9 @@ class Ledger(Closable, abc.ABC):
         an already-completed record succeeds for any caller (as in the seed);
         the result tells the two apart: True when the decision is completed by
         ``owner_id`` (by this call or an earlier one), False when another owner
-        had already completed it.
+        had already completed it. ``traceparent`` (the completing dispatch's W3C
+        trace context) is side data kept with a new completion where the ledger
+        has room for it (SQLite, PostgreSQL, memory; never the JSON file).
         """
 
     @abc.abstractmethod
@@ -216,6 +219,7 @@ class Ledger(Closable, abc.ABC):
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
         write: JointWrite,
+        traceparent: str | None = None,
     ) -> JointOutcome:
         """Claim, write ``write``'s row and complete, in ONE transaction (a joint commit).
 
@@ -230,6 +234,8 @@ class Ledger(Closable, abc.ABC):
         other mutation.
 
         Only ledgers whose :meth:`store_key` is not None support it.
+        ``traceparent`` is side data kept with the completion, as for
+        :meth:`complete`.
         """
         raise LedgerError(f"{type(self).__name__} cannot write other rows in its transactions")
 
@@ -243,11 +249,12 @@ class Ledger(Closable, abc.ABC):
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
         write: JointWrite,
+        traceparent: str | None = None,
     ) -> ClaimOutcome:
         """The old name of :meth:`joint_commit`, answering only the claim's outcome."""
         done = await self.joint_commit(
             decision_id, request_hash, owner_id, lease_ms=lease_ms, identity=identity,
-            receipt=receipt, write=write,
+            receipt=receipt, write=write, traceparent=traceparent,
         )  # fmt: skip
         return done.claim
 

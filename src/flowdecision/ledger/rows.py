@@ -1,13 +1,16 @@
 """How the SQL ledgers store a claim record in a row, and read it back cheaply.
 
-A row is ``(decision_id, status, completed_at_ms, record)`` where ``record`` is
-the seed's JSON text of the :class:`ClaimRecord` (so it round-trips exactly),
-and ``status`` / ``completed_at_ms`` are copies kept for the prune index.
+A row is ``(decision_id, status, completed_at_ms, record, traceparent)`` where
+``record`` is the seed's JSON text of the :class:`ClaimRecord` (so it
+round-trips exactly), ``status`` / ``completed_at_ms`` are copies kept for the
+prune index, and ``traceparent`` is side data (schema version 2) that never
+enters ``record``.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from ..errors import (
@@ -60,8 +63,10 @@ LEDGER = Component(
 
 def encode_row(
     decision_id: str, record: ClaimRecord, *, index_max: int | None = I64_MAX
-) -> tuple[str, str, int | None, str]:
-    """``(decision_id, status, completed_at_ms, record)`` for one claim record.
+) -> tuple[str, str, int | None, str, str | None]:
+    """``(decision_id, status, completed_at_ms, record, traceparent)`` for one claim record.
+
+    ``traceparent`` is the record's side data (its own column, never in ``record``).
 
     ``index_max`` clamps the indexed completion time (None: the column holds u64).
     """
@@ -70,7 +75,13 @@ def encode_row(
         completed_at = record.completed_at_ms
         if index_max is not None:
             completed_at = min(completed_at, index_max)
-    return (decision_id, record.status.value, completed_at, encode_json_text(record.to_dict()))
+    return (
+        decision_id,
+        record.status.value,
+        completed_at,
+        encode_json_text(record.to_dict()),
+        record.traceparent,
+    )
 
 
 class DecodedRecords:
@@ -92,8 +103,15 @@ class DecodedRecords:
             del known[next(iter(known))]  # oldest first
         known[decision_id] = (text, record)
 
-    def decode(self, decision_id: str, text: Any) -> ClaimRecord:
-        """The record a row's text holds; raises :class:`LedgerCorruptError`."""
+    def decode(self, decision_id: str, text: Any, traceparent: str | None = None) -> ClaimRecord:
+        """The record a row's text (and side-data column) holds; raises
+        :class:`LedgerCorruptError`."""
+        record = self._decode(decision_id, text)
+        if record.traceparent != traceparent:
+            record = replace(record, traceparent=traceparent)
+        return record
+
+    def _decode(self, decision_id: str, text: Any) -> ClaimRecord:
         known = self._known.get(decision_id)
         if known is not None and known[0] == text:
             return known[1]

@@ -65,14 +65,17 @@ Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 
 _PRUNE_BATCH = 1000
 
-_SELECT_SQL = f"SELECT record FROM {TABLE} WHERE decision_id = ?"
+_SELECT_SQL = f"SELECT record, traceparent FROM {TABLE} WHERE decision_id = ?"
 #: Ids per ``IN (...)`` read (well under SQLite's bound on parameters, 999 before 3.32).
 _READ_CHUNK = 500
 _INSERT_SQL = (
-    f"INSERT INTO {TABLE} (decision_id, status, completed_at_ms, record) VALUES (?, ?, ?, ?)"
+    f"INSERT INTO {TABLE} (decision_id, status, completed_at_ms, record, traceparent) "
+    "VALUES (?, ?, ?, ?, ?)"
 )
+# Side data is never erased by a later write (a record read without it keeps it).
 _UPDATE_SQL = (
-    f"UPDATE {TABLE} SET status = ?, completed_at_ms = ?, record = ? WHERE decision_id = ?"
+    f"UPDATE {TABLE} SET status = ?, completed_at_ms = ?, record = ?, "
+    "traceparent = COALESCE(?, traceparent) WHERE decision_id = ?"
 )
 
 SCHEMA_VERSION = LEDGER.newest("sqlite")
@@ -232,7 +235,7 @@ class SqliteLedger(StoredLedger):
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         def work(conn: sqlite3.Connection) -> ClaimRecord | None:
             row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
-            return None if row is None else self._decoded.decode(decision_id, row[0])
+            return None if row is None else self._decoded.decode(decision_id, row[0], row[1])
 
         return await self._thread.run(work)
 
@@ -317,7 +320,7 @@ class SqliteLedger(StoredLedger):
                 else:
                     slot = _Slot(True, None)
                     try:
-                        slot.record = self._decoded.decode(decision_id, stored[decision_id])
+                        slot.record = self._decoded.decode(decision_id, *stored[decision_id])
                     except LedgerCorruptError as error:
                         slot.error = error
                 slots[decision_id] = slot
@@ -367,21 +370,23 @@ def _joint(
     return Transition(completed.record, JointOutcome(outcome, inserted), True)
 
 
-def _read_rows(conn: sqlite3.Connection, decision_ids: set[str]) -> dict[str, Any]:
-    """The stored ``record`` of each of ``decision_ids`` that has a row.
+def _read_rows(
+    conn: sqlite3.Connection, decision_ids: set[str]
+) -> dict[str, tuple[Any, str | None]]:
+    """The stored ``(record, traceparent)`` of each of ``decision_ids`` that has a row.
 
     One statement per :data:`_READ_CHUNK` ids instead of one per decision: on
     the ledger's thread every statement releases the GIL and takes it back,
     and taking it back waits for the event loop's thread when it is busy.
     """
-    found: dict[str, Any] = {}
+    found: dict[str, tuple[Any, str | None]] = {}
     ids = list(decision_ids)
     for start in range(0, len(ids), _READ_CHUNK):
         chunk = ids[start : start + _READ_CHUNK]
         marks = ",".join("?" * len(chunk))
-        found.update(
-            conn.execute(
-                f"SELECT decision_id, record FROM {TABLE} WHERE decision_id IN ({marks})", chunk
-            ).fetchall()
-        )
+        for decision_id, record, traceparent in conn.execute(
+            f"SELECT decision_id, record, traceparent FROM {TABLE} WHERE decision_id IN ({marks})",
+            chunk,
+        ):
+            found[decision_id] = (record, traceparent)
     return found

@@ -39,11 +39,14 @@ class AlreadyCompleted:
 
     ``attempts`` and ``receipt`` are what the stored record holds (the receipt
     is None for legacy records); None for both when a ledger does not say.
-    They do not take part in equality: every ``AlreadyCompleted`` is equal.
+    ``traceparent`` is the trace context of the dispatch that completed it,
+    where the ledger keeps one (for a duplicate's span link). They do not take
+    part in equality: every ``AlreadyCompleted`` is equal.
     """
 
     attempts: int | None = field(default=None, compare=False)
     receipt: ResultReceipt | None = field(default=None, compare=False)
+    traceparent: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +58,14 @@ class Busy:
 
 @dataclass(frozen=True, slots=True)
 class Conflict:
-    """The decision id is bound to a different request hash or execution identity."""
+    """The decision id is bound to a different request hash or execution identity.
+
+    ``traceparent``: the trace context of the dispatch that completed the
+    stored decision, if any (for the conflicting call's span link); it takes no
+    part in equality.
+    """
+
+    traceparent: str | None = field(default=None, compare=False)
 
 
 ClaimOutcome = Claimed | AlreadyCompleted | Busy | Conflict

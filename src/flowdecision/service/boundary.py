@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .. import tracing as _tracing
 from .errors import error_response, static_error
 from .logs import request_id_for, request_id_var, write_access_line
 
@@ -64,6 +66,8 @@ class BoundaryMiddleware:
         request_id = request_id_for(scope)
         scope.setdefault("state", {})["request_id"] = request_id
         token = request_id_var.set(request_id)
+        # The server span (tracing on): continues the caller's traceparent/tracestate.
+        server_span = _start_server_span(scope, request_id) if _tracing.active() else None
         status = 500
         sent = 0
         response_started = False
@@ -114,4 +118,37 @@ class BoundaryMiddleware:
                     round((time.perf_counter() - started) * 1000, 3),
                     f"{client[0]}:{client[1]}" if client else None,
                 )
+            if server_span is not None:
+                _end_server_span(server_span, scope, template, status)
             request_id_var.reset(token)
+
+
+def _start_server_span(scope: Scope, request_id: str) -> contextlib.ExitStack:
+    """Open and make current the request's server span (ended by :func:`_end_server_span`)."""
+    method = scope["method"]
+    stack = contextlib.ExitStack()
+    stack.enter_context(
+        _tracing.span(
+            method,  # renamed to "METHOD route" once the route is known
+            kind=_tracing.SERVER,
+            parent=_tracing.extract(scope.get("headers") or ()),
+            attributes={
+                "http.request.method": method,
+                "url.path": scope["path"],
+                "url.scheme": scope.get("scheme", "http"),
+                "flowdecision.request_id": request_id,
+            },
+        )
+    )
+    return stack
+
+
+def _end_server_span(stack: contextlib.ExitStack, scope: Scope, route: str, status: int) -> None:
+    current = _tracing.current_span()
+    if route != "<unmatched>":
+        current.update_name(f"{scope['method']} {route}")
+        current.set_attribute("http.route", route)
+    current.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        _tracing.fail_status(current, str(status))
+    stack.close()

@@ -117,6 +117,8 @@ class Settings:
     edge: str = "guarded"
     #: Server processes sharing the listening socket (docs/SERVICE.md, "Workers").
     workers: int = 1
+    #: OpenTelemetry SDK and OTLP exporter on (docs/OBSERVABILITY.md); needs the extra.
+    otel: bool = False
 
     # -- derived -----------------------------------------------------------------
 
@@ -302,6 +304,7 @@ _TYPES: dict[str, type] = {
     "loop": str,
     "edge": str,
     "workers": int,
+    "otel": bool,
 }
 assert set(_TYPES) == set(_FIELDS)
 

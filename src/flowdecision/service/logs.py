@@ -42,6 +42,7 @@ from typing import Any, TextIO
 
 from starlette.types import Scope
 
+from .. import tracing as _tracing
 from ..redact import json_safe, redact_text
 
 __all__ = [
@@ -76,13 +77,18 @@ def current_request_id() -> str | None:
 
 
 class _RequestIdFilter(logging.Filter):
-    """Adds ``request_id`` to records logged while a request is served."""
+    """Adds ``request_id`` to records logged while a request is served, and
+    ``trace_id`` / ``span_id`` while a span is recording (tracing on)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "request_id"):
             request_id = request_id_var.get()
             if request_id is not None:
                 record.request_id = request_id
+        if _tracing.active() and not hasattr(record, "trace_id"):
+            ids = _tracing.current_ids()
+            if ids is not None:
+                record.trace_id, record.span_id = ids
         return True
 
 
@@ -308,12 +314,14 @@ def write_access_line(
             },
         )
         return
+    ids = _tracing.current_ids() if _tracing.active() else None
     writer.append(
         f'{{"ts": {round(time.time(), 3)}, {writer.access_head}{encode_basestring(request_id)}, '
         f'"method": {encode_basestring(method)}, "path": {json_safe(encode_basestring(path))}, '
         f'"route": {encode_basestring(route)}, "status": {status}, "bytes": {sent}, '
         f'"duration_ms": {duration_ms}, '
-        f'"client": {"null" if client is None else encode_basestring(client)}}}'
+        f'"client": {"null" if client is None else encode_basestring(client)}'
+        + ("}" if ids is None else f', "trace_id": "{ids[0]}", "span_id": "{ids[1]}"}}')
     )
 
 

@@ -34,6 +34,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..model import DecisionRequest, DecisionStep, ScheduleStep
+from ..tracing import start_sdk
 from .app import create_app
 from .config import ConfigError, Settings
 from .edge import EdgeLimits, contract_problems, serve_through_edge
@@ -255,6 +256,7 @@ async def serve(
     the worker shuts down by itself if its supervisor disappears.
     """
     check_edge(settings)
+    stop_tracing = start_sdk() if settings.otel else None
     service = await Service.start(settings)
     app = create_app(settings, service=service)
     grace_s = settings.shutdown_grace_s
@@ -317,6 +319,8 @@ async def serve(
         if not service.stopped:  # startup failed before the lifespan took ownership
             await service.stop(0)
         metrics.publish()
+        if stop_tracing is not None:
+            stop_tracing()  # export what the batch processor still holds
         await asyncio.sleep(0)
         flush_logs()
 

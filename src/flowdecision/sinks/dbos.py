@@ -19,7 +19,11 @@ process and destroys it on shutdown.
 **What the workflow receives**: ``request_json`` (``str``, the request's exact
 wire JSON: ``DecisionRequest.parse(request_json)`` rebuilds the same request)
 and ``attempt`` (``int``, the claim attempt that started it). The workflow must
-be an ``async def``.
+be an ``async def``. With tracing on, the workflow is started inside DBOS's
+``PropagateOtelContext``: DBOS stores the W3C trace context of the dispatch's
+``flowdecision.sink.submit`` span with the workflow (its ``dbos.otelContext``
+attribute), so the workflow's spans join the decision's trace, after a
+recovery too (docs/OBSERVABILITY.md).
 
 **Why a workflow runs once.** The workflow id is the decision id and DBOS's
 default workflow-id reuse policy is ``return-existing``: starting an id that
@@ -36,6 +40,7 @@ request (a conflict) before any sink sees it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -47,6 +52,7 @@ from ..model import DecisionRequest
 from ..redact import redact_text, redact_url
 from ..store.sqlite import create_private_file
 from ..store.url import sqlite_path
+from ..tracing import active
 from .base import check_attempt
 
 if TYPE_CHECKING:
@@ -91,9 +97,17 @@ class DBOSSink:
         from dbos import DBOS, SetWorkflowID
 
         text = request.to_json().decode("utf-8")
+        propagate: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if active():
+            from dbos import PropagateOtelContext
+
+            propagate = PropagateOtelContext()
         try:
             # Explicit, not DBOS's default by chance: an existing id returns its workflow.
-            with SetWorkflowID(request.decision_id, workflow_id_reuse_policy="return-existing"):
+            with (
+                propagate,
+                SetWorkflowID(request.decision_id, workflow_id_reuse_policy="return-existing"),
+            ):
                 if self.queue is not None:
                     handle = await self.queue.enqueue_async(self.workflow, text, attempt)
                 else:

@@ -70,6 +70,7 @@ from ..store.postgres import CLOCK_SQL, PgPool, asyncpg
 from ..store.sqlite import SqliteOpener, sqlite_transaction
 from ..store.sqlite_thread import SqliteThread
 from ..store.url import OUTBOX_KINDS, describe_dsn, parse_store_url
+from ..tracing import current_traceparent
 from .base import HasStoreKey, check_attempt
 from .cursor import (
     CursorLease,
@@ -120,13 +121,19 @@ POLL_MIN_S = 0.005
 #: NOTIFY (a LISTEN connection lost and not yet noticed costs at most this much).
 LISTEN_RECHECK_S = 5.0
 _COLUMNS = (
-    "seq, decision_id, request_json, request_hash, first_attempt, highest_attempt, accepted_at_ms"
+    "seq, decision_id, request_json, request_hash, first_attempt, highest_attempt, "
+    "accepted_at_ms, traceparent"
 )
 
 
 @dataclass(frozen=True, slots=True)
 class OutboxEntry:
-    """One outbox row."""
+    """One outbox row.
+
+    ``traceparent`` is the W3C trace context of the dispatch that wrote the row
+    (None when tracing was off): a consumer continues the decision's trace from
+    it (:func:`flowdecision.tracing.context_of`).
+    """
 
     seq: int
     decision_id: str
@@ -135,6 +142,7 @@ class OutboxEntry:
     first_attempt: int
     highest_attempt: int
     accepted_at_ms: int
+    traceparent: str | None = None
 
     @property
     def request(self) -> DecisionRequest:
@@ -152,7 +160,7 @@ class OutboxEntry:
         (they are the exact wire JSON, so nothing is parsed or re-encoded)."""
         head = (
             b'{"seq":%d,"decision_id":%s,"request_hash":%s,"first_attempt":%d,'
-            b'"highest_attempt":%d,"accepted_at_ms":%d,"request":'
+            b'"highest_attempt":%d,"accepted_at_ms":%d,"traceparent":%s,"request":'
             % (
                 self.seq,
                 json.dumps(self.decision_id).encode(),
@@ -160,6 +168,7 @@ class OutboxEntry:
                 self.first_attempt,
                 self.highest_attempt,
                 self.accepted_at_ms,
+                json.dumps(self.traceparent).encode(),
             )
         )
         return head + self.request_json + b"}"
@@ -175,6 +184,7 @@ def _entry(row: Any) -> OutboxEntry:
         first_attempt=int(row[4]),
         highest_attempt=int(row[5]),
         accepted_at_ms=int(row[6]),
+        traceparent=row[7],
     )
 
 
@@ -314,7 +324,9 @@ class OutboxSink(Closable):
         text = request.to_json()
         hash_ = hashlib.sha256(text).hexdigest()
         backend = await self._ready()
-        inserted = await backend.deliver(request.decision_id, text.decode("utf-8"), hash_, attempt)
+        inserted = await backend.deliver(
+            request.decision_id, text.decode("utf-8"), hash_, attempt, current_traceparent()
+        )
         if inserted:
             self._wakeup.notify()
         return inserted
@@ -343,14 +355,14 @@ class OutboxSink(Closable):
         """
         text = request.to_json()
         await self._ready()
-        payload = (text.decode("utf-8"), hashlib.sha256(text).hexdigest())
+        payload = (text.decode("utf-8"), hashlib.sha256(text).hexdigest(), current_traceparent())
         return JointWrite(self, self._store_key, request.decision_id, payload)
 
     def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool:
         """Insert-if-absent on the ledger's connection (its transaction is open);
         True when inserted, False for a replay."""
-        text, hash_ = write.payload
-        return _sqlite_put(conn, write.decision_id, text, hash_, attempt)
+        text, hash_, traceparent = write.payload
+        return _sqlite_put(conn, write.decision_id, text, hash_, attempt, traceparent)
 
     async def write_postgres(
         self, conn: Any, writes: Sequence[tuple[JointWrite, int]]
@@ -457,16 +469,21 @@ def _now_ms() -> int:
 
 
 def _sqlite_put(
-    conn: sqlite3.Connection, decision_id: str, text: str, hash_: str, attempt: int
+    conn: sqlite3.Connection,
+    decision_id: str,
+    text: str,
+    hash_: str,
+    attempt: int,
+    traceparent: str | None = None,
 ) -> bool:
     """Insert-if-absent inside an open transaction; True when inserted (see the module docs)."""
     # One statement in the common case (a new row): on the ledger's thread every
     # statement is a GIL hand-off with the event loop.
     cursor = conn.execute(
         f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
-        "first_attempt, highest_attempt, accepted_at_ms) VALUES (?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (decision_id) DO NOTHING",
-        (decision_id, text, hash_, attempt, attempt, time.time_ns() // 1_000_000),
+        "first_attempt, highest_attempt, accepted_at_ms, traceparent) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (decision_id) DO NOTHING",
+        (decision_id, text, hash_, attempt, attempt, time.time_ns() // 1_000_000, traceparent),
     )
     if cursor.rowcount == 1:
         return True
@@ -539,10 +556,12 @@ class _SqliteOutbox:
 
         return await self._thread.run(work)
 
-    async def deliver(self, decision_id: str, text: str, hash_: str, attempt: int) -> bool:
+    async def deliver(
+        self, decision_id: str, text: str, hash_: str, attempt: int, traceparent: str | None
+    ) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
             with sqlite_transaction(conn):
-                return _sqlite_put(conn, decision_id, text, hash_, attempt)
+                return _sqlite_put(conn, decision_id, text, hash_, attempt, traceparent)
 
         return await self._thread.run(work)
 
@@ -593,15 +612,16 @@ async def _postgres_put_many(
         row[0]
         for row in await conn.fetch(
             f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
-            "first_attempt, highest_attempt, accepted_at_ms) "
-            f"SELECT d, j, h, a, a, {CLOCK_SQL} "
-            "FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) "
-            "WITH ORDINALITY AS t(d, j, h, a, n) ORDER BY n "
+            "first_attempt, highest_attempt, accepted_at_ms, traceparent) "
+            f"SELECT d, j, h, a, a, {CLOCK_SQL}, tp "
+            "FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[]) "
+            "WITH ORDINALITY AS t(d, j, h, a, tp, n) ORDER BY n "
             "ON CONFLICT (decision_id) DO NOTHING RETURNING decision_id",
             ids,
             [write.payload[0] for write, _ in writes],
             [write.payload[1] for write, _ in writes],
             [attempt for _, attempt in writes],
+            [write.payload[2] for write, _ in writes],
         )
     }
     done: list[bool | BaseException] = [write.decision_id in inserted for write, _ in writes]
@@ -714,7 +734,9 @@ class _PostgresOutbox:
         except Exception as error:
             raise self._pg.translate(error) from error
 
-    async def deliver(self, decision_id: str, text: str, hash_: str, attempt: int) -> bool:
+    async def deliver(
+        self, decision_id: str, text: str, hash_: str, attempt: int, traceparent: str | None
+    ) -> bool:
         pool = await self._pg.ready()
         try:
             async with pool.acquire() as conn, conn.transaction():
@@ -727,13 +749,14 @@ class _PostgresOutbox:
                     await conn.execute("SELECT pg_advisory_xact_lock($1)", _INSERT_LOCK)
                     seq = await conn.fetchval(
                         f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
-                        "first_attempt, highest_attempt, accepted_at_ms) "
-                        f"VALUES ($1, $2, $3, $4, $4, {CLOCK_SQL}) "
+                        "first_attempt, highest_attempt, accepted_at_ms, traceparent) "
+                        f"VALUES ($1, $2, $3, $4, $4, {CLOCK_SQL}, $5) "
                         "ON CONFLICT (decision_id) DO NOTHING RETURNING seq",
                         decision_id,
                         text,
                         hash_,
                         attempt,
+                        traceparent,
                     )
                     if seq is not None:
                         return True

@@ -17,7 +17,10 @@ Service: ``flowdecision serve --sink
 (``str``: the request's exact wire JSON, so ``DecisionRequest.parse(request_json)``
 rebuilds the same request with the same hashes; procrastinate stores arguments
 as ``jsonb``, which would reorder keys of a dict) and ``attempt`` (``int``: the
-claim attempt that deferred the job). The job's ``queueing_lock`` is the
+claim attempt that deferred the job); with tracing on, also ``traceparent``
+(``str``: the W3C trace context of the dispatch's ``flowdecision.sink.submit``
+span) when the task takes it (a ``traceparent`` parameter or ``**kwargs``; see
+``pass_traceparent``). The job's ``queueing_lock`` is the
 decision id; with ``lock_by_run=True`` its ``lock`` is the run id, so the
 decisions of one run execute one at a time, in the order they were deferred
 (at equal priority).
@@ -41,6 +44,7 @@ deletes (``delete_jobs``) change nothing: the marker stays.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
@@ -48,6 +52,7 @@ from ..closing import Openable
 from ..model import DecisionRequest
 from ..redact import redact_text, redact_url
 from ..store.url import describe_dsn
+from ..tracing import current_traceparent
 from .base import check_attempt
 
 if TYPE_CHECKING:
@@ -109,6 +114,7 @@ class ProcrastinateSink(Openable):
         *,
         queue: str | None = None,
         lock_by_run: bool = False,
+        pass_traceparent: bool | None = None,
     ) -> None:
         if not isinstance(task_name, str) or not task_name.strip():
             raise ProcrastinateSinkError("procrastinate sink needs a non-empty task name")
@@ -116,8 +122,22 @@ class ProcrastinateSink(Openable):
         self.task_name = task_name
         self.queue = queue
         self.lock_by_run = lock_by_run
+        #: Add a ``traceparent`` job argument while tracing is on; None: when the
+        #: task registered in ``app`` takes one (a ``traceparent`` or ``**kwargs``).
+        self.pass_traceparent = pass_traceparent
         self._opened_app = False
         self._ready = False
+
+    def _passes_traceparent(self) -> bool:
+        if self.pass_traceparent is not None:
+            return self.pass_traceparent
+        task = self.app.tasks.get(self.task_name)
+        if task is None:
+            return False  # not registered here: its signature is unknown
+        parameters = inspect.signature(task.func).parameters.values()
+        return any(
+            p.name == "traceparent" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters
+        )
 
     async def open(self) -> Self:
         """Open the app if needed, check procrastinate's schema, create the marker table."""
@@ -205,7 +225,13 @@ class ProcrastinateSink(Openable):
                     queue=self.queue,
                     connection=conn,
                 )
-                job_id = await deferrer.defer_async(request_json=text, attempt=attempt)
+                trace = current_traceparent() if self._passes_traceparent() else None
+                if trace is None:
+                    job_id = await deferrer.defer_async(request_json=text, attempt=attempt)
+                else:
+                    job_id = await deferrer.defer_async(
+                        request_json=text, attempt=attempt, traceparent=trace
+                    )
                 await conn.execute(
                     f"UPDATE {MARKER_TABLE} SET job_id = %s WHERE decision_id = %s",
                     (job_id, decision_id),

@@ -6,7 +6,10 @@ Every delivery is ``POST <url>`` with the request's exact wire bytes
 * ``Content-Type: application/json``
 * ``Idempotency-Key: <decision_id>`` -- the receiver must deduplicate on it;
 * ``X-Flow-Attempt: <attempt>`` -- the claim's fencing token (grows on takeover);
-* ``Authorization: Bearer <token>`` when a token is configured.
+* ``Authorization: Bearer <token>`` when a token is configured;
+* ``traceparent`` (and ``tracestate``) when tracing is on: the W3C trace
+  context of the dispatch's ``flowdecision.sink.submit`` span, so the
+  receiver's spans join the decision's trace (docs/OBSERVABILITY.md).
 
 Any 2xx means accepted. Only transient failures are retried, at most
 ``max_attempts`` tries in all, with jittered exponential backoff: connection
@@ -37,6 +40,7 @@ from ..defaults import (
 )
 from ..errors import InvalidArgumentError, WebhookError, WebhookRejectedError
 from ..model import DecisionRequest
+from ..tracing import active, inject
 
 __all__ = [
     "TRANSIENT_ERRORS",
@@ -130,6 +134,9 @@ class WebhookSink(Openable):
             assert client is not None
         if self._token:
             headers = {**headers, "Authorization": f"Bearer {self._token}"}
+        if active():  # traceparent/tracestate of the dispatch's sink span
+            headers = dict(headers)
+            inject(headers)
         tries = 0
         while True:
             tries += 1

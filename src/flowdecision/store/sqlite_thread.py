@@ -23,6 +23,7 @@ Two kinds of work:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sqlite3
 import threading
@@ -31,6 +32,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import FlowDecisionError
+from ..tracing import active as tracing_active
+from ..tracing import batch_span, recording_span
 from .batching import copy_error, settle
 from .sqlite import SqliteOpener, sqlite_transaction
 
@@ -47,7 +50,7 @@ class Job:
     ``error``.
     """
 
-    __slots__ = ("error", "future", "loop", "payload", "result", "work")
+    __slots__ = ("batch", "error", "future", "loop", "payload", "result", "trace", "work")
 
     def __init__(
         self,
@@ -62,6 +65,10 @@ class Job:
         self.work = work
         self.result: Any = None
         self.error: BaseException | None = None
+        #: Tracing on: the caller's span (the batch span links to it), and the
+        #: batch span's context once committed (the caller's span links back).
+        self.trace: Any = None
+        self.batch: Any = None
 
 
 #: ``write_batch(conn, jobs)`` runs inside the batch's transaction, sets each job's
@@ -105,8 +112,17 @@ class SqliteThread:
         """Queue a mutation for ``write_batch``; its result once its batch committed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._submit(Job(loop, future, payload))
-        return await future
+        job = Job(loop, future, payload)
+        if not tracing_active():
+            self._submit(job)
+            return await future
+        job.trace = recording_span()
+        self._submit(job)
+        try:
+            return await future
+        finally:
+            if job.batch is not None:  # this decision's span -> the batch that committed it
+                job.trace.add_link(job.batch)
 
     async def close(self) -> None:
         """Close the connection and stop the thread (after queued work)."""
@@ -228,9 +244,17 @@ class SqliteThread:
         # awaits would only leave a lease nobody holds). Read across threads, so a
         # cancel that races with this check still applies.
         live = [job for job in batch if not job.future.cancelled()]
+        traced = [job for job in live if job.trace is not None]
         try:
             conn = self._connection()
-            with sqlite_transaction(conn):
+            with (
+                (
+                    batch_span(self.opener.component.name, "sqlite", len(live), traced)
+                    if traced
+                    else contextlib.nullcontext()
+                ),
+                sqlite_transaction(conn),
+            ):
                 committed = self.write_batch(conn, live)
         except sqlite3.Error as error:
             failure: BaseException = self.opener.translate(error)

@@ -1,0 +1,383 @@
+"""OpenTelemetry traces, when the optional ``otel`` extra is installed and switched on.
+
+Everything here costs nothing when it is off:
+
+* flowdecision never imports an ``opentelemetry`` module unless one is
+  already loaded: a provider can only have been registered by importing
+  ``opentelemetry.trace``, so :func:`active` first looks in ``sys.modules``.
+  Without the extra installed, or with it installed but unused, no
+  OpenTelemetry module is loaded at all;
+* with the API but no SDK (or an SDK nobody registered), :func:`active` is
+  False: callers check it once per request or dispatch and take their plain
+  path, so no span object, context or header is made.
+
+A span is recorded only when an application (``serve --otel``, or the user's
+own process) registered a real tracer provider. Names and attributes follow
+the semantic-convention style (``flowdecision.decision_id``, ...); the span
+tree is drawn in ``docs/OBSERVABILITY.md``.
+
+Trace context crosses process boundaries as a W3C ``traceparent`` header
+value (``00-<trace id>-<span id>-<flags>``): stored in the ledger's side data
+and in the outbox row, sent to every sink in the engine's own way, and read
+back by :func:`link_to` (a duplicate's link to the submission that counted)
+and :func:`context_of` (a relay continuing the trace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Link, Span, SpanKind
+    from opentelemetry.util.types import AttributeValue
+
+__all__ = [
+    "PREFIX",
+    "active",
+    "add_link",
+    "api_installed",
+    "batch_span",
+    "context_of",
+    "current_ids",
+    "current_traceparent",
+    "event",
+    "extract",
+    "inject",
+    "link_to",
+    "parse_traceparent",
+    "sdk_problem",
+    "span",
+    "start_sdk",
+    "traceparent_of",
+]
+
+#: The attribute namespace (``flowdecision.decision_id``, ``flowdecision.outcome``, ...).
+PREFIX = "flowdecision."
+_VERSION = "0.1.0"
+
+_tracer_cache: tuple[object, Any] | None = None
+#: Span kinds, bound when tracing first turns out to be active (None until then).
+SERVER: Any = None
+CLIENT: Any = None
+PRODUCER: Any = None
+CONSUMER: Any = None
+_trace: Any = None
+_context: Any = None
+_propagate: Any = None
+_NOOP: tuple[type, ...] = ()
+
+
+def api_installed() -> bool:
+    """Whether ``opentelemetry-api`` is importable (looked up, not imported)."""
+    return importlib.util.find_spec("opentelemetry") is not None
+
+
+def active() -> bool:
+    """True when spans are recorded: a real tracer provider is registered.
+
+    Cheap: a ``sys.modules`` look-up, then a global read and an ``isinstance``.
+    Nobody can have registered a provider without importing
+    ``opentelemetry.trace``, so until someone did, flowdecision imports no
+    OpenTelemetry module at all. Called once per request and per dispatch.
+    """
+    module = sys.modules.get("opentelemetry.trace")
+    if module is None:
+        return False
+    if _trace is None:
+        _bind(module)
+    return not isinstance(module.get_tracer_provider(), _NOOP)
+
+
+def _bind(module: Any) -> None:
+    """Bind the API's modules once (the first time a provider could be there)."""
+    global _trace, _context, _propagate, _NOOP, SERVER, CLIENT, PRODUCER, CONSUMER
+    from opentelemetry import context, propagate
+
+    _context, _propagate = context, propagate
+    _NOOP = (module.ProxyTracerProvider, module.NoOpTracerProvider)
+    SERVER, CLIENT = module.SpanKind.SERVER, module.SpanKind.CLIENT
+    PRODUCER, CONSUMER = module.SpanKind.PRODUCER, module.SpanKind.CONSUMER
+    _trace = module
+
+
+def _tracer() -> Any:
+    global _tracer_cache
+    provider = _trace.get_tracer_provider()
+    cached = _tracer_cache
+    if cached is None or cached[0] is not provider:
+        cached = _tracer_cache = (provider, provider.get_tracer("flowdecision", _VERSION))
+    return cached[1]
+
+
+@contextlib.contextmanager
+def span(
+    name: str,
+    *,
+    kind: SpanKind | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
+    links: Sequence[Link] = (),
+    parent: Any = None,
+) -> Iterator[Span]:
+    """A span made current for the block (call only when :func:`active`).
+
+    An exception leaving the block sets the span's status to ERROR with the
+    error's ``code`` (a :class:`~flowdecision.errors.FlowDecisionError`'s) as
+    its description and ``error.type`` attribute, and is recorded as an event.
+    ``parent`` is a context from :func:`extract` or :func:`context_of`.
+    """
+    with _tracer().start_as_current_span(
+        name,
+        context=parent,
+        kind=kind if kind is not None else _trace.SpanKind.INTERNAL,
+        attributes=attributes,
+        links=links,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as current:
+        try:
+            yield current
+        except BaseException as error:
+            fail(current, error)
+            raise
+
+
+def fail(target: Span, error: BaseException) -> None:
+    """Mark ``target`` failed by ``error``: status ERROR with the error's ``code``."""
+    code = getattr(error, "code", None) or type(error).__name__
+    if not isinstance(code, str):
+        code = type(error).__name__
+    fail_status(target, code)
+    target.record_exception(error, attributes={"flowdecision.error.code": code})
+
+
+@contextlib.contextmanager
+def batch_span(component: str, system: str, size: int, traced: Sequence[Any]) -> Iterator[Span]:
+    """The span of one group-committed batch of ``size`` operations (a root span).
+
+    A batch serves many traces, so it belongs to none: it is linked to the
+    span of each traced operation in it (``traced``: objects with a ``trace``
+    span), and each of them gets the batch's context in ``batch`` so that its
+    caller links back once answered. Call only when :func:`active`.
+    """
+    links = [_trace.Link(item.trace.get_span_context()) for item in traced]
+    with span(
+        f"flowdecision.{component}.commit",
+        parent=_context.Context(),
+        links=links,
+        attributes={"db.system.name": system, "flowdecision.batch.size": size},
+    ) as current:
+        ctx = current.get_span_context()
+        for item in traced:
+            item.batch = ctx
+        yield current
+
+
+def fail_status(target: Span, code: str) -> None:
+    """Set ``target``'s status to ERROR with ``code`` (also its ``error.type``)."""
+    target.set_attribute("error.type", code)
+    target.set_status(_trace.Status(_trace.StatusCode.ERROR, code))
+
+
+def event(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+    """Add an event to the current span (call only when :func:`active`)."""
+    _trace.get_current_span().add_event(name, attributes or {})
+
+
+def current_span() -> Span:
+    """The current span (a non-recording one outside any)."""
+    current: Span = _trace.get_current_span()
+    return current
+
+
+def recording_span() -> Span | None:
+    """The current span if it records (a traced operation's), else None."""
+    current: Span = _trace.get_current_span()
+    return current if current.is_recording() else None
+
+
+def inject(carrier: MutableMapping[str, str]) -> None:
+    """Add the current trace context to ``carrier`` (``traceparent``, ``tracestate``).
+
+    Uses the globally configured propagator (``OTEL_PROPAGATORS``; W3C trace
+    context and baggage by default). A no-op when nothing is active.
+    """
+    if active():
+        _propagate.inject(carrier)
+
+
+def current_traceparent() -> str | None:
+    """The current span's W3C ``traceparent`` value, or None (no active, valid span)."""
+    if not active():
+        return None
+    return traceparent_of(_trace.get_current_span())
+
+
+def traceparent_of(target: Span) -> str | None:
+    """``target``'s W3C ``traceparent`` value, or None when its context is invalid."""
+    ctx = target.get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def parse_traceparent(value: str | None) -> tuple[int, int, int] | None:
+    """``(trace_id, span_id, flags)`` of a version-00 ``traceparent``, or None if malformed."""
+    if not value or len(value) != 55:
+        return None
+    parts = value.split("-")
+    if len(parts) != 4:
+        return None
+    version, trace_id, span_id, flags = parts
+    if version != "00" or len(trace_id) != 32 or len(span_id) != 16 or len(flags) != 2:
+        return None
+    try:
+        parsed = int(trace_id, 16), int(span_id, 16), int(flags, 16)
+    except ValueError:
+        return None
+    if parsed[0] == 0 or parsed[1] == 0:
+        return None
+    return parsed
+
+
+def _span_context(traceparent: str | None, tracestate: str | None = None) -> Any:
+    parsed = parse_traceparent(traceparent)
+    if parsed is None or not active():
+        return None
+    state = _trace.TraceState()
+    if tracestate:
+        with contextlib.suppress(Exception):  # a malformed tracestate is dropped, not fatal
+            state = _trace.TraceState.from_header([tracestate])
+    return _trace.SpanContext(
+        trace_id=parsed[0],
+        span_id=parsed[1],
+        is_remote=True,
+        trace_flags=_trace.TraceFlags(parsed[2]),
+        trace_state=state,
+    )
+
+
+def link_to(traceparent: str | None, **attributes: AttributeValue) -> Link | None:
+    """A span link to the span ``traceparent`` names (None when it is missing or malformed)."""
+    ctx = _span_context(traceparent)
+    if ctx is None:
+        return None
+    link: Link = _trace.Link(ctx, {PREFIX + key: value for key, value in attributes.items()})
+    return link
+
+
+def add_link(target: Span, traceparent: str | None, **attributes: AttributeValue) -> None:
+    """Link ``target`` to the span ``traceparent`` names, if it is well formed."""
+    link = link_to(traceparent, **attributes)
+    if link is not None:
+        target.add_link(link.context, link.attributes)
+
+
+def context_of(traceparent: str | None, tracestate: str | None = None) -> Any:
+    """A parent context continuing the trace ``traceparent`` names (None: start a new trace).
+
+    For consumers of stored trace context: the outbox relay, an engine worker.
+    """
+    ctx = _span_context(traceparent, tracestate)
+    if ctx is None:
+        return None
+    return _trace.set_span_in_context(_trace.NonRecordingSpan(ctx))
+
+
+def extract(headers: Sequence[tuple[bytes, bytes]]) -> Any:
+    """The parent context an incoming request's ASGI ``headers`` carry (``traceparent``...).
+
+    Uses the global propagator, so ``tracestate`` and baggage come along.
+    """
+    carrier: dict[str, str] = {}
+    for name, value in headers:
+        if name in (b"traceparent", b"tracestate", b"baggage"):
+            carrier[name.decode("latin-1")] = value.decode("latin-1")
+    if not carrier:
+        return None
+    return _propagate.extract(carrier)
+
+
+def current_ids() -> tuple[str, str] | None:
+    """``(trace_id, span_id)`` in hex of the current span, for log lines (when :func:`active`)."""
+    ctx = _trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
+
+
+def attach(parent: Any) -> object:
+    """Make ``parent`` (a context) current; returns the token for :func:`detach`."""
+    return _context.attach(parent)
+
+
+def detach(token: object) -> None:
+    """Undo :func:`attach`."""
+    _context.detach(token)
+
+
+# -- the SDK (``serve --otel``) ---------------------------------------------------------
+
+_EXTRA_HINT = "install the `otel` extra: pip install 'flowdecision[otel]'"
+
+
+def sdk_problem() -> str | None:
+    """Why :func:`start_sdk` cannot run here (None: it can)."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError as error:
+        return f"--otel needs the OpenTelemetry SDK and OTLP exporter ({error.name}): {_EXTRA_HINT}"
+    return None
+
+
+def start_sdk() -> Callable[[], None]:
+    """Register the SDK's tracer provider with a batch exporter; returns its shutdown.
+
+    Configured by the standard variables: ``OTEL_SERVICE_NAME`` and
+    ``OTEL_RESOURCE_ATTRIBUTES`` (the resource; the service name defaults to
+    ``flowdecision``), ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``
+    (the sampler), ``OTEL_TRACES_EXPORTER`` (``otlp``, the default;
+    ``console``; ``none``), ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` and ``..._HEADERS`` (where OTLP/HTTP
+    goes), ``OTEL_BSP_*`` (the batch processor). Does nothing (and returns a
+    no-op) when a real provider is registered already.
+    """
+    import os
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+    if active():
+        return lambda: None
+    attributes = {}
+    if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
+        "OTEL_RESOURCE_ATTRIBUTES", ""
+    ):
+        attributes["service.name"] = "flowdecision"
+    provider = TracerProvider(resource=Resource.create(attributes))
+    exporters = [
+        name.strip()
+        for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
+        if name.strip()
+    ]
+    for name in exporters:
+        if name == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        elif name == "console":
+            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        elif name != "none":
+            raise InvalidArgumentError(
+                f"OTEL_TRACES_EXPORTER `{name}` is not supported here: use otlp, console or none"
+            )
+    trace.set_tracer_provider(provider)
+    return provider.shutdown

@@ -1,0 +1,402 @@
+"""OpenTelemetry spans of a dispatch, on SQLite and PostgreSQL (in-memory exporter).
+
+Each test asserts the exact span tree of one outcome (submitted, duplicate,
+conflict, busy, lease lost, sink failure, takeover), the attributes, the span
+links (a duplicate to the dispatch that completed the original; a decision's
+span and its group-commit batch, both ways) and the trace context stored as
+side data in the ledger and the outbox row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from flowdecision import Dispatcher, tracing
+from flowdecision.errors import (
+    DecisionBusyError,
+    DecisionConflictError,
+    LeaseLostError,
+    SinkError,
+)
+from flowdecision.ledger import Ledger, PostgresLedger, SqliteLedger
+from flowdecision.ledger.protocol import DelegatingLedger
+from flowdecision.model import Complete, DecisionRequest, request_hash
+from flowdecision.sinks import OutboxSink
+from tests.helpers import request
+from tests.ledger_fixtures import _create_database
+from tests.otel_support import (
+    hex_ids,
+    linked_to,
+    named,
+    spans_fixture,  # noqa: F401 (the `spans` fixture)
+    traceparent,
+    tree,
+)
+
+T = TypeVar("T")
+KINDS = ["sqlite", "postgresql"]
+
+
+class Store:
+    """One store (SQLite file or PostgreSQL database) holding the ledger and the outbox."""
+
+    def __init__(self, kind: str, url: str) -> None:
+        self.kind = kind
+        self.url = url
+        self.ledgers: list[Ledger] = []
+        self.outboxes: list[OutboxSink] = []
+
+    async def ledger(self) -> Ledger:
+        if self.kind == "sqlite":
+            ledger: Ledger = await SqliteLedger.open(self.url.removeprefix("sqlite:///"))
+        else:
+            ledger = await PostgresLedger.connect(self.url)
+        self.ledgers.append(ledger)
+        return ledger
+
+    async def outbox(self) -> OutboxSink:
+        sink = await OutboxSink(self.url).open()
+        self.outboxes.append(sink)
+        return sink
+
+    async def close(self) -> None:
+        for closable in [*self.outboxes, *self.ledgers]:
+            await closable.close()
+
+
+@pytest.fixture(params=KINDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'flowdecision.db'}"
+    else:
+        server = request.getfixturevalue("pg_server_url")
+        url = await _create_database(server, f"flowdecision_tracing_{uuid.uuid4().hex[:12]}")
+        migrating = PostgresLedger(url)
+        await migrating.migrate()
+        await migrating.close()
+        await OutboxSink(url).migrate()
+    held = Store(request.param, url)
+    try:
+        yield held
+    finally:
+        await held.close()
+
+
+class RecordingSink:
+    """Accepts every decision and records the trace context it was submitted in."""
+
+    def __init__(self, *, fail: bool = False, delay_s: float = 0.0) -> None:
+        self.fail = fail
+        self.delay_s = delay_s
+        self.seen: list[str | None] = []
+
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        self.seen.append(tracing.current_traceparent())
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.fail:
+            raise RuntimeError("engine refused the decision")
+
+
+class NoRenewals(DelegatingLedger):
+    """A real ledger whose lease renewals are refused: the lease is lost mid-sink."""
+
+    async def intercept(self, operation: str, call: Awaitable[T]) -> T:
+        if operation == "renew":
+            await call  # the real renewal runs; its answer is replaced
+            return False  # type: ignore[return-value]
+        return await call
+
+
+def _attributes(span: Any) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+async def _stored_traceparent(store: Store, decision_id: str) -> str | None:
+    ledger = store.ledgers[0]
+    record = await ledger.read_record(decision_id)
+    assert record is not None
+    assert "traceparent" not in json.dumps(record.to_dict())  # side data only
+    return record.traceparent
+
+
+# -- submitted ---------------------------------------------------------------------------
+
+
+async def test_submitted_on_the_default_layout_is_one_joint_span(
+    store: Store, spans: InMemorySpanExporter
+) -> None:
+    ledger = await store.ledger()
+    outbox = await store.outbox()
+    dispatcher = Dispatcher("production", outbox, ledger)
+    assert dispatcher.transactional
+
+    assert (await dispatcher.dispatch(request(decision_id="dec-1"))).submitted
+
+    finished = spans.get_finished_spans()
+    assert tree(finished) == [
+        (
+            "flowdecision.dispatch",
+            "unset",
+            [],
+            [("flowdecision.joint_commit", "unset", [], [])],
+        )
+    ]
+    [dispatch] = named(finished, "flowdecision.dispatch")
+    assert _attributes(dispatch) == {
+        "flowdecision.decision_id": "dec-1",
+        "flowdecision.run_id": "run-1",
+        "flowdecision.ledger.backend": store.kind,
+        "flowdecision.sink.kind": "outbox",
+        "flowdecision.outcome": "submitted",
+        "flowdecision.attempt": 1,
+    }
+    # Side data: the ledger keeps the dispatch's context, the outbox row the joint span's.
+    [joint] = named(finished, "flowdecision.joint_commit")
+    assert await _stored_traceparent(store, "dec-1") == traceparent(dispatch)
+    entry = await outbox.get("dec-1")
+    assert entry is not None and entry.traceparent == traceparent(joint)
+    assert entry.to_dict()["traceparent"] == traceparent(joint)
+    # The group-commit batch: its own root span, linked both ways with the decision's.
+    [commit] = named(finished, "flowdecision.ledger.commit")
+    assert commit.parent is None
+    assert hex_ids(joint) in linked_to(commit)
+    assert hex_ids(commit) in linked_to(joint)
+    assert _attributes(commit)["db.system.name"] == store.kind
+    assert _attributes(commit)["flowdecision.batch.size"] >= 1
+
+
+async def test_submitted_with_a_separate_sink_is_claim_submit_complete(
+    store: Store, spans: InMemorySpanExporter
+) -> None:
+    ledger = await store.ledger()
+    sink = RecordingSink()
+    dispatcher = Dispatcher("production", sink, ledger)
+
+    assert (await dispatcher.dispatch(request(decision_id="dec-1"))).submitted
+
+    finished = spans.get_finished_spans()
+    assert tree(finished) == [
+        (
+            "flowdecision.dispatch",
+            "unset",
+            [],
+            [
+                ("flowdecision.claim", "unset", [], []),
+                ("flowdecision.sink.submit", "unset", [], []),
+                ("flowdecision.complete", "unset", [], []),
+            ],
+        )
+    ]
+    [dispatch] = named(finished, "flowdecision.dispatch")
+    assert _attributes(dispatch)["flowdecision.sink.kind"] == "recording"
+    # The sink ran inside its span: an engine receives that span's context.
+    [submit] = named(finished, "flowdecision.sink.submit")
+    assert sink.seen == [traceparent(submit)]
+    assert _attributes(submit)["flowdecision.attempt"] == 1
+    assert await _stored_traceparent(store, "dec-1") == traceparent(dispatch)
+    # One batch span per group commit (claim, then complete), each linked to its step.
+    commits = named(finished, "flowdecision.ledger.commit")
+    [claim] = named(finished, "flowdecision.claim")
+    [complete] = named(finished, "flowdecision.complete")
+    linked = set().union(*(linked_to(c) for c in commits))
+    assert {hex_ids(claim), hex_ids(complete)} <= linked
+
+
+# -- duplicate and conflict: linked to the submission that counted ------------------------
+
+
+async def test_a_duplicate_links_to_the_dispatch_that_completed_the_original(
+    store: Store, spans: InMemorySpanExporter
+) -> None:
+    dispatcher = Dispatcher("production", await store.outbox(), await store.ledger())
+    await dispatcher.dispatch(request(decision_id="dec-1"))
+    [original] = named(spans.get_finished_spans(), "flowdecision.dispatch")
+    spans.clear()
+
+    outcome = await dispatcher.dispatch(request(decision_id="dec-1"))
+
+    assert not outcome.submitted
+    finished = spans.get_finished_spans()
+    assert tree(finished) == [
+        (
+            "flowdecision.dispatch",
+            "unset",
+            [],
+            [("flowdecision.joint_commit", "unset", [], [])],
+        )
+    ]
+    [duplicate] = named(finished, "flowdecision.dispatch")
+    assert _attributes(duplicate)["flowdecision.outcome"] == "duplicate"
+    assert linked_to(duplicate) == {hex_ids(original)}
+    [link] = duplicate.links
+    assert dict(link.attributes or {}) == {"flowdecision.link": "completed_original"}
+
+
+async def test_a_conflict_is_an_error_event_and_links_to_the_original(
+    store: Store, spans: InMemorySpanExporter
+) -> None:
+    dispatcher = Dispatcher("production", await store.outbox(), await store.ledger())
+    await dispatcher.dispatch(request(decision_id="dec-1"))
+    [original] = named(spans.get_finished_spans(), "flowdecision.dispatch")
+    spans.clear()
+
+    other = request(decision_id="dec-1", decision=Complete(output={"different": True}))
+    with pytest.raises(DecisionConflictError):
+        await dispatcher.dispatch(other)
+
+    finished = spans.get_finished_spans()
+    assert tree(finished) == [
+        (
+            "flowdecision.dispatch",
+            "error:conflict",
+            ["flowdecision.conflict"],
+            [("flowdecision.joint_commit", "unset", [], [])],
+        )
+    ]
+    [conflict] = named(finished, "flowdecision.dispatch")
+    assert _attributes(conflict)["flowdecision.outcome"] == "conflict"
+    assert _attributes(conflict)["error.type"] == "conflict"
+    assert linked_to(conflict) == {hex_ids(original)}
+
+
+# -- busy, takeover ---------------------------------------------------------------------
+
+
+async def test_busy_is_an_error_with_an_event(store: Store, spans: InMemorySpanExporter) -> None:
+    ledger = await store.ledger()
+    decision = request(decision_id="dec-1")
+    await ledger.claim("dec-1", request_hash(decision), "other-owner", lease_ms=60_000)
+    dispatcher = Dispatcher("production", await store.outbox(), ledger)
+
+    with pytest.raises(DecisionBusyError):
+        await dispatcher.dispatch(decision)
+
+    finished = spans.get_finished_spans()
+    assert tree(finished) == [
+        (
+            "flowdecision.dispatch",
+            "error:busy",
+            ["flowdecision.busy"],
+            [("flowdecision.joint_commit", "unset", [], [])],
+        )
+    ]
+    [dispatch] = named(finished, "flowdecision.dispatch")
+    [event] = [e for e in dispatch.events if e.name == "flowdecision.busy"]
+    assert dict(event.attributes or {})["flowdecision.decision_id"] == "dec-1"
+    assert dict(event.attributes or {})["flowdecision.lease_expires_at_ms"] > 0
+
+
+async def test_a_takeover_is_an_event_with_the_new_attempt(
+    store: Store, spans: InMemorySpanExporter
+) -> None:
+    ledger = await store.ledger()
+    decision = request(decision_id="dec-1")
+    await ledger.claim("dec-1", request_hash(decision), "crashed-owner", lease_ms=50)
+    await asyncio.sleep(0.2)  # the crashed owner's lease expires
+    dispatcher = Dispatcher("production", await store.outbox(), ledger)
+
+    outcome = await dispatcher.dispatch(decision)
+
+    assert outcome.submitted and outcome.attempt == 2
+    finished = spans.get_finished_spans()
+    assert tree(finished) == [
+        (
+            "flowdecision.dispatch",
+            "unset",
+            ["flowdecision.takeover"],
+            [("flowdecision.joint_commit", "unset", [], [])],
+        )
+    ]
+    [dispatch] = named(finished, "flowdecision.dispatch")
+    assert _attributes(dispatch)["flowdecision.attempt"] == 2
+    assert dict(dispatch.events[0].attributes or {}) == {"flowdecision.attempt": 2}
+
+
+# -- failures on the lease path (a separate sink) -----------------------------------------
+
+
+async def test_a_lost_lease_fails_the_sink_span_and_the_dispatch(
+    store: Store, spans: InMemorySpanExporter
+) -> None:
+    ledger = NoRenewals(await store.ledger())
+    sink = RecordingSink(delay_s=1.0)
+    dispatcher = Dispatcher("production", sink, ledger, lease_ms=300)
+
+    with pytest.raises(LeaseLostError):
+        await dispatcher.dispatch(request(decision_id="dec-1"))
+
+    finished = spans.get_finished_spans()
+    assert tree(finished) == [
+        (
+            "flowdecision.dispatch",
+            "error:lease_lost",
+            ["flowdecision.lease_lost"],
+            [
+                ("flowdecision.claim", "unset", [], []),
+                ("flowdecision.sink.submit", "error:lease_lost", [], []),
+            ],
+        )
+    ]
+
+
+async def test_heartbeat_renewals_are_events_on_the_sink_span(
+    store: Store, spans: InMemorySpanExporter
+) -> None:
+    sink = RecordingSink(delay_s=0.5)
+    dispatcher = Dispatcher("production", sink, await store.ledger(), lease_ms=300)
+
+    assert (await dispatcher.dispatch(request(decision_id="dec-1"))).submitted
+
+    [submit] = named(spans.get_finished_spans(), "flowdecision.sink.submit")
+    renewals = [e.name for e in submit.events]
+    assert renewals and set(renewals) == {"flowdecision.lease_renewed"}
+    assert len(renewals) == dispatcher.metrics.lease_renewals
+
+
+async def test_a_sink_failure_sets_the_error_code(
+    store: Store, spans: InMemorySpanExporter
+) -> None:
+    dispatcher = Dispatcher("production", RecordingSink(fail=True), await store.ledger())
+
+    with pytest.raises(SinkError):
+        await dispatcher.dispatch(request(decision_id="dec-1"))
+
+    finished = spans.get_finished_spans()
+    assert tree(finished) == [
+        (
+            "flowdecision.dispatch",
+            "error:sink_failed",
+            [],
+            [
+                ("flowdecision.claim", "unset", [], []),
+                ("flowdecision.sink.submit", "error:sink_failed", [], []),
+            ],
+        )
+    ]
+    [submit] = named(finished, "flowdecision.sink.submit")
+    [exception] = [e for e in submit.events if e.name == "exception"]
+    assert "engine refused the decision" in str(dict(exception.attributes or {}))
+
+
+# -- off ----------------------------------------------------------------------------------
+
+
+async def test_with_no_provider_nothing_is_recorded_or_stored(store: Store) -> None:
+    assert not tracing.active()
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    outbox = await store.outbox()
+    dispatcher = Dispatcher("production", outbox, await store.ledger())
+    assert (await dispatcher.dispatch(request(decision_id="dec-1"))).submitted
+    assert await _stored_traceparent(store, "dec-1") is None
+    entry = await outbox.get("dec-1")
+    assert entry is not None and entry.traceparent is None
