@@ -13,6 +13,8 @@ import click
 import pytest
 
 from flowdecision.ledger import JsonFileLedger
+from flowdecision.ledger.sqlite import SCHEMA_VERSION as LEDGER_VERSION
+from flowdecision.sinks.outbox import OUTBOX_SCHEMA_VERSION as OUTBOX_VERSION
 
 CLI = [sys.executable, "-m", "flowdecision.cli"]
 
@@ -261,8 +263,6 @@ sys.meta_path.insert(0, BlockServiceExtra())
 for loaded in [m for m in sys.modules if m.split(".")[0] in {"starlette", "uvicorn"}]:
     del sys.modules[loaded]
 from flowdecision.cli import main
-from flowdecision.ledger.sqlite import SCHEMA_VERSION as LEDGER_VERSION
-from flowdecision.sinks.outbox import OUTBOX_SCHEMA_VERSION as OUTBOX_VERSION
 sys.argv = ["flowdecision", *sys.argv[1:]]
 main()
 """
