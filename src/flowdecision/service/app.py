@@ -23,7 +23,7 @@ from .auth import AuthMiddleware
 from .boundary import BoundaryMiddleware
 from .config import Settings, redact_url
 from .errors import http_exception_handler
-from .guards import BrowserGuardMiddleware, JsonContentTypeMiddleware, UnreadBodyMiddleware
+from .guards import BrowserGuardMiddleware, JsonContentTypeMiddleware
 from .handlers import AppContext, routes
 from .lean import lean_stack
 from .metrics import ServiceMetrics
@@ -83,7 +83,6 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
     tokens = settings.tokens()
     public = frozenset({OPENAPI_PATH} if settings.auth_healthz else {"/healthz", OPENAPI_PATH})
     middleware = [
-        Middleware(UnreadBodyMiddleware),
         Middleware(
             BoundaryMiddleware,
             access_log_enabled=settings.access_log,

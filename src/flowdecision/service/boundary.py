@@ -3,6 +3,11 @@
 * a request id (the client's ``X-Request-Id`` if short and plain, else a new
   one) in the ``X-Request-Id`` response header, in every error body and on
   every log record written while serving it;
+* ``Connection: close`` on an answer that starts before the request body was
+  read whole (a refusal, a 413 on ``Content-Length``): the connection cannot
+  carry another request, and a client that reuses it (a ``requests``
+  session) would see it closed under its next request; told, it opens a new
+  one. The edge drains the unread body meanwhile (lingering close);
 * one access-log record and one ``flowdecision_http_requests_total`` count;
 * an answer for each way a request can end abnormally, so uvicorn never sees
   an exception (it would log a traceback and send a plain-text 500):
@@ -28,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import tracing as _tracing
 from .errors import error_response, static_error
+from .guards import has_body
 from .logs import request_id_for, request_id_var, write_access_line
 
 __all__ = ["CLIENT_CLOSED", "BoundaryMiddleware"]
@@ -71,6 +77,16 @@ class BoundaryMiddleware:
         status = 500
         sent = 0
         response_started = False
+        # A body not read whole when the answer starts (a refusal, a 413 on
+        # Content-Length...): the answer says Connection: close (see unread_body).
+        body_pending = has_body(scope)
+
+        async def receive_noting_the_body() -> Message:
+            nonlocal body_pending
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_pending = False
+            return message
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status, sent, response_started
@@ -79,13 +95,16 @@ class BoundaryMiddleware:
                 status = message["status"]
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode("ascii")))
+                if body_pending:
+                    headers.append((b"connection", b"close"))
                 message = {**message, "headers": headers}
             elif message["type"] == "http.response.body":
                 sent += len(message.get("body", b""))
             await send(message)
 
+        app_receive = receive_noting_the_body if body_pending else receive
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, app_receive, send_wrapper)
         except ClientDisconnect:
             # The client hung up while we read its body: no one to answer.
             status = CLIENT_CLOSED

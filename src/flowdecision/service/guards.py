@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .config import Settings, is_loopback, normalize_host_name, normalize_origin
 from .errors import error_response
 
-__all__ = ["BrowserGuardMiddleware", "JsonContentTypeMiddleware", "UnreadBodyMiddleware"]
+__all__ = ["BrowserGuardMiddleware", "JsonContentTypeMiddleware", "has_body"]
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _JSON = "application/json"
@@ -232,8 +232,8 @@ class JsonContentTypeMiddleware:
             await self.app(scope, receive, send)
             return
         shown = bytes(content_type).decode("latin-1")[:100] or "none"
-        # The body is not read: UnreadBodyMiddleware marks the answer Connection:
-        # close and the connection layer drains the body, so the client reads the 415.
+        # The body is not read: the boundary marks the answer Connection: close
+        # and the edge drains the body (lingering close), so the client reads the 415.
         refusal = error_response(
             415,
             "unsupported_media_type",
@@ -242,42 +242,8 @@ class JsonContentTypeMiddleware:
         await refusal(scope, receive, send)
 
 
-class UnreadBodyMiddleware:
-    """Marks a response sent before the request body was read ``Connection: close``.
-
-    A refusal (401, 413 on ``Content-Length``, 415...) is sent without reading
-    the body. The connection then cannot carry another request, and a client
-    that reuses it (a ``requests`` session) would see it closed under its next
-    request; told ``Connection: close``, it opens a new one. The connection layer
-    drains the unread body meanwhile (transport.py, lingering close).
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _has_body(scope):
-            await self.app(scope, receive, send)
-            return
-        body_read = False
-
-        async def receive_and_note() -> Message:
-            nonlocal body_read
-            message = await receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_read = True
-            return message
-
-        async def send_with_close(message: Message) -> None:
-            if message["type"] == "http.response.start" and not body_read:
-                headers = [*message.get("headers", []), (b"connection", b"close")]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive_and_note, send_with_close)
-
-
-def _has_body(scope: Scope) -> bool:
+def has_body(scope: Scope) -> bool:
+    """Whether the request has a body (chunked, or a ``Content-Length`` other than 0)."""
     for name, value in scope["headers"]:
         if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
             return True

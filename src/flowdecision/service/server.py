@@ -274,6 +274,10 @@ async def serve(
         backlog=LISTEN_BACKLOG,
         # h11 refuses (400) an incomplete head past this; the edge's 431 comes first.
         h11_max_incomplete_event_size=2 * edge_limits(settings).head_max_bytes if guarded else None,
+        # The edge faces clients itself: X-Forwarded-* headers are not trusted (and
+        # the layer that reads them is left out). Plain, behind a proxy: uvicorn's
+        # proxy headers, from the addresses in FORWARDED_ALLOW_IPS (127.0.0.1).
+        proxy_headers=not guarded,
         # Plain: uvicorn's own keep-alive timer (whole seconds); the edge has its own.
         timeout_keep_alive=max(1, math.ceil(settings.keep_alive_timeout_s)),
     )
