@@ -68,14 +68,16 @@ _PRUNE_BATCH = 1000
 _SELECT_SQL = f"SELECT record, traceparent FROM {TABLE} WHERE decision_id = ?"
 #: Ids per ``IN (...)`` read (well under SQLite's bound on parameters, 999 before 3.32).
 _READ_CHUNK = 500
-_INSERT_SQL = (
+#: Rows per multi-row write (5 parameters each: under the bound of 999 before 3.32).
+_WRITE_CHUNK = 150
+#: Writes the rows a batch changed, new or not, with one statement per chunk: on the
+#: ledger's thread every statement releases the GIL and takes it back. Side data is
+#: never erased by a later write (a record read without it keeps it).
+_UPSERT_SQL = (
     f"INSERT INTO {TABLE} (decision_id, status, completed_at_ms, record, traceparent) "
-    "VALUES (?, ?, ?, ?, ?)"
-)
-# Side data is never erased by a later write (a record read without it keeps it).
-_UPDATE_SQL = (
-    f"UPDATE {TABLE} SET status = ?, completed_at_ms = ?, record = ?, "
-    "traceparent = COALESCE(?, traceparent) WHERE decision_id = ?"
+    "VALUES {rows} ON CONFLICT (decision_id) DO UPDATE SET status = excluded.status, "
+    "completed_at_ms = excluded.completed_at_ms, record = excluded.record, "
+    "traceparent = COALESCE(excluded.traceparent, traceparent)"
 )
 
 SCHEMA_VERSION = LEDGER.newest("sqlite")
@@ -283,7 +285,7 @@ class SqliteLedger(StoredLedger):
     def _write_batch(self, conn: sqlite3.Connection, jobs: list[Job]) -> Callable[[], None] | None:
         """Apply ``jobs`` in arrival order and write the rows they changed."""
         slots = self._transform(conn, jobs)
-        written = 0
+        rows: list[Any] = []
         for decision_id, slot in slots.items():
             if not slot.dirty:
                 continue
@@ -291,13 +293,13 @@ class SqliteLedger(StoredLedger):
             assert record is not None
             values = encode_row(decision_id, record)
             slot.text = values[3]
-            if slot.exists:
-                conn.execute(_UPDATE_SQL, (*values[1:], decision_id))
-            else:
-                conn.execute(_INSERT_SQL, values)
-            written += 1
-        if not written:
+            rows.append(values)
+        if not rows:
             return None
+        for start in range(0, len(rows), _WRITE_CHUNK):
+            chunk = rows[start : start + _WRITE_CHUNK]
+            sql = _UPSERT_SQL.format(rows=",".join(["(?, ?, ?, ?, ?)"] * len(chunk)))
+            conn.execute(sql, [value for row in chunk for value in row])
 
         def committed() -> None:
             self.commits += 1
