@@ -78,7 +78,7 @@ class BoundaryMiddleware:
         sent = 0
         response_started = False
         # A body not read whole when the answer starts (a refusal, a 413 on
-        # Content-Length...): the answer says Connection: close (see unread_body).
+        # Content-Length...): the answer says Connection: close (module docstring).
         body_pending = has_body(scope)
 
         async def receive_noting_the_body() -> Message:
