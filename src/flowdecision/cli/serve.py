@@ -79,6 +79,12 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
     help="Export OpenTelemetry traces over OTLP, configured by the standard OTEL_* "
     "variables (needs the `otel` extra).  [default: off]",
 )
+@_flag(
+    "--relay-to",
+    help="Sink URL: also run an outbox relay here, delivering the outbox's rows to this "
+    "sink (any sink URL).  [default: none]",
+)
+@_flag("--relay-name", help="The in-service relay's cursor name.  [default: default]")
 def serve_cmd(config_file: str | None, **flags: Any) -> None:
     """Run the HTTP decision service (POST /v1/decisions, status page at /).
 

@@ -48,6 +48,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
     metrics = context.metrics = ServiceMetrics(
         lambda: context.service.dispatcher.health() if context.service is not None else None,
         healthy=lambda: context.service is None or context.service.cached_health().healthy,
+        cursors=lambda: context.service.cursor_states() if context.service is not None else (),
     )
 
     @contextlib.asynccontextmanager
@@ -55,6 +56,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
         current = context.service
         if current is None:
             current = context.service = await Service.start(settings)
+        current.start_relay()  # `relay_to`: drain the outbox inside the service
         # Readiness: the ledger is checked before the first request, so a corrupt
         # or unreachable ledger shows in /healthz (503, with its code) from the start.
         health = await current.check_health()

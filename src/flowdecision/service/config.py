@@ -33,7 +33,7 @@ from ..defaults import (
     legacy_outbox_exists,
 )
 from ..dispatcher import DEFAULT_LEASE_MS
-from ..errors import ConfigError
+from ..errors import ConfigError, FlowDecisionError
 from ..limits import identifier_problem
 from ..redact import redact_url
 
@@ -119,6 +119,11 @@ class Settings:
     workers: int = 1
     #: OpenTelemetry SDK and OTLP exporter on (docs/OBSERVABILITY.md); needs the extra.
     otel: bool = False
+    #: A sink URL: run an outbox relay inside the service, draining the outbox
+    #: sink into it (docs/OPERATIONS.md, "Relays").
+    relay_to: str | None = None
+    #: The in-service relay's name: its durable cursor in the outbox.
+    relay_name: str = "default"
 
     # -- derived -----------------------------------------------------------------
 
@@ -159,6 +164,7 @@ class Settings:
         problem = identifier_problem(self.production_branch)
         if problem is not None:
             raise ConfigError(f"production_branch {problem}")
+        self._validate_relay()
         if self.log_level.lower() not in ("critical", "error", "warning", "info", "debug"):
             raise ConfigError("log_level must be debug, info, warning, error or critical")
         tokens = self.tokens()
@@ -180,6 +186,27 @@ class Settings:
     def short_token_count(self) -> int:
         """How many accepted tokens are shorter than :data:`MIN_TOKEN_CHARS` characters."""
         return sum(len(token.decode("utf-8")) < MIN_TOKEN_CHARS for token in self.tokens())
+
+    def _validate_relay(self) -> None:
+        if not self.relay_name.strip():
+            raise ConfigError("relay_name must not be empty")
+        problem = identifier_problem(self.relay_name)
+        if problem is not None:
+            raise ConfigError(f"relay_name {problem}")
+        if self.relay_to is None:
+            return
+        from ..sinks.loader import sink_kind
+
+        try:
+            sink_kind(self.relay_to)
+            ours = sink_kind(self.sink)
+        except FlowDecisionError as error:
+            raise ConfigError(f"relay_to: {error}") from None
+        if ours != "outbox":
+            raise ConfigError(
+                "relay_to needs the outbox as the sink (sqlite:/// or postgresql://, the "
+                f"default layout); the sink is a {ours} sink"
+            )
 
     def _validate_transport(self) -> None:
         if self.max_connections < 1:
@@ -305,6 +332,8 @@ _TYPES: dict[str, type] = {
     "edge": str,
     "workers": int,
     "otel": bool,
+    "relay_to": str,
+    "relay_name": str,
 }
 assert set(_TYPES) == set(_FIELDS)
 

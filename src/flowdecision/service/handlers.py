@@ -9,15 +9,17 @@ here, with the request id, the decision id, the error class and its code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..dispatcher import DispatchOutcome
@@ -287,16 +289,26 @@ async def get_outbox(request: Request) -> Response:
             "the configured sink is not an outbox; "
             "use a sqlite:/// or postgresql:// sink to pull decisions",
         )
+    stream = _wants_event_stream(request.headers)
     try:
         after = _int_param(request, "after", 0, 0, I64_MAX)
         limit = _int_param(request, "limit", 100, 1, OUTBOX_MAX_LIMIT)
+        wait_s = _int_param(request, "wait", 0, 0, MAX_WAIT_S)
+        if stream:
+            after = _last_event_id(request.headers, after)
     except _BadParam as bad:
         return error_response(
             422, "invalid_parameter", f"query parameter `{bad.name}` {bad.problem}",
             field=bad.name, problem=bad.problem,
         )  # fmt: skip
+    if stream:
+        return StreamingResponse(
+            _event_stream(service, fetch, after, limit),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
     try:
-        entries = await fetch(after=after, limit=limit + 1)
+        entries = await _until_closing(service, fetch(after=after, limit=limit + 1, wait_s=wait_s))
     except Exception as error:
         log.warning("outbox read failed", extra={"cause": describe_cause(error)})
         return error_response(
@@ -315,6 +327,71 @@ async def get_outbox(request: Request) -> Response:
     return Response(body, media_type="application/json")
 
 
+def _wants_event_stream(headers: Headers) -> bool:
+    return any(
+        part.split(";", 1)[0].strip().lower() == "text/event-stream"
+        for value in headers.getlist("accept")
+        for part in value.split(",")
+    )
+
+
+def _last_event_id(headers: Headers, after: int) -> int:
+    """Where a reconnecting event stream resumes: ``Last-Event-ID`` (a seq) over ``after``."""
+    raw = headers.get("last-event-id")
+    if raw is None or raw.strip() == "":
+        return after
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > I64_MAX:
+        raise _BadParam("Last-Event-ID", f"must be an outbox seq (0..{I64_MAX}), got `{raw[:40]}`")
+    return int(raw)
+
+
+async def _until_closing(service: Service, work: Awaitable[list[Any]]) -> list[Any]:
+    """``await work``, or [] as soon as shutdown begins (a long-poll must not hold it up)."""
+    task = asyncio.ensure_future(work)
+    if service.closing.is_set():
+        task.cancel()
+        return []
+    closing = asyncio.ensure_future(service.closing.wait())
+    try:
+        await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        closing.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        return []
+    return task.result()
+
+
+#: An idle event stream sends a comment this often (proxies close silent connections).
+EVENT_STREAM_KEEPALIVE_S = 15
+
+
+async def _event_stream(
+    service: Service, fetch: Callable[..., Awaitable[list[Any]]], after: int, limit: int
+) -> AsyncIterator[bytes]:
+    """``GET /v1/outbox`` as server-sent events: one ``decision`` event per row, its
+    ``id`` the row's seq (a reconnecting client sends it back as ``Last-Event-ID``)."""
+    yield b"retry: 1000\n\n"
+    while not service.closing.is_set():
+        try:
+            entries = await _until_closing(
+                service, fetch(after=after, limit=limit, wait_s=EVENT_STREAM_KEEPALIVE_S)
+            )
+        except Exception as error:
+            log.warning("outbox read failed", extra={"cause": describe_cause(error)})
+            yield b'event: error\ndata: {"code":"outbox_unavailable"}\n\n'
+            return  # the client reconnects after `retry`, from its Last-Event-ID
+        if not entries:
+            yield b": keep-alive\n\n"
+            continue
+        for entry in entries:
+            yield b"id: %d\nevent: decision\ndata: %s\n\n" % (entry.seq, entry.to_json())
+        after = entries[-1].seq
+
+
 # -- operations -------------------------------------------------------------------
 
 
@@ -328,6 +405,8 @@ async def healthz(request: Request) -> Response:
 async def metrics_endpoint(request: Request) -> Response:
     """Prometheus exposition."""
     context: AppContext = request.app.state.context
+    if context.service is not None:
+        await context.service.refresh_cursors()  # the relays' lag, read once a second at most
     return Response(context.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -335,6 +414,7 @@ async def status_page(request: Request) -> Response:
     """The HTML status page."""
     context, service = _context(request)
     health = await service.check_health()
+    relays = await service.refresh_cursors()
     snapshot = replace(
         health.snapshot,
         status=HealthStatus.HEALTHY if health.healthy else HealthStatus.DEGRADED,
@@ -347,6 +427,8 @@ async def status_page(request: Request) -> Response:
         production_branch=context.settings.production_branch,
         started_at_ms=service.started_at_ms,
         refresh_s=context.settings.status_refresh_s,
+        relays=relays,
+        own_relay=service.relay.status() if service.relay is not None else None,
     )
     return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 

@@ -6,6 +6,10 @@
   last success/failure times, and the dispatcher's max dispatch time;
 * ``flowdecision_dispatch_duration_seconds{outcome}``, a histogram of
   ``POST /v1/decisions`` dispatch latency by outcome;
+* the outbox's relay cursors (``flowdecision_relay_lag_rows{relay}``,
+  ``..._lag_seconds``, ``..._position``, ``..._delivered_rows``, ``..._leased``),
+  read from the outbox's store at scrape time (at most once a second), so
+  relays running elsewhere show too;
 * ``flowdecision_http_requests_total{method,route,status}``; a client that
   disconnected before its answer is counted with status ``499``.
 
@@ -24,7 +28,7 @@ timestamps the maximum.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
@@ -35,6 +39,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from ..health import HealthMetrics, HealthSnapshot
+from ..sinks.cursor import CursorState
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
@@ -179,6 +184,51 @@ class _SharedHealth:
             self._gauges[key].set(value)
 
 
+#: The outbox's relay cursors, labelled by relay name: key -> (metric name, help).
+RELAY_GAUGES: dict[str, tuple[str, str]] = {
+    "lag_rows": (
+        "flowdecision_relay_lag_rows",
+        "Outbox rows after the relay's cursor (newest seq - cursor).",
+    ),
+    "lag_seconds": (
+        "flowdecision_relay_lag_seconds",
+        "Age of the oldest outbox row the relay has not delivered (0 when caught up).",
+    ),
+    "position": (
+        "flowdecision_relay_position",
+        "The relay's cursor: the seq of the last row its sink accepted.",
+    ),
+    "delivered": (
+        "flowdecision_relay_delivered_rows",
+        "Rows delivered through the relay's cursor since it was created.",
+    ),
+    "leased": ("flowdecision_relay_leased", "1 while a running relay holds the cursor's lease."),
+}
+
+
+def _relay_values(state: CursorState) -> dict[str, float]:
+    return {
+        "lag_rows": state.lag_rows,
+        "lag_seconds": state.lag_seconds,
+        "position": state.position,
+        "delivered": state.delivered,
+        "leased": 1 if state.leased else 0,
+    }
+
+
+class _RelayCollector(Collector):
+    def __init__(self, cursors: Callable[[], Sequence[CursorState]]) -> None:
+        self._cursors = cursors
+
+    def collect(self) -> Iterator[Metric]:
+        states = list(self._cursors())
+        for key, (name, help_text) in RELAY_GAUGES.items():
+            family = GaugeMetricFamily(name, help_text, labels=["relay"])
+            for state in states:
+                family.add_metric([state.name], _relay_values(state)[key])
+            yield family
+
+
 class ServiceMetrics:
     """The app's registry and the metrics the app itself records."""
 
@@ -187,13 +237,17 @@ class ServiceMetrics:
         snapshot: Callable[[], HealthSnapshot | None],
         *,
         healthy: Callable[[], bool] = lambda: True,
+        cursors: Callable[[], Sequence[CursorState]] = lambda: (),
     ) -> None:
         #: The shared directory in multiprocess mode (several workers), else None.
         self.shared_dir = multiprocess_dir()
         own = self.registry = CollectorRegistry(auto_describe=True)
         self._shared_health: _SharedHealth | None = None
+        self._cursors = cursors
+        self._relay_gauges: dict[str, Gauge] = {}
         if self.shared_dir is None:
             self.registry.register(_HealthCollector(snapshot, healthy))
+            self.registry.register(_RelayCollector(cursors))
         else:
             # Metrics write to the shared files whatever registry holds them; a
             # scrape reads every worker's files instead of this process's values.
@@ -201,6 +255,11 @@ class ServiceMetrics:
             self.registry = CollectorRegistry()
             MultiProcessCollector(self.registry, path=self.shared_dir)  # type: ignore[no-untyped-call]
             self._shared_health = _SharedHealth(snapshot, healthy, own)
+            # Every worker reads the same cursor table: the freshest (largest) value wins.
+            self._relay_gauges = {
+                key: Gauge(name, help_text, ["relay"], registry=own, multiprocess_mode="max")
+                for key, (name, help_text) in RELAY_GAUGES.items()
+            }
         self.dispatch_seconds = Histogram(
             "flowdecision_dispatch_duration_seconds",
             "Latency of POST /v1/decisions dispatches, by outcome.",
@@ -238,6 +297,9 @@ class ServiceMetrics:
         """In multiprocess mode, write the health counters to the shared files (else no-op)."""
         if self._shared_health is not None:
             self._shared_health.publish()
+            for state in self._cursors():
+                for key, value in _relay_values(state).items():
+                    self._relay_gauges[key].labels(state.name).set(value)
 
     def exposition(self) -> bytes:
         self.publish()  # this worker's share is exact; the others' at most a second old

@@ -402,6 +402,13 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
             "get": {
                 "operationId": "getOutbox",
                 "summary": "Accepted decisions in commit order (outbox sinks)",
+                "description": "A page of rows after `after`. With `wait=S` and no row yet, "
+                "the answer waits up to S seconds for one (a long-poll: woken by the commit, "
+                "not by polling). With `Accept: text/event-stream` the answer is a stream of "
+                "server-sent events instead: one `decision` event per row, its `id` the "
+                "row's `seq` and its `data` the row as in a page; a reconnecting client "
+                "resumes after its `Last-Event-ID`. An idle stream sends a comment every "
+                "15 s; it ends when the service shuts down.",
                 "security": _AUTH,
                 "parameters": [
                     {
@@ -426,11 +433,45 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                             "default": 100,
                         },
                     },
+                    {
+                        "name": "wait",
+                        "in": "query",
+                        "description": "Seconds to wait for a row when there is none after "
+                        "`after` yet (0: answer at once).",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "maximum": MAX_WAIT_S,
+                            "default": 0,
+                        },
+                    },
+                    {
+                        "name": "Last-Event-ID",
+                        "in": "header",
+                        "description": "Event stream only: the last `seq` received; the "
+                        "stream resumes after it (overrides `after`).",
+                        "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"},
+                    },
                     {"$ref": "#/components/parameters/X-Request-Id"},
                 ],
                 "responses": _responses(
                     [*_common(True), "no_outbox", "invalid_parameter", "outbox_unavailable"],
-                    {"200": _json_answer("A page of the outbox.", page)},
+                    {
+                        "200": {
+                            "description": "A page of the outbox, or (`Accept: "
+                            "text/event-stream`) a stream of its rows as they commit.",
+                            "content": {
+                                _JSON: {"schema": page},
+                                "text/event-stream": {
+                                    "schema": {
+                                        "type": "string",
+                                        "description": "`id: <seq>`, `event: decision`, "
+                                        "`data: <entry JSON>` per row",
+                                    }
+                                },
+                            },
+                        }
+                    },
                 ),
             }
         },

@@ -30,8 +30,11 @@ from ..ledger.url import open_ledger
 from ..limits import I64_MAX
 from ..outage import OUTAGE_CODES, Outage
 from ..sinks.base import Sink
+from ..sinks.cursor import CursorState
 from ..sinks.loader import WebhookOptions, close_sink, open_sink
-from .config import Settings
+from ..sinks.outbox import OutboxSink
+from ..sinks.relay import OutboxRelay
+from .config import ConfigError, Settings
 from .logs import describe_cause
 from .status import RecentDecision
 
@@ -57,6 +60,8 @@ PROBE_TIMEOUT_S = 2.0
 PROBE_TTL_S = 1.0
 #: The id the ledger probe reads; it is never written.
 PROBE_DECISION_ID = "flowdecision-health-probe"
+#: Relay cursors read for ``/metrics`` and the status page are reused for this long.
+CURSORS_TTL_S = 1.0
 #: Past the grace period, how long cancelled dispatches get to unwind before close.
 UNWIND_S = 1.0
 
@@ -202,6 +207,12 @@ class Service:
         self._probing: asyncio.Task[tuple[Check, Check]] | None = None
         self._checks: tuple[Check, Check] = (OK, NOT_PROBED)
         self._failures_at_probe = (0, 0)
+        #: Set when shutdown begins: long-polls and event streams end at once.
+        self.closing = asyncio.Event()
+        #: The relay ``relay_to`` asks for (see :meth:`start_relay`), and its task.
+        self.relay: OutboxRelay | None = None
+        self._relay_task: asyncio.Task[None] | None = None
+        self._cursors: tuple[float, list[CursorState]] = (-CURSORS_TTL_S, [])
 
     @classmethod
     async def start(cls, settings: Settings) -> Service:
@@ -220,6 +231,58 @@ class Service:
             await ledger.close()
             raise
         return cls(settings, ledger, sink)
+
+    # -- the relay and the outbox's cursors -------------------------------------------
+
+    def start_relay(self) -> None:
+        """Start the relay ``relay_to`` names, draining the outbox sink (once; no-op without)."""
+        target = self.settings.relay_to
+        if target is None or self.relay is not None or self.closed:
+            return
+        if not isinstance(self.sink, OutboxSink):
+            raise ConfigError("relay_to needs the outbox as the sink")
+        self.relay = OutboxRelay(
+            self.sink,
+            target,
+            name=self.settings.relay_name,
+            webhook=self._webhook_options(),
+        )
+        self._relay_task = asyncio.ensure_future(self._run_relay(self.relay))
+
+    async def _run_relay(self, relay: OutboxRelay) -> None:
+        try:
+            await relay.run()
+        except Exception as error:  # a bad URL or a missing package: say so, keep serving
+            log.error("relay stopped", extra={"relay": relay.name, "cause": describe_cause(error)})
+
+    def _webhook_options(self) -> WebhookOptions:
+        settings = self.settings
+        return WebhookOptions(
+            timeout_s=settings.webhook_timeout_s,
+            max_attempts=settings.webhook_max_attempts,
+            token=settings.webhook_token,
+        )
+
+    def cursor_states(self) -> list[CursorState]:
+        """The outbox's relay cursors as last read (:meth:`refresh_cursors`; no I/O)."""
+        return self._cursors[1]
+
+    async def refresh_cursors(self) -> list[CursorState]:
+        """Read the outbox's relay cursors (reused for :data:`CURSORS_TTL_S`); [] without an
+        outbox, or the last values while it cannot be read."""
+        cursors = getattr(self.sink, "cursors", None)
+        if cursors is None or self.stopped:
+            return self._cursors[1]
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._cursors[0] < CURSORS_TTL_S:
+            return self._cursors[1]
+        try:
+            states = await asyncio.wait_for(cursors(), PROBE_TIMEOUT_S)
+        except Exception as error:  # the outbox's own probe reports the outage
+            log.debug("reading relay cursors failed", extra={"cause": describe_cause(error)})
+            return self._cursors[1]
+        self._cursors = (loop.time(), list(states))
+        return self._cursors[1]
 
     # -- dispatches ---------------------------------------------------------------
 
@@ -294,6 +357,9 @@ class Service:
         if self.closed:
             return
         self.closed = True
+        self.closing.set()
+        if self.relay is not None:
+            self.relay.stop()
         log.info(
             "shutting down",
             extra={"in_flight": len(self.tasks), "grace_s": grace_s},
@@ -314,6 +380,16 @@ class Service:
         for task in late:
             task.cancel()
 
+    async def _stop_relay(self) -> None:
+        relay, task = self.relay, self._relay_task
+        if relay is None or task is None:
+            return
+        relay.stop()
+        _done, late = await asyncio.wait({task}, timeout=UNWIND_S + 1)
+        for pending in late:  # a delivery that ignores the stop: its row is redelivered later
+            pending.cancel()
+        await relay.close()
+
     async def stop(self, grace_s: float) -> None:
         """Let in-flight dispatches finish (until the grace deadline), then close everything."""
         if self.stopped:
@@ -330,6 +406,7 @@ class Service:
                 task.cancel()
         if self._probing is not None:
             self._probing.cancel()
+        await self._stop_relay()
         self.stopped = True
         try:
             await close_sink(self.sink)

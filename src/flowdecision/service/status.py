@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 
 from ..health import HealthSnapshot, HealthStatus
 from ..redact import printable
+from ..sinks.cursor import CursorState
+from ..sinks.relay import RelayStatus
 from .metrics import HEALTH_COUNTERS
 
 __all__ = ["SHOWN_ID_MAX_CHARS", "RecentDecision", "render_status_page", "shown_text"]
@@ -78,6 +80,42 @@ def _ms(at_ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at_ms / 1000)) + f".{at_ms % 1000:03d}Z"
 
 
+def _relays_html(relays: Sequence[CursorState], own: RelayStatus | None) -> str:
+    """The outbox relays' cursors and lag (none: no section at all)."""
+    if not relays and own is None:
+        return ""
+    rows = []
+    for state in relays:
+        here = own is not None and own.name == state.name
+        doing = escape(own.state) if here and own is not None else ""
+        error = (
+            f"<br><small>{escape(shown_text(own.last_error, 200))}</small>"
+            if here and own is not None and own.last_error and own.state == "retrying"
+            else ""
+        )
+        rows.append(
+            f'<tr id="relay-{escape(shown_text(state.name))}">'
+            f"<td><code>{escape(shown_text(state.name))}</code></td>"
+            f'<td class="num">{state.position}</td>'
+            f'<td class="num">{state.head_seq}</td>'
+            f'<td class="num lag-rows">{state.lag_rows}</td>'
+            f'<td class="num lag-seconds">{state.lag_seconds:.1f}</td>'
+            f'<td class="num">{state.delivered}</td>'
+            f"<td>{'leased' if state.leased else 'idle'}{' · ' + doing if doing else ''}"
+            f"{error}</td>"
+            "</tr>"
+        )
+    body = (
+        '<table><thead><tr><th>relay</th><th class="num">cursor</th>'
+        '<th class="num">newest seq</th><th class="num">lag rows</th>'
+        '<th class="num">lag s</th><th class="num">delivered</th><th>state</th></tr>'
+        f"</thead><tbody>{''.join(rows)}</tbody></table>"
+        if rows
+        else "<p>No relay cursor yet.</p>"
+    )
+    return f'<h2>Outbox relays</h2>\n<section id="relays">{body}</section>\n'
+
+
 def render_status_page(
     *,
     health: HealthSnapshot,
@@ -87,6 +125,8 @@ def render_status_page(
     production_branch: str,
     started_at_ms: int,
     refresh_s: int,
+    relays: Sequence[CursorState] = (),
+    own_relay: RelayStatus | None = None,
 ) -> str:
     healthy = health.status is HealthStatus.HEALTHY
     status_class = "healthy" if healthy else "degraded"
@@ -116,6 +156,7 @@ def render_status_page(
         if rows
         else "<p>No decisions submitted since start.</p>"
     )
+    relays_html = _relays_html(relays, own_relay)
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -140,7 +181,7 @@ ledger <code>{escape(ledger)}</code> · sink <code>{escape(sink)}</code></p>
 <main>
 <h2>Counters</h2>
 <section class="counters">{counters}</section>
-<h2>Recent decisions</h2>
+{relays_html}<h2>Recent decisions</h2>
 <section id="recent">{recent_html}</section>
 </main>
 </body>

@@ -44,10 +44,10 @@ from typing import Any, Self
 
 from ..backoff import full_jitter
 from ..closing import Closable
-from ..errors import FlowDecisionError, InvalidArgumentError, RelayError
+from ..errors import FlowDecisionError, InvalidArgumentError, RelayError, SinkConfigError
 from .base import Sink, check_sink
 from .cursor import CursorLease, CursorState, LeaseHeld, check_cursor_name
-from .loader import close_sink, open_sink
+from .loader import WebhookOptions, close_sink, open_sink
 from .outbox import OutboxEntry, OutboxSink
 
 __all__ = ["DEFAULT_RELAY_NAME", "OutboxRelay", "RelayError", "RelayStatus"]
@@ -142,6 +142,7 @@ class OutboxRelay(Closable):
         retry_cap_s: float = 10.0,
         idle_wait_s: float = 1.0,
         rng: random.Random | None = None,
+        webhook: WebhookOptions | None = None,
     ) -> None:
         self.name = check_cursor_name(name)
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10_000:
@@ -159,6 +160,7 @@ class OutboxRelay(Closable):
         self.retry_cap_s = float(retry_cap_s)
         self.idle_wait_s = float(idle_wait_s)
         self._rng = rng or random.Random()
+        self._webhook = webhook
         self._outbox_arg = outbox
         self._sink_arg = sink
         self.outbox: OutboxSink | None = outbox if isinstance(outbox, OutboxSink) else None
@@ -189,9 +191,24 @@ class OutboxRelay(Closable):
             await self.outbox.open()
         if self.sink is None:
             assert isinstance(self._sink_arg, str)
-            self.sink = await open_sink(self._sink_arg)
+            self.sink = await open_sink(self._sink_arg, webhook=self._webhook)
             self._owned.append(self.sink)
         return self
+
+    async def _open_patiently(self) -> None:
+        """:meth:`open`, retried with backoff while the store or the engine is unreachable
+        (a bad URL or a missing package fails at once)."""
+        retry = 0
+        while True:
+            try:
+                await self.open()
+                return
+            except (SinkConfigError, RelayError, InvalidArgumentError):
+                raise
+            except (FlowDecisionError, OSError) as error:
+                retry += 1
+                self._failed(error, "opening")
+                await self._pause(self._delay(retry))
 
     async def __aenter__(self) -> Self:
         return await self.open()
@@ -224,10 +241,11 @@ class OutboxRelay(Closable):
 
     async def run(self) -> None:
         """Deliver rows as they come until :meth:`stop` is called (or the task is cancelled)."""
-        await self.open()
-        self._stop.clear()
         self._wake_stop = asyncio.get_running_loop().create_future()
+        if self._stop.is_set():
+            return
         try:
+            await self._open_patiently()
             while not self._stop.is_set():
                 try:
                     lease = await self._acquire()
