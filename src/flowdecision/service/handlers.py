@@ -294,8 +294,9 @@ async def get_outbox(request: Request) -> Response:
         after = _int_param(request, "after", 0, 0, I64_MAX)
         limit = _int_param(request, "limit", 100, 1, OUTBOX_MAX_LIMIT)
         wait_s = _int_param(request, "wait", 0, 0, MAX_WAIT_S)
+        resume = _last_event_id(request.headers, after)  # checked even where unused
         if stream:
-            after = _last_event_id(request.headers, after)
+            after = resume
     except _BadParam as bad:
         return error_response(
             422, "invalid_parameter", f"query parameter `{bad.name}` {bad.problem}",
