@@ -134,7 +134,7 @@ def relay_cmd(
 
 
 def _shown(url: str) -> str:
-    from ..service.config import redact_url
+    from ..redact import redact_url
 
     return redact_url(url)
 

@@ -407,7 +407,8 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                 "not by polling). With `Accept: text/event-stream` the answer is a stream of "
                 "server-sent events instead: one `decision` event per row, its `id` the "
                 "row's `seq` and its `data` the row as in a page; a reconnecting client "
-                "resumes after its `Last-Event-ID`. An idle stream sends a comment every "
+                "resumes after its `Last-Event-ID` header (a `seq`; it overrides `after`, "
+                "and anything but digits is 422). An idle stream sends a comment every "
                 "15 s; it ends when the service shuts down.",
                 "security": _AUTH,
                 "parameters": [
@@ -444,13 +445,6 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                             "maximum": MAX_WAIT_S,
                             "default": 0,
                         },
-                    },
-                    {
-                        "name": "Last-Event-ID",
-                        "in": "header",
-                        "description": "Event stream only: the last `seq` received; the "
-                        "stream resumes after it (overrides `after`).",
-                        "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"},
                     },
                     {"$ref": "#/components/parameters/X-Request-Id"},
                 ],
