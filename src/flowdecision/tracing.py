@@ -380,4 +380,5 @@ def start_sdk() -> Callable[[], None]:
                 f"OTEL_TRACES_EXPORTER `{name}` is not supported here: use otlp, console or none"
             )
     trace.set_tracer_provider(provider)
+    active()  # binds the API's modules for the callers that follow
     return provider.shutdown

@@ -9,6 +9,7 @@ first failure that is not a duplicate stops the run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from .. import tracing
 from ..defaults import SERVICE_URL
 from ..errors import FlowDecisionError
 from .common import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
@@ -194,6 +196,12 @@ def _open_client(
     show_default=True,
     help="Retries per decision on busy, 503 and connection failures.",
 )
+@click.option(
+    "--trace",
+    is_flag=True,
+    help="Start a root span for this submission and export it over OTLP (standard "
+    "OTEL_* variables; needs the `otel` extra); prints its trace id on stderr.",
+)
 def submit_cmd(
     source: IO[bytes],
     url: str,
@@ -203,6 +211,7 @@ def submit_cmd(
     wait_s: float | None,
     timeout: float,
     retries: int,
+    trace: bool,
 ) -> None:
     """Submit one decision (a JSON file) or a JSON-lines stream (FILE, or - for stdin).
 
@@ -213,6 +222,40 @@ def submit_cmd(
     Exit codes: 0 every decision is in; 1 the service failed or could not be
     reached; 2 bad input, usage or token; 3 refused (conflict or forked branch).
     """
+    with contextlib.ExitStack() as tracing_on:
+        if trace:
+            tracing_on.enter_context(_root_span())
+        _submit_all(source, url, token_file, as_json, progress, wait_s, timeout, retries)
+
+
+@contextlib.contextmanager
+def _root_span() -> Iterator[None]:
+    """The SDK on (OTLP per OTEL_*), one ``flowdecision submit`` root span, flushed at exit."""
+    problem = tracing.sdk_problem()
+    if problem is not None:
+        click.echo(f"error: {problem.replace('--otel', '--trace')}", err=True)
+        sys.exit(EXIT_USAGE)
+    shutdown = tracing.start_sdk()
+    try:
+        with tracing.span("flowdecision submit", kind=tracing.CLIENT):
+            ids = tracing.current_ids()
+            if ids is not None:
+                click.echo(f"trace {ids[0]}", err=True)
+            yield
+    finally:
+        shutdown()  # export the spans before the process exits
+
+
+def _submit_all(
+    source: IO[bytes],
+    url: str,
+    token_file: str | None,
+    as_json: bool,
+    progress: bool | None,
+    wait_s: float | None,
+    timeout: float,
+    retries: int,
+) -> None:
     client = _open_client(url, token_file, timeout, retries, wait_s)
     total = _count_lines(source)
     show = progress if progress is not None else sys.stderr.isatty()

@@ -8,6 +8,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import httpx
 
+from .. import tracing
 from ..defaults import CLIENT_TIMEOUT_S, SERVICE_URL
 from ..errors import InvalidArgumentError
 from .protocol import Send, ServiceProtocol
@@ -21,8 +22,12 @@ _USER_AGENT = "flowdecision-client"
 
 
 def send_kwargs(step: Send) -> dict[str, Any]:
+    headers = step.headers
+    if tracing.active():  # the caller's trace continues in the service (W3C traceparent)
+        headers = dict(headers)
+        tracing.inject(headers)
     return {
-        "headers": step.headers,
+        "headers": headers,
         "content": step.content,
         "params": step.params,
         "timeout": step.timeout,
