@@ -23,7 +23,9 @@ be an ``async def``. With tracing on, the workflow is started inside DBOS's
 ``PropagateOtelContext``: DBOS stores the W3C trace context of the dispatch's
 ``flowdecision.sink.submit`` span with the workflow (its ``dbos.otelContext``
 attribute), so the workflow's spans join the decision's trace, after a
-recovery too (docs/OBSERVABILITY.md).
+recovery too (docs/OBSERVABILITY.md). DBOS records spans only with its
+``enable_otlp`` option: the URL form sets it when tracing is on; an
+application that configures DBOS itself sets it there.
 
 **Why a workflow runs once.** The workflow id is the decision id and DBOS's
 default workflow-id reuse policy is ``return-existing``: starting an id that
@@ -198,7 +200,15 @@ async def open_dbos_url(url: str) -> DBOSSink:
             )
         )
     try:
-        DBOS(config={"name": parsed.app_name, "system_database_url": parsed.system_database_url})
+        DBOS(
+            config={
+                "name": parsed.app_name,
+                "system_database_url": parsed.system_database_url,
+                # Tracing on (serve --otel): DBOS's workflow and step spans join the
+                # decisions' traces, exported by the provider the service registered.
+                "enable_otlp": active(),
+            }
+        )
         DBOS.launch()
     except Exception as error:
         await asyncio.to_thread(DBOS.destroy)

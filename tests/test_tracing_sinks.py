@@ -1,0 +1,169 @@
+"""The trace context reaches every engine in the engine's own way (in-memory exporter):
+the receiving side sees the trace of the dispatch that submitted the decision.
+
+* webhook: a ``traceparent`` header on the POST (a real HTTP receiver);
+* procrastinate: a ``traceparent`` job argument, read by a real worker's task;
+* DBOS: the workflow is started inside DBOS's ``PropagateOtelContext``: DBOS's
+  own workflow span is a child of the dispatch's ``flowdecision.sink.submit``;
+* the outbox: the row's ``traceparent`` (covered in tests/test_tracing.py), from
+  which :func:`flowdecision.tracing.context_of` continues the trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import procrastinate
+import pytest
+from dbos import DBOS
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from flowdecision import DecisionRequest, Dispatcher, tracing
+from flowdecision.ledger import MemoryLedger, SqliteLedger
+from flowdecision.sinks import OutboxSink
+from flowdecision.sinks.dbos import DBOSSink
+from flowdecision.sinks.procrastinate import ProcrastinateSink
+from flowdecision.sinks.webhook import WebhookSink
+from tests.dbos_workflows import record_decision
+from tests.helpers import request
+from tests.otel_support import hex_ids, named, spans_fixture, traceparent  # noqa: F401
+from tests.webhook_receiver import WebhookReceiver
+
+TASK = "flowdecision_test.traced_decision"
+#: (decision id, traceparent) of every job execution.
+TRACED_RUNS: list[tuple[str, str | None]] = []
+
+
+async def test_the_webhook_receiver_gets_the_sink_spans_traceparent(
+    spans: InMemorySpanExporter,
+) -> None:
+    with WebhookReceiver() as receiver:
+        async with WebhookSink(receiver.url) as sink:
+            dispatcher = Dispatcher("production", sink, MemoryLedger())
+            assert (await dispatcher.dispatch(request(decision_id="dec-1"))).submitted
+        [(_, headers, _)] = receiver.requests
+    [submit] = named(spans.get_finished_spans(), "flowdecision.sink.submit")
+    assert headers["traceparent"] == traceparent(submit)
+    [dispatch] = named(spans.get_finished_spans(), "flowdecision.dispatch")
+    assert dict(dispatch.attributes or {})["flowdecision.sink.kind"] == "webhook"
+
+
+async def test_without_tracing_the_webhook_gets_no_traceparent() -> None:
+    with WebhookReceiver() as receiver:
+        async with WebhookSink(receiver.url) as sink:
+            await Dispatcher("production", sink, MemoryLedger()).dispatch(request())
+        [(_, headers, _)] = receiver.requests
+    assert "traceparent" not in {name.lower() for name in headers}
+
+
+def _traced_app(url: str) -> procrastinate.App:
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name=TASK, queue="decisions")
+    async def traced_decision(request_json: str, attempt: int, traceparent: str) -> None:
+        # What an engine task does with it: continue the decision's trace.
+        parent = tracing.context_of(traceparent)
+        with trace.get_tracer("worker").start_as_current_span("handle decision", context=parent):
+            TRACED_RUNS.append((DecisionRequest.parse(request_json).decision_id, traceparent))
+
+    return app
+
+
+@pytest.fixture
+async def procrastinate_app(pg_empty_url: str) -> AsyncIterator[procrastinate.App]:
+    TRACED_RUNS.clear()
+    async with _traced_app(pg_empty_url).open_async() as app:
+        await app.schema_manager.apply_schema_async()
+        yield app
+
+
+async def test_a_procrastinate_task_continues_the_trace_from_its_job_argument(
+    procrastinate_app: procrastinate.App, spans: InMemorySpanExporter
+) -> None:
+    async with ProcrastinateSink(procrastinate_app, TASK) as sink:
+        assert sink._passes_traceparent()  # the registered task takes `traceparent`
+        dispatcher = Dispatcher("production", sink, MemoryLedger())
+        assert (await dispatcher.dispatch(request(decision_id="dec-1"))).submitted
+    await procrastinate_app.run_worker_async(
+        wait=False, install_signal_handlers=False, listen_notify=False, concurrency=1
+    )
+    [submit] = named(spans.get_finished_spans(), "flowdecision.sink.submit")
+    assert TRACED_RUNS == [("dec-1", traceparent(submit))]
+    [handled] = named(spans.get_finished_spans(), "handle decision")
+    assert hex_ids(handled)[0] == hex_ids(submit)[0]  # the same trace
+    assert handled.parent is not None and handled.parent.span_id == submit.context.span_id
+
+
+async def test_a_task_without_the_parameter_gets_no_traceparent_argument(
+    procrastinate_app: procrastinate.App, spans: InMemorySpanExporter
+) -> None:
+    plain = ProcrastinateSink(procrastinate_app, "not.registered.here")
+    assert not plain._passes_traceparent()  # unknown signature: nothing extra is sent
+    forced = ProcrastinateSink(procrastinate_app, "not.registered.here", pass_traceparent=True)
+    assert forced._passes_traceparent()
+
+
+@pytest.fixture
+def dbos_launched(tmp_path: Path) -> Iterator[None]:
+    # enable_otlp: DBOS records its workflow spans (with the provider already registered).
+    DBOS(
+        config={
+            "name": "flowdecision-tracing",
+            "system_database_url": f"sqlite:///{tmp_path}/d",
+            "enable_otlp": True,
+        }
+    )
+    DBOS.launch()
+    try:
+        yield
+    finally:
+        DBOS.destroy()
+
+
+async def test_a_dbos_workflow_span_is_a_child_of_the_sink_span(
+    spans: InMemorySpanExporter, dbos_launched: None
+) -> None:
+    dispatcher = Dispatcher("production", DBOSSink(record_decision), MemoryLedger())
+    assert (await dispatcher.dispatch(request(decision_id="dec-dbos"))).submitted
+    handle = await DBOS.retrieve_workflow_async("dec-dbos")
+    assert await asyncio.wait_for(handle.get_result(), timeout=60) == "dec-dbos"
+    [submit] = named(spans.get_finished_spans(), "flowdecision.sink.submit")
+
+    def workflow_spans() -> list[object]:
+        return [
+            s
+            for s in spans.get_finished_spans()
+            if s.name == "record_decision" and hex_ids(s)[0] == hex_ids(submit)[0]
+        ]
+
+    for _ in range(100):  # DBOS ends its span just after the result is recorded
+        if workflow_spans():
+            break
+        await asyncio.sleep(0.05)
+    [workflow] = workflow_spans()
+    assert workflow.parent is not None  # type: ignore[attr-defined]
+    assert workflow.parent.span_id == submit.context.span_id  # type: ignore[attr-defined]
+
+
+async def test_an_outbox_consumer_continues_the_trace_from_the_row(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    path = tmp_path / "flowdecision.db"
+    ledger = await SqliteLedger.open(path)
+    outbox = await OutboxSink(f"sqlite:///{path}").open()
+    try:
+        await Dispatcher("production", outbox, ledger).dispatch(request(decision_id="dec-1"))
+        [entry] = await outbox.fetch(after=0)
+    finally:
+        await outbox.close()
+        await ledger.close()
+    parent = tracing.context_of(entry.traceparent)
+    with trace.get_tracer("consumer").start_as_current_span("consume", context=parent):
+        pass
+    [joint] = named(spans.get_finished_spans(), "flowdecision.joint_commit")
+    [consumed] = named(spans.get_finished_spans(), "consume")
+    assert hex_ids(consumed)[0] == hex_ids(joint)[0]
+    assert consumed.parent is not None and consumed.parent.span_id == joint.context.span_id
