@@ -24,9 +24,9 @@ from flowdecision.sinks import Sink
 from flowdecision.sinks.delivery import DecisionDelivery
 from flowdecision.sinks.loader import SinkConfigError, close_sink, open_sink, sink_kind
 from flowdecision.sinks.restate import RestateSink, parse_restate_url
-from flowdecision.sinks.webhook import WebhookRejectedError
+from flowdecision.sinks.webhook import WebhookError, WebhookRejectedError
 from tests.engine_crash import crash_then_take_over, post_twice_through_serve
-from tests.engine_servers import RestateServer
+from tests.engine_servers import RestateDeployment, RestateServer
 from tests.service_process import decision, wait_for
 
 pytestmark = pytest.mark.usefixtures("restate_deployment")
@@ -187,3 +187,34 @@ async def test_serve_with_a_restate_sink_url(restate_server: RestateServer, tmp_
     state = await applied(restate_server, run_id)
     assert json.loads(json.dumps(state))[sent.decision_id]["attempt"] == 1
     assert list(state) == [sent.decision_id]
+
+
+async def test_a_restarted_server_keeps_its_idempotency_keys(
+    restate_deployment: RestateDeployment, tmp_path: Path
+) -> None:
+    """Its own server (the session's stays up), the session's service registered
+    with it: stopped, the sink fails after its retries; started again on the same
+    data, a resubmission is still PreviouslyAccepted and applied once."""
+    server = RestateServer(tmp_path / "restate")
+    await asyncio.to_thread(server.start)
+    try:
+        await asyncio.to_thread(server.register, restate_deployment.uri)
+        run_id = _uid("run")
+        sent = step(f"{run_id}-d", run_id)
+        sink = RestateSink(server.url("DecisionRun", "apply", keyed_by_run=True),
+                           timeout_s=2, max_attempts=2)  # fmt: skip
+        try:
+            assert (await sink.deliver(sent, 1)).absorbed is False
+            await asyncio.to_thread(server.stop)
+            with pytest.raises(WebhookError, match="Restate failed after 2 tries"):
+                await sink.submit(sent, 2)
+            await asyncio.to_thread(server.start)
+            assert (await sink.deliver(sent, 3)).absorbed is True
+        finally:
+            await sink.close()
+        await asyncio.to_thread(wait_for, lambda: asyncio.run(applied(server, run_id)) != {})
+        assert {d: s["attempt"] for d, s in (await applied(server, run_id)).items()} == {
+            sent.decision_id: 1
+        }
+    finally:
+        await asyncio.to_thread(server.cleanup)

@@ -290,3 +290,24 @@ async def test_serve_with_a_temporal_sink_url(
 
 def test_the_worker_fixture_is_the_shared_one(temporal_worker: TemporalWorkerProcess) -> None:
     assert temporal_worker.running and temporal_worker.task_queue == TEMPORAL_QUEUE
+
+
+async def test_a_restarted_server_keeps_what_it_accepted(tmp_path: Path) -> None:
+    """Its own server (the session's stays up): stopped, the sink fails in bounded
+    time; started again on the same database, the same client finds the workflow."""
+    server = TemporalServer(tmp_path / "temporal")
+    await asyncio.to_thread(server.start)
+    try:
+        own = await Client.connect(server.address)
+        # Start mode needs no worker for Temporal to accept the start.
+        sink = TemporalSink(own, task_queue="unpolled", workflow="HandleDecision", mode="start",
+                            timeout_s=3)  # fmt: skip
+        sent = step(_uid("dec"), _uid("run"))
+        assert (await sink.deliver(sent, 1)).absorbed is False
+        await asyncio.to_thread(server.stop)
+        with pytest.raises(TemporalSinkError, match=sent.decision_id):
+            await sink.submit(sent, 2)
+        await asyncio.to_thread(server.start)
+        assert (await sink.deliver(sent, 3)).absorbed is True
+    finally:
+        await asyncio.to_thread(server.cleanup)
