@@ -2,13 +2,15 @@
 --
 --   wrk -t1 -c50 -d10s -s bench/wrk_service.lua http://127.0.0.1:PORT -- \
 --       get /healthz 200
---   wrk ... -- post /v1/decisions 201 TEMPLATE_FILE RUN_TOKEN
+--   wrk ... -- post /v1/decisions 201 TEMPLATE_FILE RUN_TOKEN [RUN_SIZE]
 --
 -- "get": every request is `GET <path>`.
 -- "post": every request is `POST <path>` with Content-Type: application/json and
 -- the JSON body read from TEMPLATE_FILE, where every "@ID@" is replaced by an id
 -- unique to this request: RUN_TOKEN-<thread>-<counter>. RUN_TOKEN must be new for
 -- every wrk invocation, so no two requests of a run ever share a decision id.
+-- With RUN_SIZE (bench/engine_relay_bench.py), every "@RUN@" is replaced by a run
+-- id shared by RUN_SIZE consecutive requests of a thread: RUN_TOKEN-<thread>-r<n>.
 --
 -- Each response's status is compared with the expected one (200 or 201); done()
 -- prints one line "WRK_JSON {...}" with the counts, the duration and the latency
@@ -21,7 +23,7 @@ function setup(thread)
    table.insert(threads, thread)
 end
 
-local mode, path, expected, parts, token
+local mode, path, expected, parts, token, run_size
 local counter = 0
 ok, bad, first_bad = 0, 0, 0
 
@@ -52,6 +54,7 @@ function init(args)
    if mode == "post" then
       parts = split(read_file(args[4]), "@ID@")
       token = args[5] .. "-" .. tostring(tid)
+      run_size = tonumber(args[6] or "0")
    elseif mode == "get" then
       static_request = wrk.format("GET", path)
    else
@@ -67,6 +70,10 @@ function request()
    end
    counter = counter + 1
    local body = table.concat(parts, token .. "-" .. counter)
+   if run_size > 0 then
+      local run = token .. "-r" .. tostring(math.floor((counter - 1) / run_size))
+      body = string.gsub(body, "@RUN@", run)
+   end
    return wrk.format("POST", path, post_headers, body)
 end
 

@@ -5,6 +5,7 @@
 * ``FlowRun`` (run mode): a :class:`DecisionRunWorkflow` that records every hook
   call (its *effects*) and answers them on the ``effects`` query.
 * ``SmallFlowRun``: the same, continuing as new after every 2 decisions.
+* ``PlainFlowRun``: the base class's no-op hooks (for the benchmark).
 * ``HandleDecision`` (start mode): one workflow per decision; returns what it got.
 """
 
@@ -70,6 +71,15 @@ class SmallFlowRun(_Recording):
         return await self.run_decisions(state)
 
 
+@workflow.defn(name="PlainFlowRun")
+class PlainFlowRun(DecisionRunWorkflow):
+    """The base class's no-op hooks only (bench/engine_relay_bench.py)."""
+
+    @workflow.run
+    async def run(self, state: RunState | None = None) -> Any:
+        return await self.run_decisions(state)
+
+
 @workflow.defn(name="HandleDecision")
 class HandleDecision:
     @workflow.run
@@ -82,7 +92,7 @@ class HandleDecision:
         }
 
 
-WORKFLOWS = [FlowRun, SmallFlowRun, HandleDecision]
+WORKFLOWS = [FlowRun, SmallFlowRun, PlainFlowRun, HandleDecision]
 
 
 async def _serve(address: str, task_queue: str) -> None:
