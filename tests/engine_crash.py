@@ -1,7 +1,7 @@
 """A dispatcher process that dies (SIGKILL) right after the engine accepted a decision.
 
 ``python -m tests.engine_crash LEDGER_PATH SINK_URL REQUEST_JSON`` opens the
-SQLite ledger and the sink URL, dispatches the request with a 300 ms lease, and
+SQLite ledger and the sink URL, dispatches the request with a 2 s lease (long enough that a loaded machine still renews it), and
 SIGKILLs itself as soon as the sink's ``submit`` returned: the engine has the
 decision, the ledger still holds only the claim. The test then dispatches the
 same decision from another owner once the lease has lapsed (a takeover with
@@ -22,7 +22,7 @@ from flowdecision.sinks.loader import close_sink, open_sink
 
 ROOT = Path(__file__).resolve().parent.parent
 
-LEASE_MS = 300
+LEASE_MS = 2000
 
 
 class _DieAfterAccept:
