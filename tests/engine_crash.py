@@ -2,10 +2,11 @@
 
 ``python -m tests.engine_crash LEDGER_PATH SINK_URL REQUEST_JSON`` opens the
 SQLite ledger and the sink URL, dispatches the request with a 2 s lease (long
-enough that a loaded machine still renews it in time), and SIGKILLs itself
-as soon as the sink's ``submit`` returned: the engine has the decision, the ledger still holds only the claim. The test then dispatches the
-same decision from another owner once the lease has lapsed (a takeover with
-attempt 2), and the engine must absorb it.
+enough that a loaded machine still renews it in time), and SIGKILLs itself as
+soon as the sink's ``submit`` returned: the engine has the decision, the
+ledger still holds only the claim. :func:`crash_then_take_over` then
+dispatches the same decision from another owner once the lease has lapsed (a
+takeover with attempt 2), and the engine must absorb it.
 """
 
 from __future__ import annotations
