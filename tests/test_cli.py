@@ -429,3 +429,14 @@ def test_inspect_on_a_read_only_filesystem_says_so_and_what_to_do(tmp_path: Path
     assert message.startswith("error: ") and message.count("\n") == 0, message
     assert "read-only" in message and "l.db" in message, message
     assert "copy" in message and "read-write" in message, message
+
+
+def test_serve_help_names_every_sink_scheme_and_log_level() -> None:
+    from flowdecision.sinks.loader import SINK_SCHEMES
+
+    text = " ".join(flowdecision("serve", "--help").stdout.split())
+    unwrapped = "".join(text.split())  # click breaks long URLs across lines
+    for scheme in SINK_SCHEMES:
+        assert scheme in unwrapped, scheme
+    for level in ("debug", "info", "warning", "error", "critical"):
+        assert level in text.split("--log-level", 1)[1].split("--", 1)[0], level

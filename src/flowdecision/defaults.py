@@ -146,3 +146,6 @@ RETRY_MAX_TRIES = 5
 RETRY_BACKOFF_BASE_S = 0.1
 RETRY_BACKOFF_MAX_S = 10.0
 RETRY_MAX_RETRY_AFTER_S = 60.0
+
+#: The service's log levels, most verbose first (``serve --log-level``).
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

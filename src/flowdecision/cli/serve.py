@@ -10,9 +10,10 @@ from typing import Any
 
 import click
 
-from ..defaults import DEFAULT_STORE_URL, LEGACY_OUTBOX_URL
+from ..defaults import DEFAULT_STORE_URL, LEGACY_OUTBOX_URL, LOG_LEVELS
 from ..errors import FlowDecisionError
 from ..limits import OUTBOX_FETCH_MAX
+from ..sinks.loader import SINK_SCHEMES
 from .common import EXIT_ERROR, EXIT_USAGE, fail, run, table
 
 __all__ = ["outbox", "serve_cmd"]
@@ -31,8 +32,8 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 @_flag("--ledger", help=f"Ledger URL.  [default: {DEFAULT_STORE_URL}]")
 @_flag(
     "--sink",
-    help="Sink URL: sqlite:///path or postgresql://... (outbox), http(s)://... (webhook), "
-    "python:module:attribute.  [default: the ledger's own SQLite or PostgreSQL store "
+    help="Sink URL, one of: " + ", ".join(SINK_SCHEMES) + " (the first two are an outbox, "
+    "http(s) a webhook; docs/SINKS.md).  [default: the ledger's own SQLite or PostgreSQL store "
     f"(one transaction per decision); {LEGACY_OUTBOX_URL} for other ledgers]",
 )
 @_flag("--production-branch", help="The branch allowed to submit.  [default: production]")
@@ -51,7 +52,7 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 @_flag("--status-refresh-s", type=int, help="Status page refresh interval.  [default: 5]")
 @_flag("--webhook-timeout-s", type=float, help="Webhook request timeout.  [default: 10]")
 @_flag("--webhook-max-attempts", type=int, help="Webhook tries per delivery.  [default: 4]")
-@_flag("--log-level", help="debug, info, warning, error.  [default: info]")
+@_flag("--log-level", help=f"{', '.join(LOG_LEVELS)}.  [default: info]")
 @_flag("--access-log/--no-access-log", help="Write a structured access log.  [default: on]")
 @_flag(
     "--outage-summary-s",

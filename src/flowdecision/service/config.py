@@ -24,6 +24,7 @@ from ..defaults import (
     DEFAULT_STORE_URL,
     LEGACY_LEDGER_URL,
     LEGACY_OUTBOX_URL,
+    LOG_LEVELS,
     SERVICE_HOST,
     SERVICE_PORT,
     WEBHOOK_MAX_ATTEMPTS,
@@ -165,8 +166,8 @@ class Settings:
         if problem is not None:
             raise ConfigError(f"production_branch {problem}")
         self._validate_relay()
-        if self.log_level.lower() not in ("critical", "error", "warning", "info", "debug"):
-            raise ConfigError("log_level must be debug, info, warning, error or critical")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
         tokens = self.tokens()
         if not is_loopback(self.host):
             if not tokens and not self.allow_no_auth:
