@@ -11,6 +11,13 @@ each SQL backend it measures the raw limit of the same store: SQLite, a bare
     .venv/bin/python bench/ledger_bench.py                # full matrix
     .venv/bin/python bench/ledger_bench.py --quick        # smaller, faster
     .venv/bin/python bench/ledger_bench.py --postgres-url postgresql://...
+    .venv/bin/python bench/ledger_bench.py --single-only   # the single-caller row alone
+
+First, the **single-caller row**: one process, one caller, claim -> complete on
+``SqliteLedger`` (``synchronous=FULL``) against the same two transactions on raw
+``sqlite3``, in ``--single-pairs`` interleaved pairs (the order alternating per
+pair); it prints every pair and the median ratio, so a per-operation regression
+shows even when the machine is noisy.
 
 Without ``--postgres-url`` a throwaway PostgreSQL server (durable settings:
 fsync on, synchronous_commit on) is started in a temp dir and stopped after.
@@ -367,6 +374,26 @@ def run_cell(kind: str, target: str, processes: int, seconds: float, sync: str =
 # -- driver --------------------------------------------------------------------------------
 
 
+def single_caller(path: Path, pairs: int, seconds: float) -> float:
+    """The single-caller row: ``pairs`` interleaved pairs; prints them, returns the median."""
+    import statistics
+
+    rounds = run_rounds(["raw-sqlite", "sqlite"], str(path), 1, seconds, pairs)
+    ratios = [led / raw for led, raw in zip(rounds["sqlite"], rounds["raw-sqlite"], strict=True)]
+    print(f"# single caller: claim -> complete, 1 process, FULL, {pairs} interleaved pairs")
+    print("| pair | ledger cycles/s | raw cycles/s | ledger/raw |")
+    print("|---:|---:|---:|---:|")
+    for index, (led, raw) in enumerate(zip(rounds["sqlite"], rounds["raw-sqlite"], strict=True)):
+        print(f"| {index + 1} | {led:,.0f} | {raw:,.0f} | {led / raw:.2f}× |")
+    median = statistics.median(ratios)
+    print(
+        f"| **median** | {statistics.median(rounds['sqlite']):,.0f} "
+        f"| {statistics.median(rounds['raw-sqlite']):,.0f} | **{median:.2f}×** |",
+        flush=True,
+    )
+    return median
+
+
 def machine_description() -> str:
     cpu = "unknown CPU"
     try:
@@ -399,6 +426,8 @@ def main() -> None:
     parser.add_argument("--processes", default="1,8")
     parser.add_argument("--postgres-url", default=os.environ.get("FLOWDECISION_BENCH_POSTGRES_URL"))
     parser.add_argument("--workdir", default=None, help="where SQLite/JSON stores live (disk!)")
+    parser.add_argument("--single-pairs", type=int, default=7, help="single-caller pairs (0: skip)")
+    parser.add_argument("--single-only", action="store_true", help="the single-caller row alone")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.quick:
@@ -409,6 +438,14 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="flowdecision-bench-", dir=args.workdir))
     print(f"# machine: {machine_description()}")
     print(f"# workdir: {work}; {args.seconds:g} s per cell")
+    if args.single_pairs > 0 and "sqlite" in backends:
+        path = work / "sqlite-single.db"
+        preload_sqlite(path, 10_000)
+        single_caller(path, args.single_pairs, args.seconds)
+        print()
+    if args.single_only:
+        shutil.rmtree(work, ignore_errors=True)
+        return
     print("| backend | retained | procs | ledger cycles/s | raw cycles/s | ledger/raw |")
     print("|---|---:|---:|---:|---:|---:|")
     server = None

@@ -79,16 +79,28 @@ def _check_texts(**values: object) -> None:
     # Every store keeps these as UTF-8; a lone surrogate would fail deep inside a
     # backend (and, with group commit, take its batch neighbours down with it).
     for name, value in values.items():
-        if not isinstance(value, str):
-            raise LedgerError(f"`{name}` must be a string, got {type(value).__name__}")
-        if name in IDENTIFIER_FIELDS:
-            # Same limit on every backend (PostgreSQL's index would refuse huge ids).
-            check_identifier(name, value)
-            continue
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise LedgerError(f"`{name}` is not valid Unicode text (lone surrogate)") from None
+        _check_text(name, value)
+
+
+def _check_text(name: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise LedgerError(f"`{name}` must be a string, got {type(value).__name__}")
+    if name in IDENTIFIER_FIELDS:
+        # Same limit on every backend (PostgreSQL's index would refuse huge ids).
+        check_identifier(name, value)
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise LedgerError(f"`{name}` is not valid Unicode text (lone surrogate)") from None
+
+
+def _check_owned(decision_id: object, request_hash: object, owner_id: object) -> None:
+    """:func:`_check_texts` for the three texts of every mutation, without building
+    a dict of them (it runs once per ledger call)."""
+    _check_text("decision_id", decision_id)
+    _check_text("request_hash", request_hash)
+    _check_text("owner_id", owner_id)
 
 
 def _check_identity(identity: ExecutionIdentity | None) -> None:
@@ -199,7 +211,7 @@ class StoredLedger(Ledger):
         identity: ExecutionIdentity | None,
     ) -> T:
         """Validate the arguments :meth:`claim` and :meth:`renew` share, then apply ``rule``."""
-        _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
+        _check_owned(decision_id, request_hash, owner_id)
         check_u64("lease_ms", lease_ms)
         fixed = None if now_ms is None else check_u64("now_ms", now_ms)
         _check_identity(identity)
@@ -226,7 +238,7 @@ class StoredLedger(Ledger):
         receipt: ResultReceipt | None = None,
         traceparent: str | None = None,
     ) -> bool:
-        _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
+        _check_owned(decision_id, request_hash, owner_id)
         fixed = None if completed_at_ms is None else check_u64("completed_at_ms", completed_at_ms)
         _check_identity(identity)
         _check_receipt(identity, receipt)
@@ -256,7 +268,7 @@ class StoredLedger(Ledger):
         write: JointWrite,
         traceparent: str | None = None,
     ) -> JointOutcome:
-        _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
+        _check_owned(decision_id, request_hash, owner_id)
         check_u64("lease_ms", lease_ms)
         _check_identity(identity)
         _check_receipt(identity, receipt)
@@ -292,7 +304,7 @@ class StoredLedger(Ledger):
         *,
         identity: ExecutionIdentity | None = None,
     ) -> None:
-        _check_texts(decision_id=decision_id, request_hash=request_hash, owner_id=owner_id)
+        _check_owned(decision_id, request_hash, owner_id)
         _check_identity(identity)
         await self._apply(
             decision_id,

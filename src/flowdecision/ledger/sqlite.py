@@ -312,7 +312,13 @@ class SqliteLedger(StoredLedger):
 
     def _transform(self, conn: sqlite3.Connection, jobs: list[Job]) -> dict[str, _Slot]:
         slots: dict[str, _Slot] = {}
-        stored = _read_rows(conn, {job.payload[0] for job in jobs})
+        if len(jobs) == 1:
+            # A lone caller (the single-caller cycle): one plain keyed read.
+            decision_id = jobs[0].payload[0]
+            row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
+            stored = {} if row is None else {decision_id: row[0]}
+        else:
+            stored = _read_rows(conn, {job.payload[0] for job in jobs})
         for job in jobs:
             decision_id, op = job.payload
             slot = slots.get(decision_id)

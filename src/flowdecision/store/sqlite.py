@@ -20,9 +20,9 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from urllib.parse import quote
 
 from ..errors import FlowDecisionError, WalUnavailableError
@@ -43,21 +43,42 @@ __all__ = [
 STORE_FILE_MODE = 0o600
 
 
-@contextlib.contextmanager
-def sqlite_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back if the body raises.
+class sqlite_transaction:
+    """``with sqlite_transaction(conn):`` -- ``BEGIN IMMEDIATE`` ... ``COMMIT``,
+    rolled back if the body raises.
 
     Every SQLite write transaction flowdecision opens goes through here: a
-    group-commit batch, a migration, an outbox delivery, a prune.
+    group-commit batch, a migration, an outbox delivery, a prune. A class, not
+    a generator-based context manager: it runs once per committed batch, on
+    the connection thread's hot path.
     """
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-        conn.execute("COMMIT")
-    except BaseException:
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn = self.conn
+        if exc_type is None:
+            try:
+                conn.execute("COMMIT")
+                return
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
         if conn.in_transaction:
             conn.execute("ROLLBACK")
-        raise
 
 
 def create_private_file(path: Path) -> None:
