@@ -189,8 +189,7 @@ def preload_file(root: Path, count: int) -> None:
 
 
 async def _ledger_loop(kind: str, target: str, worker: int, seconds: float, tag: str = "") -> int:
-    from flowdecision.ledger import Claimed
-    from flowdecision.ledger.protocol import Ledger
+    from flowdecision.ledger import Claimed, Ledger
 
     ledger: Ledger
     if kind == "sqlite":

@@ -22,7 +22,6 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from urllib.parse import quote
 
 from ..errors import FlowDecisionError, WalUnavailableError
@@ -62,12 +61,7 @@ class sqlite_transaction:
         self.conn.execute("BEGIN IMMEDIATE")
         return self.conn
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         conn = self.conn
         if exc_type is None:
             try:
