@@ -312,11 +312,12 @@ class SqliteLedger(StoredLedger):
 
     def _transform(self, conn: sqlite3.Connection, jobs: list[Job]) -> dict[str, _Slot]:
         slots: dict[str, _Slot] = {}
+        stored: dict[str, tuple[Any, str | None]]
         if len(jobs) == 1:
             # A lone caller (the single-caller cycle): one plain keyed read.
             decision_id = jobs[0].payload[0]
             row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
-            stored = {} if row is None else {decision_id: row[0]}
+            stored = {} if row is None else {decision_id: (row[0], row[1])}
         else:
             stored = _read_rows(conn, {job.payload[0] for job in jobs})
         for job in jobs:
