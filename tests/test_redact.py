@@ -214,3 +214,19 @@ def test_cli_tables_show_format_characters_escaped(tmp_path: Path) -> None:
     as_json = _cli("inspect", "--ledger", str(tmp_path), SPOOF, "--json", cwd=tmp_path)
     assert "\u202e" not in as_json.stdout
     assert json.loads(as_json.stdout)["decision_id"] == SPOOF
+
+
+def test_submit_prints_ids_with_format_characters_escaped(tmp_path: Path) -> None:
+    from tests.service_process import ServiceProcess, decision
+
+    body = decision(SPOOF, step=False).to_json()
+    (tmp_path / "d.json").write_bytes(body)
+    with ServiceProcess(tmp_path) as service:
+        text = _cli("submit", "--url", service.url, str(tmp_path / "d.json"), cwd=tmp_path)
+        as_json = _cli(
+            "submit", "--url", service.url, "--json", str(tmp_path / "d.json"), cwd=tmp_path
+        )
+    assert text.returncode == 0, text.stderr
+    assert text.stdout == "submitted pay-\\u202eexe.fdp-\\u202d-ok attempt 1\n"
+    assert "\u202e" not in as_json.stdout
+    assert json.loads(as_json.stdout)["decision_id"] == SPOOF

@@ -21,6 +21,7 @@ import click
 from .. import tracing
 from ..defaults import SERVICE_URL
 from ..errors import FlowDecisionError
+from ..redact import json_safe, printable, redact_text
 from .common import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -125,8 +126,8 @@ def _fail(number: int, error: Exception, as_json: bool) -> NoReturn:
             }
         else:
             detail["code"] = getattr(error, "code", "error")
-        click.echo(json.dumps({"line": number, "error": detail}, ensure_ascii=False))
-    click.echo(f"error: line {number}: {error}", err=True)
+        click.echo(json_safe(json.dumps({"line": number, "error": detail}, ensure_ascii=False)))
+    click.echo(f"error: line {number}: {shown(error)}", err=True)
     sys.exit(code)
 
 
@@ -284,18 +285,26 @@ def _submit_all(
             for number, body in bar:
                 result = client.submit(body)
                 if as_json:
-                    click.echo(json.dumps(_result_json(number, result), ensure_ascii=False))
+                    click.echo(
+                        json_safe(json.dumps(_result_json(number, result), ensure_ascii=False))
+                    )
                 else:
                     click.echo(
-                        f"{result.outcome.value} {result.decision_id} attempt {result.attempt}"
+                        f"{result.outcome.value} {printable(result.decision_id)} "
+                        f"attempt {result.attempt}"
                     )
     except _InputError as error:
         if as_json:
             detail = {"code": "invalid_input", "message": str(error)}
-            click.echo(json.dumps({"line": None, "error": detail}, ensure_ascii=False))
-        click.echo(f"error: {error}", err=True)
+            click.echo(json_safe(json.dumps({"line": None, "error": detail}, ensure_ascii=False)))
+        click.echo(f"error: {shown(error)}", err=True)
         sys.exit(EXIT_USAGE)
     except FlowDecisionError as error:
         _fail(number, error, as_json)
     finally:
         client.close()
+
+
+def shown(error: object) -> str:
+    """An error's text as the terminal may show it: URLs redacted, ids escaped."""
+    return printable(redact_text(str(error)))
