@@ -1,0 +1,276 @@
+"""What tracing costs the service: three configurations side by side, in one run.
+
+    .venv/bin/python bench/tracing_bench.py                 # 5 rounds x 15 s, 50 clients
+    .venv/bin/python bench/tracing_bench.py --rounds 3 --seconds 10 --write-docs
+
+Targets (``flowdecision serve`` with its default layout: ledger and outbox in one
+SQLite file, ``synchronous=FULL``, access log on; ``POST /v1/decisions`` with a
+new decision id per request, loaded by ``wrk`` as in ``bench/service_bench.py``):
+
+* ``not installed``: OpenTelemetry hidden from the server process (a
+  ``sitecustomize`` that makes every ``opentelemetry`` import fail), as on a
+  machine without the ``otel`` extra;
+* ``installed, off``: the extra installed, ``serve`` without ``--otel``;
+* ``on (ratio 1.0)``: ``serve --otel`` with the SDK's batch span processor and
+  the OTLP/HTTP exporter sending every span (``OTEL_TRACES_SAMPLER=always_on``)
+  to a receiver this script runs on localhost (it reads and counts each export).
+
+Method: ``--rounds`` interleaved rounds; each round starts every target fresh
+(new directory), in a rotating order, warms it up for ``--warmup`` seconds and
+measures ``--seconds``. The table gives medians over rounds: requests/s (and
+its min-max), server CPU ms per request (user + system of the server process,
+less sensitive than rates to the shared machine), p50/p99 latency, and the
+ratio of each median rate to ``installed, off``. Raw samples go to
+``bench/results/tracing.json``; ``--write-docs`` updates docs/BENCHMARKS.md.
+
+The targets in the issue: ``not installed`` vs ``installed, off`` within 2%;
+``on`` at least 0.80x of ``off``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import http.server
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from ledger_bench import machine_description  # noqa: E402
+from service_bench import (  # noqa: E402
+    READY_PREFIX,
+    Target,
+    body_template,
+    load_average,
+    process_tree_cpu_s,
+    server_env,
+    wrk,
+)
+
+RESULTS = HERE / "results" / "tracing.json"
+DOCS = ROOT / "docs" / "BENCHMARKS.md"
+BEGIN = "<!-- tracing-bench:begin -->"
+END = "<!-- tracing-bench:end -->"
+POST = Target("post sqlite", "flowdecision", "post", "/v1/decisions", 201, "sqlite")
+TARGETS = ("not installed", "installed, off", "on (ratio 1.0)")
+
+_BLOCKER = """
+import sys
+
+class _NoOpenTelemetry:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "opentelemetry":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoOpenTelemetry())
+"""
+
+
+class Receiver:
+    """An OTLP/HTTP endpoint on localhost that reads every export and answers 200."""
+
+    def __init__(self) -> None:
+        self.exports = 0
+        self.bytes = 0
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                receiver.exports += 1
+                receiver.bytes += len(body)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Serve:
+    """``flowdecision serve --port 0`` in a fresh directory, configured for ``target``."""
+
+    def __init__(self, target: str, receiver: Receiver) -> None:
+        self.cwd = Path(tempfile.mkdtemp(prefix="tracing-bench-"))
+        env = server_env()
+        argv = [sys.executable, "-m", "flowdecision.cli", "serve", "--port", "0"]
+        if target == "not installed":
+            site = self.cwd / "site"
+            site.mkdir()
+            (site / "sitecustomize.py").write_text(_BLOCKER)
+            env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
+        elif target == "on (ratio 1.0)":
+            argv.append("--otel")
+            env.update(
+                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+                OTEL_TRACES_SAMPLER="always_on",
+                OTEL_SERVICE_NAME="flowdecision-bench",
+            )
+        self.stdout = self.cwd / "server.stdout"
+        with self.stdout.open("wb") as out, (self.cwd / "server.stderr").open("wb") as err:
+            self.proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdout=out, stderr=err)
+        self.url = self._ready()
+
+    def _ready(self) -> str:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for line in self.stdout.read_text(errors="replace").splitlines():
+                if line.startswith(READY_PREFIX):
+                    return line[len(READY_PREFIX) :].strip()
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"server did not start: {(self.cwd / 'server.stderr').read_text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.cwd, ignore_errors=True)
+
+
+@dataclass
+class Sample:
+    target: str
+    round: int
+    rate: float
+    cpu_ms: float
+    p50_ms: float
+    p99_ms: float
+    bad: int
+    load: float
+
+
+def run_once(target: str, round_: int, args: argparse.Namespace, template: Path) -> Sample:
+    receiver = Receiver()
+    server = Serve(target, receiver)
+    try:
+        wrk(POST, server.url, args.clients, args.warmup, template)
+        load = load_average()
+        cpu_before = process_tree_cpu_s(server.proc.pid)
+        data, _ = wrk(POST, server.url, args.clients, args.seconds, template)
+        cpu_s = process_tree_cpu_s(server.proc.pid) - cpu_before
+    finally:
+        server.stop()
+        exports = receiver.exports
+        receiver.stop()
+    ok = data["ok"]
+    sample = Sample(
+        target=target,
+        round=round_,
+        rate=ok / (data["duration_us"] / 1e6),
+        cpu_ms=1000 * cpu_s / ok if ok else 0.0,
+        p50_ms=data["p50_us"] / 1000,
+        p99_ms=data["p99_us"] / 1000,
+        bad=data["bad"] + data["timeouts"] + data["connect_errors"] + data["read_errors"],
+        load=load,
+    )
+    if target.startswith("on") and exports == 0:
+        raise RuntimeError("tracing on, but the receiver got no export")
+    print(
+        f"  round {round_} {target:<16} {sample.rate:8,.0f}/s  cpu {sample.cpu_ms:.3f} ms/req  "
+        f"p50 {sample.p50_ms:.1f}  p99 {sample.p99_ms:.1f} ms  load {load:.1f}"
+        + (f"  exports {exports}" if target.startswith("on") else ""),
+        flush=True,
+    )
+    return sample
+
+
+def report(samples: list[Sample], args: argparse.Namespace) -> str:
+    by: dict[str, list[Sample]] = {t: [s for s in samples if s.target == t] for t in TARGETS}
+    off = statistics.median(s.rate for s in by["installed, off"])
+    off_cpu = statistics.median(s.cpu_ms for s in by["installed, off"])
+    lines = [
+        f"`python bench/tracing_bench.py --rounds {args.rounds} --seconds {args.seconds} "
+        f"--clients {args.clients}` ({datetime.date.today()}, {machine_description()}; "
+        f"median 1-min load average {statistics.median(s.load for s in samples):.1f}):",
+        "",
+        "| target | requests/s (median, min–max) | vs off | CPU ms/request | vs off "
+        "| p50 ms | p99 ms | failed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for target in TARGETS:
+        group = by[target]
+        rate = statistics.median(s.rate for s in group)
+        cpu = statistics.median(s.cpu_ms for s in group)
+        lines.append(
+            f"| {target} | {rate:,.0f} ({min(s.rate for s in group):,.0f}–"
+            f"{max(s.rate for s in group):,.0f}) | {rate / off:.3f}× | {cpu:.3f} "
+            f"| {cpu / off_cpu:.3f}× | {statistics.median(s.p50_ms for s in group):.1f} "
+            f"| {statistics.median(s.p99_ms for s in group):.1f} | {sum(s.bad for s in group)} |"
+        )
+    return "\n".join(lines)
+
+
+def write_docs(text: str) -> None:
+    docs = DOCS.read_text(encoding="utf-8")
+    block = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in docs:
+        start, end = docs.index(BEGIN), docs.index(END) + len(END)
+        docs = docs[:start] + block + docs[end:]
+    else:
+        docs = docs.rstrip("\n") + "\n\n## Tracing overhead\n\n" + block + "\n"
+    DOCS.write_text(docs, encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    template = body_template()
+    samples: list[Sample] = []
+    try:
+        for round_ in range(1, args.rounds + 1):
+            shift = (round_ - 1) % len(TARGETS)
+            for target in TARGETS[shift:] + TARGETS[:shift]:
+                samples.append(run_once(target, round_, args, template))
+    finally:
+        template.unlink(missing_ok=True)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps([asdict(s) for s in samples], indent=1) + "\n")
+    text = report(samples, args)
+    print()
+    print(text)
+    if args.write_docs:
+        write_docs(text)
+
+
+if __name__ == "__main__":
+    main()
