@@ -26,6 +26,7 @@ from flowdecision.ledger import MemoryLedger, SqliteLedger
 from flowdecision.sinks import OutboxSink
 from flowdecision.sinks.dbos import DBOSSink
 from flowdecision.sinks.procrastinate import ProcrastinateSink
+from flowdecision.sinks.relay import OutboxRelay
 from flowdecision.sinks.webhook import WebhookSink
 from tests.dbos_workflows import record_decision
 from tests.helpers import request
@@ -167,3 +168,31 @@ async def test_an_outbox_consumer_continues_the_trace_from_the_row(
     [consumed] = named(spans.get_finished_spans(), "consume")
     assert hex_ids(consumed)[0] == hex_ids(joint)[0]
     assert consumed.parent is not None and consumed.parent.span_id == joint.context.span_id
+
+
+async def test_the_relay_continues_the_trace_from_the_row_into_the_engine(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    path = tmp_path / "flowdecision.db"
+    ledger = await SqliteLedger.open(path)
+    outbox = await OutboxSink(f"sqlite:///{path}").open()
+    try:
+        await Dispatcher("production", outbox, ledger).dispatch(request(decision_id="dec-1"))
+        with WebhookReceiver() as receiver:
+            async with OutboxRelay(outbox, WebhookSink(receiver.url), name="traced") as relay:
+                assert await relay.drain() == 1
+            [(_, headers, _)] = receiver.requests
+    finally:
+        await outbox.close()
+        await ledger.close()
+    finished = spans.get_finished_spans()
+    [joint] = named(finished, "flowdecision.joint_commit")
+    [deliver] = named(finished, "flowdecision.relay.deliver")
+    # The relay's span continues the dispatch's trace from the row's traceparent ...
+    assert deliver.parent is not None and deliver.parent.span_id == joint.context.span_id
+    assert hex_ids(deliver)[0] == hex_ids(joint)[0]
+    attributes = dict(deliver.attributes or {})
+    assert attributes["flowdecision.outbox.seq"] == 1
+    assert attributes["flowdecision.relay.name"] == "traced"
+    # ... and the engine receives the relay's span, in the same trace.
+    assert headers["traceparent"] == traceparent(deliver)

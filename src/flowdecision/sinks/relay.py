@@ -42,9 +42,12 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Self
 
+import flowdecision.tracing as tracing
+
 from ..backoff import full_jitter
 from ..closing import Closable
 from ..errors import FlowDecisionError, InvalidArgumentError, RelayError, SinkConfigError
+from ..model import DecisionRequest
 from .base import Sink, check_sink
 from .cursor import CursorLease, CursorState, LeaseHeld, check_cursor_name
 from .loader import WebhookOptions, close_sink, open_sink
@@ -418,7 +421,10 @@ class OutboxRelay(Closable):
         while True:
             await self._renew_if_due(lease, self._unsaved[0])
             try:
-                await sink.submit(request, row.highest_attempt)
+                if tracing.active():
+                    await self._traced_submit(sink, row, request, retry)
+                else:
+                    await sink.submit(request, row.highest_attempt)
             except asyncio.CancelledError:
                 raise
             except Exception as error:
@@ -437,6 +443,27 @@ class OutboxRelay(Closable):
                 last_delivered_at_ms=_now_ms(),
             )
             return
+
+    async def _traced_submit(
+        self, sink: Sink, row: OutboxEntry, request: DecisionRequest, retry: int
+    ) -> None:
+        """One delivery as a ``flowdecision.relay.deliver`` span continuing the row's trace
+        (the trace of the dispatch that wrote it); the sink passes this span on."""
+        attributes: dict[str, str | int] = {
+            "flowdecision.decision_id": row.decision_id,
+            "flowdecision.run_id": request.run_id,
+            "flowdecision.attempt": row.highest_attempt,
+            "flowdecision.outbox.seq": row.seq,
+            "flowdecision.relay.name": self.name,
+            "flowdecision.relay.retry": retry,
+        }
+        with tracing.span(
+            "flowdecision.relay.deliver",
+            kind=tracing.PRODUCER,
+            parent=tracing.context_of(row.traceparent),
+            attributes=attributes,
+        ):
+            await sink.submit(request, row.highest_attempt)
 
     # -- helpers ------------------------------------------------------------------------
 
