@@ -12,6 +12,7 @@ the receiving side sees the trace of the dispatch that submitted the decision.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -27,8 +28,11 @@ from flowdecision.sinks import OutboxSink
 from flowdecision.sinks.dbos import DBOSSink
 from flowdecision.sinks.procrastinate import ProcrastinateSink
 from flowdecision.sinks.relay import OutboxRelay
+from flowdecision.sinks.temporal import open_temporal_url
 from flowdecision.sinks.webhook import WebhookSink
 from tests.dbos_workflows import record_decision
+from tests.engine_fixtures import TEMPORAL_QUEUE
+from tests.engine_servers import TemporalServer
 from tests.helpers import request
 from tests.otel_support import hex_ids, named, spans_fixture, traceparent  # noqa: F401
 from tests.webhook_receiver import WebhookReceiver
@@ -196,3 +200,30 @@ async def test_the_relay_continues_the_trace_from_the_row_into_the_engine(
     assert attributes["flowdecision.relay.name"] == "traced"
     # ... and the engine receives the relay's span, in the same trace.
     assert headers["traceparent"] == traceparent(deliver)
+
+
+@pytest.mark.usefixtures("temporal_worker")
+async def test_the_temporal_sink_carries_the_trace_in_temporals_headers(
+    temporal_server: TemporalServer, spans: InMemorySpanExporter
+) -> None:
+    url = (
+        f"temporal://{temporal_server.address}/default?task_queue={TEMPORAL_QUEUE}"
+        "&workflow=FlowRun&timeout=30"
+    )
+    sink = await open_temporal_url(url)
+    try:
+        run_id = f"run-{uuid.uuid4().hex[:10]}"
+        decision = request(decision_id=f"dec-{uuid.uuid4().hex[:10]}", run_id=run_id)
+        assert (await Dispatcher("production", sink, MemoryLedger()).dispatch(decision)).submitted
+    finally:
+        await sink.close()
+    finished = spans.get_finished_spans()
+    [submit] = named(finished, "flowdecision.sink.submit")
+    # Temporal's TracingInterceptor recorded the client call as a child of the sink span
+    # and wrote its context into the call's headers, where a traced worker picks it up.
+    temporal = [
+        s for s in finished if s.parent is not None and s.parent.span_id == submit.context.span_id
+    ]
+    assert temporal, [s.name for s in finished]
+    assert all(hex_ids(s)[0] == hex_ids(submit)[0] for s in temporal)
+    assert any("Workflow" in s.name or "Update" in s.name for s in temporal)

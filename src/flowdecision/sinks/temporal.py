@@ -46,6 +46,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import TemporalRunClosedError, TemporalSinkError
 from ..model import DecisionRequest
+from ..tracing import active
 from .delivery import DecisionDelivery, EngineAnswer
 
 if TYPE_CHECKING:
@@ -312,10 +313,20 @@ async def open_temporal_url(url: str) -> TemporalSink:
     from .loader import SinkConfigError
 
     parsed = parse_temporal_url(url)
+    interceptors: list[Any] = []
+    if active():
+        # Tracing on: Temporal's own interceptor carries the decision's trace context
+        # in the workflow's headers (a worker with the same interceptor continues it).
+        from temporalio.contrib.opentelemetry import TracingInterceptor
+
+        interceptors.append(TracingInterceptor())
     try:
         async with asyncio.timeout(parsed.timeout_s):
             client = await Client.connect(
-                parsed.target_host, namespace=parsed.namespace, tls=parsed.tls
+                parsed.target_host,
+                namespace=parsed.namespace,
+                tls=parsed.tls,
+                interceptors=interceptors,
             )
     except Exception as error:
         raise SinkConfigError(
