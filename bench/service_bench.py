@@ -273,14 +273,22 @@ class RawLog:
 class Server:
     """A ``flowdecision serve`` (or ceiling) subprocess; ``url`` once it is ready."""
 
-    def __init__(self, argv: list[str], cwd: Path, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        cwd: Path,
+        timeout_s: float = 60.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.cwd = cwd
         self.stdout_path = cwd / "server.stdout"
         self.stderr_path = cwd / "server.stderr"
         # Files, not pipes: the server never blocks on a full pipe, and this
         # process spends no CPU draining access-log lines during the runs.
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
-            self.proc = subprocess.Popen(argv, cwd=cwd, env=server_env(), stdout=out, stderr=err)
+            self.proc = subprocess.Popen(
+                argv, cwd=cwd, env=env or server_env(), stdout=out, stderr=err
+            )
         self.url = self._wait_ready(timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> str:

@@ -36,11 +36,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ sys.path.insert(0, str(HERE))
 
 from ledger_bench import machine_description  # noqa: E402
 from service_bench import (  # noqa: E402
-    READY_PREFIX,
+    Server,
     Target,
     body_template,
     load_average,
@@ -115,51 +115,32 @@ class Receiver:
         self.server.server_close()
 
 
-class Serve:
+@contextmanager
+def serving(target: str, receiver: Receiver) -> Iterator[Server]:
     """``flowdecision serve --port 0`` in a fresh directory, configured for ``target``."""
-
-    def __init__(self, target: str, receiver: Receiver) -> None:
-        self.cwd = Path(tempfile.mkdtemp(prefix="tracing-bench-"))
-        env = server_env()
-        argv = [sys.executable, "-m", "flowdecision.cli", "serve", "--port", "0"]
-        if target == "not installed":
-            site = self.cwd / "site"
-            site.mkdir()
-            (site / "sitecustomize.py").write_text(_BLOCKER)
-            env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
-        elif target == "on (ratio 1.0)":
-            argv.append("--otel")
-            env.update(
-                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
-                OTEL_TRACES_SAMPLER="always_on",
-                OTEL_SERVICE_NAME="flowdecision-bench",
-            )
-        self.stdout = self.cwd / "server.stdout"
-        with self.stdout.open("wb") as out, (self.cwd / "server.stderr").open("wb") as err:
-            self.proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdout=out, stderr=err)
-        self.url = self._ready()
-
-    def _ready(self) -> str:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for line in self.stdout.read_text(errors="replace").splitlines():
-                if line.startswith(READY_PREFIX):
-                    return line[len(READY_PREFIX) :].strip()
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"server did not start: {(self.cwd / 'server.stderr').read_text()}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.cwd, ignore_errors=True)
+    cwd = Path(tempfile.mkdtemp(prefix="tracing-bench-"))
+    env = server_env()
+    argv = [sys.executable, "-m", "flowdecision.cli", "serve", "--port", "0"]
+    if target == "not installed":
+        site = cwd / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(_BLOCKER)
+        env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
+    elif target == "on (ratio 1.0)":
+        argv.append("--otel")
+        env.update(
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_TRACES_SAMPLER="always_on",
+            OTEL_SERVICE_NAME="flowdecision-bench",
+        )
+    try:
+        server = Server(argv, cwd, env=env)
+        try:
+            yield server
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(cwd, ignore_errors=True)
 
 
 @dataclass
@@ -176,15 +157,14 @@ class Sample:
 
 def run_once(target: str, round_: int, args: argparse.Namespace, template: Path) -> Sample:
     receiver = Receiver()
-    server = Serve(target, receiver)
     try:
-        wrk(POST, server.url, args.clients, args.warmup, template)
-        load = load_average()
-        cpu_before = process_tree_cpu_s(server.proc.pid)
-        data, _ = wrk(POST, server.url, args.clients, args.seconds, template)
-        cpu_s = process_tree_cpu_s(server.proc.pid) - cpu_before
+        with serving(target, receiver) as server:
+            wrk(POST, server.url, args.clients, args.warmup, template)
+            load = load_average()
+            cpu_before = process_tree_cpu_s(server.proc.pid)
+            data, _ = wrk(POST, server.url, args.clients, args.seconds, template)
+            cpu_s = process_tree_cpu_s(server.proc.pid) - cpu_before
     finally:
-        server.stop()
         exports = receiver.exports
         receiver.stop()
     ok = data["ok"]

@@ -153,18 +153,24 @@ async def test_a_dbos_workflow_span_is_a_child_of_the_sink_span(
     assert workflow.parent.span_id == submit.context.span_id  # type: ignore[attr-defined]
 
 
-async def test_an_outbox_consumer_continues_the_trace_from_the_row(
-    tmp_path: Path, spans: InMemorySpanExporter
-) -> None:
+@pytest.fixture
+async def dispatched(tmp_path: Path, spans: InMemorySpanExporter) -> AsyncIterator[OutboxSink]:
+    """The default layout with decision ``dec-1`` dispatched (tracing on): its outbox."""
     path = tmp_path / "flowdecision.db"
     ledger = await SqliteLedger.open(path)
     outbox = await OutboxSink(f"sqlite:///{path}").open()
     try:
         await Dispatcher("production", outbox, ledger).dispatch(request(decision_id="dec-1"))
-        [entry] = await outbox.fetch(after=0)
+        yield outbox
     finally:
         await outbox.close()
         await ledger.close()
+
+
+async def test_an_outbox_consumer_continues_the_trace_from_the_row(
+    dispatched: OutboxSink, spans: InMemorySpanExporter
+) -> None:
+    [entry] = await dispatched.fetch(after=0)
     parent = tracing.context_of(entry.traceparent)
     with trace.get_tracer("consumer").start_as_current_span("consume", context=parent):
         pass
@@ -175,20 +181,12 @@ async def test_an_outbox_consumer_continues_the_trace_from_the_row(
 
 
 async def test_the_relay_continues_the_trace_from_the_row_into_the_engine(
-    tmp_path: Path, spans: InMemorySpanExporter
+    dispatched: OutboxSink, spans: InMemorySpanExporter
 ) -> None:
-    path = tmp_path / "flowdecision.db"
-    ledger = await SqliteLedger.open(path)
-    outbox = await OutboxSink(f"sqlite:///{path}").open()
-    try:
-        await Dispatcher("production", outbox, ledger).dispatch(request(decision_id="dec-1"))
-        with WebhookReceiver() as receiver:
-            async with OutboxRelay(outbox, WebhookSink(receiver.url), name="traced") as relay:
-                assert await relay.drain() == 1
-            [(_, headers, _)] = receiver.requests
-    finally:
-        await outbox.close()
-        await ledger.close()
+    with WebhookReceiver() as receiver:
+        async with OutboxRelay(dispatched, WebhookSink(receiver.url), name="traced") as relay:
+            assert await relay.drain() == 1
+        [(_, headers, _)] = receiver.requests
     finished = spans.get_finished_spans()
     [joint] = named(finished, "flowdecision.joint_commit")
     [deliver] = named(finished, "flowdecision.relay.deliver")
