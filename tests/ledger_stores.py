@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flowdecision.ledger import JsonFileLedger, Ledger, MemoryLedger
-from flowdecision.ledger.jsonfile import DATA_FILE
+from flowdecision.ledger.jsonfile import AUDIT_FILE, DATA_FILE, SIDE_FILE
 from flowdecision.ledger.sqlite import SqliteLedger
 
 BACKENDS = ("memory", "file", "sqlite", "postgres")
@@ -80,11 +80,12 @@ class LedgerStore:
         """Empty the store (every open instance sees the empty store)."""
         if self.kind == "memory":
             if self._memory is not None:
-                self._memory._records.clear()
+                for kept in (self._memory._records, self._memory._created):
+                    kept.clear()
+                self._memory._audit_trail.clear()
         elif self.kind == "file":
-            with_path = self.root / DATA_FILE
-            if with_path.exists():
-                with_path.unlink()
+            for name in (DATA_FILE, SIDE_FILE, AUDIT_FILE):
+                (self.root / name).unlink(missing_ok=True)
         elif self.kind == "sqlite":
             import sqlite3
 
@@ -99,7 +100,8 @@ class LedgerStore:
 
             conn = await asyncpg.connect(self.pg_url)
             try:
-                await conn.execute("TRUNCATE flowdecision_claims")
+                # TRUNCATE passes the audit table's append-only rules (DELETE would not).
+                await conn.execute("TRUNCATE flowdecision_claims, flowdecision_audit")
             finally:
                 await conn.close()
 

@@ -25,7 +25,7 @@ import pytest
 
 from flowdecision import LedgerCorruptError, LedgerSchemaError, LedgerUnavailableError
 from flowdecision.ledger import Claimed, JsonFileLedger, Pending
-from flowdecision.ledger.jsonfile import DATA_FILE, LOCK_FILE
+from flowdecision.ledger.jsonfile import DATA_FILE, LOCK_FILE, SIDE_FILE
 from flowdecision.ledger.sqlite import SqliteLedger
 
 HASH = "h" * 64
@@ -293,12 +293,12 @@ async def _claim_once(path: Path) -> object:
 def test_file_ledger_in_a_read_only_directory(shared_dir: Path) -> None:
     directory = _make_readonly_dir(shared_dir)
     asyncio.run(JsonFileLedger(directory).claim("a", HASH, "o", lease_ms=5, now_ms=1))
-    data, lock = directory / DATA_FILE, directory / LOCK_FILE
-    _hand_to_nobody(data, lock)
-    os.chmod(data, 0o666)
-    os.chmod(lock, 0o666)
+    data, lock, side = directory / DATA_FILE, directory / LOCK_FILE, directory / SIDE_FILE
+    _hand_to_nobody(data, lock, side)
+    for path in (data, lock, side):
+        os.chmod(path, 0o666)
     os.chmod(directory, 0o555)
-    content = data.read_bytes()
+    content, side_content = data.read_bytes(), side.read_bytes()
     assert _in_child(lambda: _probe_write(directory)) == ("ok", "refused")
 
     def claim() -> str:
@@ -307,9 +307,10 @@ def test_file_ledger_in_a_read_only_directory(shared_dir: Path) -> None:
 
     kind, message = _in_child(claim)
     assert kind == "LedgerUnavailableError", message
-    assert f"write decision ledger `{data}`" in message and "Permission denied" in message
-    assert data.read_bytes() == content
-    assert sorted(p.name for p in directory.iterdir()) == sorted([DATA_FILE, LOCK_FILE])
+    # The file beside the ledger (the new claim's run) is written first: it is refused.
+    assert f"write decision ledger `{side}`" in message and "Permission denied" in message
+    assert (data.read_bytes(), side.read_bytes()) == (content, side_content)
+    assert sorted(p.name for p in directory.iterdir()) == sorted([DATA_FILE, LOCK_FILE, SIDE_FILE])
     os.chmod(directory, 0o777)
     assert _in_child(claim) == ("ok", "Claimed(attempt=1)")
 

@@ -16,8 +16,10 @@ import pytest
 
 from flowdecision import open_ledger, request_hash
 from flowdecision.errors import LedgerSchemaError
-from flowdecision.ledger import Claimed, PostgresLedger, SqliteLedger
+from flowdecision.ledger import AlreadyCompleted, Claimed, PostgresLedger, SqliteLedger
+from flowdecision.ledger.query import DecisionQuery
 from flowdecision.ledger.rows import LEDGER
+from flowdecision.ledger.states import DecisionState
 from flowdecision.sinks import OutboxSchemaError, OutboxSink
 from flowdecision.sinks.outbox import OUTBOX_SCHEMA_VERSION
 from flowdecision.store import Component
@@ -65,6 +67,14 @@ async def test_a_sqlite_ledger_left_by_an_earlier_release_opens_without_manual_s
     path = tmp_path / "ledger.db"
     _legacy_sqlite_ledger(path)
     assert LEDGER.version_table not in _tables(path)
+    done = {"request_hash": "h1", "status": "completed", "owner_id": "o", "lease_expires_at_ms": 0,
+            "attempts": 2, "completed_at_ms": 500}  # fmt: skip
+    with sqlite3.connect(path) as conn:  # a record the earlier release completed
+        conn.execute(
+            "INSERT INTO flowdecision_claims (decision_id, status, completed_at_ms, record) "
+            "VALUES ('old-1', 'completed', 500, ?)",
+            (json.dumps(done, separators=(",", ":")),),
+        )
 
     # Read-only opening never writes: an older schema is refused, saying what to do.
     with pytest.raises(LedgerSchemaError, match="older than version"):
@@ -76,6 +86,10 @@ async def test_a_sqlite_ledger_left_by_an_earlier_release_opens_without_manual_s
         assert await ledger.migrate() == (1, LEDGER_VERSION)  # what opening found, and did
         hash_ = request_hash(request(decision_id="dec-1"))
         assert await ledger.claim("dec-1", hash_, "owner", lease_ms=60_000) == Claimed(1)
+        # The earlier release's record survived, and queries see it (created = completed).
+        assert await ledger.claim("old-1", "h1", "x", lease_ms=5) == AlreadyCompleted()
+        page = await ledger.list_decisions(DecisionQuery(state=DecisionState.COMPLETED))
+        assert [(row.decision_id, row.created_at_ms) for row in page.decisions] == [("old-1", 500)]
     finally:
         await ledger.close()
     # Opening applied the migrations after version 1 and recorded every version.

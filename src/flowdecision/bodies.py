@@ -96,12 +96,18 @@ class ReceiptBody(TypedDict):
 
 
 class OutcomeBody(TypedDict):
-    """``POST /v1/decisions`` succeeded: 201 ``submitted`` or 200 ``duplicate``."""
+    """``POST /v1/decisions`` succeeded: 201 ``submitted`` or 200 ``duplicate``.
+
+    ``receipt_digest`` is present only for a duplicate of a decision pruned to
+    a tombstone: ``receipt`` is then null and this is the digest the tombstone
+    kept of it.
+    """
 
     outcome: Literal["submitted", "duplicate"]
     decision_id: str
     attempt: Positive | None
     receipt: ReceiptBody | None
+    receipt_digest: NotRequired[Annotated[str, Schema(pattern="^sha256:[0-9a-f]{64}$")]]
 
 
 class DecisionStateBody(TypedDict):

@@ -52,6 +52,7 @@ from .errors import (
 )
 from .health import HealthMetrics, HealthSnapshot
 from .identity import ExecutionIdentity, ResultReceipt, decision_receipt
+from .ledger.machine import DecisionOrigin
 from .ledger.memory import MemoryLedger
 from .ledger.protocol import ClaimKey, Ledger
 from .ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict
@@ -89,6 +90,8 @@ class DispatchOutcome:
     decision_id: str
     attempt: int | None
     receipt: ResultReceipt | None
+    #: Set for a duplicate of a decision pruned to a tombstone (``receipt`` is None).
+    receipt_digest: str | None = None
 
     def __bool__(self) -> bool:
         return self.submitted
@@ -99,13 +102,17 @@ class DispatchOutcome:
         return "submitted" if self.submitted else "duplicate"
 
     def to_dict(self) -> OutcomeBody:
-        """The service's JSON body: ``outcome``, ``decision_id``, ``attempt``, ``receipt``."""
-        return {
+        """The service's JSON body: ``outcome``, ``decision_id``, ``attempt``, ``receipt``
+        (and ``receipt_digest`` for a tombstone's duplicate)."""
+        body: OutcomeBody = {
             "outcome": self.outcome,
             "decision_id": self.decision_id,
             "attempt": self.attempt,
             "receipt": self.receipt.to_dict() if self.receipt is not None else None,
         }
+        if self.receipt_digest is not None:
+            body["receipt_digest"] = self.receipt_digest
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,7 +541,12 @@ class Dispatcher:
         try:
             with step("flowdecision.claim"):
                 outcome = await ledger.claim(
-                    decision_id, hash_, self.owner_id, lease_ms=self.lease_ms, identity=identity
+                    decision_id,
+                    hash_,
+                    self.owner_id,
+                    lease_ms=self.lease_ms,
+                    identity=identity,
+                    origin=DecisionOrigin(request.run_id, request.causation_event_id),
                 )
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
@@ -588,6 +600,7 @@ class Dispatcher:
                     receipt=receipt,
                     write=write,
                     traceparent=trace,
+                    origin=DecisionOrigin(request.run_id, request.causation_event_id),
                 )
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
@@ -627,7 +640,9 @@ class Dispatcher:
 
     async def _duplicate(self, decision_id: str, done: AlreadyCompleted) -> DispatchOutcome:
         if done.attempts is not None:  # every built-in ledger says what it stored
-            return DispatchOutcome(False, decision_id, done.attempts, done.receipt)
+            return DispatchOutcome(
+                False, decision_id, done.attempts, done.receipt, done.receipt_digest
+            )
         try:  # a ledger that does not: one read
             entry = await self.ledger.lookup(decision_id)
         except LedgerError as error:

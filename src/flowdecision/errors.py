@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 __all__ = [
+    "ActionRefusedError",
     "ConfigError",
     "DBOSSinkError",
     "DecisionBusyError",
@@ -66,6 +67,7 @@ __all__ = [
     "TemporalRunClosedError",
     "TemporalSinkError",
     "UnauthorizedBranchError",
+    "UnknownDecisionError",
     "WalUnavailableError",
     "WebhookError",
     "WebhookRejectedError",
@@ -144,6 +146,19 @@ class StoreFullError(LedgerUnavailableError):
     """
 
     code: ClassVar[str] = "store_full"
+
+
+class ActionRefusedError(LedgerError):
+    """An operator action (release, forget) does not apply to the decision's state,
+    e.g. releasing a completed decision or forgetting a pending one. Nothing changed."""
+
+    code: ClassVar[str] = "action_refused"
+
+
+class UnknownDecisionError(ActionRefusedError):
+    """An operator action named a decision the ledger holds no record of."""
+
+    code: ClassVar[str] = "not_found"
 
 
 class StoreMissingError(LedgerError):

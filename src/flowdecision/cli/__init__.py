@@ -14,6 +14,7 @@ from .chaos import chaos
 from .common import CleanErrorsGroup
 from .demo import demo
 from .ledger_cmds import inspect_cmd, migrate_cmd, prune_cmd
+from .ops_cmds import audit_cmd, forget_cmd, list_cmd, release_cmd
 from .relay import cursors_cmd, relay_cmd
 from .serve import outbox, serve_cmd
 from .submit import submit_cmd
@@ -29,6 +30,10 @@ def cli() -> None:
 
 cli.add_command(inspect_cmd)
 cli.add_command(prune_cmd)
+cli.add_command(list_cmd)
+cli.add_command(release_cmd)
+cli.add_command(forget_cmd)
+cli.add_command(audit_cmd)
 cli.add_command(migrate_cmd)
 cli.add_command(demo)
 cli.add_command(chaos)

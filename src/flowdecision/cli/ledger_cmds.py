@@ -87,15 +87,43 @@ def inspect_cmd(ledger_url: str, decision_id: str, request_hash: str | None, as_
     help="Prune completions before this epoch ms.",
 )
 @click.option("--older-than", help="Prune completions older than this age, e.g. 7d, 12h.")
+@click.option(
+    "--keep-tombstones",
+    is_flag=True,
+    help="Keep a tombstone of each pruned decision (id, request hash, attempts, completion "
+    "time, receipt digest), so a late duplicate is still a duplicate.",
+)
+@click.option(
+    "--tombstones-before",
+    type=click.IntRange(min=0),
+    help="Also delete tombstones of decisions completed before this epoch ms: the dedup horizon.",
+)
+@click.option("--tombstones-older-than", help="The same, as an age, e.g. 90d.")
 @json_option
 def prune_cmd(
-    ledger_url: str, before_ms: int | None, older_than: str | None, as_json: bool
+    ledger_url: str,
+    before_ms: int | None,
+    older_than: str | None,
+    keep_tombstones: bool,
+    tombstones_before: int | None,
+    tombstones_older_than: str | None,
+    as_json: bool,
 ) -> None:
     """Remove completed records older than a cutoff (pending claims are kept).
 
-    A missing ledger is reported (exit 4), never created.
+    By default a pruned decision is gone and its id can be submitted again (the
+    seed's behaviour). ``--keep-tombstones`` keeps a few dozen bytes of each, so
+    dedup outlives pruning until ``--tombstones-before`` removes them. A
+    missing ledger is reported (exit 4), never created.
     """
-    if (before_ms is None) == (older_than is None):
+    records = before_ms is not None or older_than is not None
+    tombstones = tombstones_before is not None or tombstones_older_than is not None
+    if (before_ms is not None and older_than is not None) or (
+        tombstones_before is not None and tombstones_older_than is not None
+    ):
+        fail("give a cutoff once: --before or --older-than, --tombstones-before or "
+             "--tombstones-older-than", EXIT_USAGE)  # fmt: skip
+    if not records and not tombstones:
         fail("give exactly one of --before MS or --older-than AGE", EXIT_USAGE)
 
     def show(total: int) -> None:
@@ -103,26 +131,52 @@ def prune_cmd(
         if not as_json:
             click.echo(f"\rpruning... {total} removed", nl=False, err=True)
 
-    async def go() -> tuple[int, int]:
+    def cutoff_of(ms: int | None, age: str | None, now: int) -> int | None:
+        if age is not None:
+            return max(now - parse_duration_ms(age), 0)
+        return ms
+
+    async def go() -> dict[str, Any]:
         ledger: Ledger = await open_ledger(ledger_url, create=False)
         try:
-            cutoff = before_ms
-            if cutoff is None:
-                assert older_than is not None
-                cutoff = max(ledger.now_ms() - parse_duration_ms(older_than), 0)
-            return cutoff, await ledger.prune_completed(cutoff, progress=show)
+            report: dict[str, Any] = {}
+            now = ledger.now_ms()
+            cutoff = cutoff_of(before_ms, older_than, now)
+            if cutoff is not None:
+                report["before_ms"] = cutoff
+                report["pruned"] = await ledger.prune_completed(
+                    cutoff, progress=show, keep_tombstones=keep_tombstones or None
+                )
+                if keep_tombstones or getattr(ledger, "keep_tombstones", False):
+                    report["tombstones_kept"] = True  # absent otherwise: the seed's shape
+            horizon = cutoff_of(tombstones_before, tombstones_older_than, now)
+            if horizon is not None:
+                report["tombstones_before_ms"] = horizon
+                report["tombstones_pruned"] = await ledger.prune_tombstones(horizon)
+            return report
         finally:
             await ledger.close()
 
-    if older_than is not None:
-        parse_duration_ms(older_than)  # usage errors before touching the store
-    cutoff, removed = run(go)
-    if not as_json:
+    for age in (older_than, tombstones_older_than):
+        if age is not None:
+            parse_duration_ms(age)  # usage errors before touching the store
+    report = run(go)
+    if records and not as_json:
         click.echo("", err=True)
     if as_json:
-        emit_json({"before_ms": cutoff, "pruned": removed})
-    else:
-        click.echo(f"pruned {removed} completed decision(s) completed before {cutoff}")
+        emit_json(report)
+        return
+    if "pruned" in report:
+        kept = " (tombstones kept)" if report.get("tombstones_kept") else ""
+        click.echo(
+            f"pruned {report['pruned']} completed decision(s) completed before "
+            f"{report['before_ms']}{kept}"
+        )
+    if "tombstones_pruned" in report:
+        click.echo(
+            f"removed {report['tombstones_pruned']} tombstone(s) of decisions completed before "
+            f"{report['tombstones_before_ms']}"
+        )
 
 
 @click.command("migrate")

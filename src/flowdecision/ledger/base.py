@@ -7,9 +7,16 @@ storage backend subclasses :class:`StoredLedger` and supplies only:
   and, if the transition changed it, store the new record -- all atomically
   with respect to every other writer of the same store;
 * ``_read(decision_id)``: load one record (a consistent snapshot);
-* ``_prune(before_ms, progress)``: delete the records :func:`machine.is_prunable`
-  selects (in batches where the store is large), reporting progress;
+* ``_prune(before_ms, progress, mode)``: delete the records :func:`machine.is_prunable`
+  selects, or turn them into tombstones, or delete old tombstones
+  (:class:`PruneMode`; in batches where the store is large), reporting progress;
+* ``_act(decision_id, op)``: an operator action: load, transform (or delete),
+  and append the audit entry it returns, in one transaction;
+* ``_list``, ``_count``, ``_audit``: the operator queries (scans or indexes);
 * ``now_ms()``: the backend's clock (the database clock for PostgreSQL).
+
+A transition that creates a record carries its :class:`~.machine.Creation`
+(first-claim time, run, causing event): backends keep it beside the record.
 
 Argument validation, identity fencing and receipt binding live here, so every
 backend enforces exactly the same rules.
@@ -21,6 +28,7 @@ import abc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import TypeVar
 
 from ..errors import LedgerError
@@ -28,15 +36,17 @@ from ..identity import ExecutionIdentity, ResultReceipt
 from ..limits import IDENTIFIER_FIELDS, check_identifier
 from ..store.joint import JointWrite
 from . import machine
-from .machine import ClaimRecord, Transition, check_u64
+from .machine import ClaimRecord, DecisionOrigin, Transition, check_u64
 from .protocol import Ledger, LedgerEntry, PruneProgress
-from .states import ClaimOutcome, ClaimState, JointOutcome
+from .query import AuditPage, AuditQuery, DecisionPage, DecisionQuery
+from .states import AuditEntry, ClaimOutcome, ClaimState, JointOutcome
 
 __all__ = [
     "JointOperation",
     "Ledger",
     "LedgerEntry",
     "Operation",
+    "PruneMode",
     "PruneProgress",
     "StoredLedger",
     "wall_clock_ms",
@@ -68,6 +78,28 @@ class JointOperation:
     claim: Operation[ClaimOutcome]
     complete: Operation[bool]
     write: JointWrite
+
+
+class PruneMode(Enum):
+    """What a prune does with the records it selects."""
+
+    #: The seed's prune: delete completed records completed before the cutoff.
+    DELETE = "delete"
+    #: ``--keep-tombstones``: replace those records with their tombstones.
+    TOMBSTONE = "tombstone"
+    #: ``--tombstones-before``: delete tombstones of decisions completed before the cutoff.
+    TOMBSTONES = "tombstones"
+
+    def selects(self, record: ClaimRecord, before_ms: int) -> bool:
+        """Whether this prune acts on ``record`` (the rule the SQL mirrors)."""
+        if self is PruneMode.TOMBSTONES:
+            return machine.is_tombstone_prunable(record, before_ms)
+        return machine.is_prunable(record, before_ms)
+
+
+#: Longest actor and reason of an operator action (characters).
+ACTOR_MAX = 200
+REASON_MAX = 2000
 
 
 def wall_clock_ms() -> int:
@@ -142,6 +174,9 @@ class StoredLedger(Ledger):
     backend enforces exactly the same rules.
     """
 
+    #: What :meth:`prune_completed` does when not told: keep tombstones or not.
+    keep_tombstones: bool = False
+
     # -- storage primitives -------------------------------------------------
 
     @abc.abstractmethod
@@ -153,11 +188,32 @@ class StoredLedger(Ledger):
         """Load one record, or None."""
 
     @abc.abstractmethod
-    async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
-        """Delete every record :func:`machine.is_prunable` selects; return the count.
+    async def _prune(self, before_ms: int, progress: PruneProgress | None, mode: PruneMode) -> int:
+        """Act on every record ``mode.selects``; return the count.
 
+        DELETE and TOMBSTONES delete; TOMBSTONE replaces each record with
+        :func:`machine.tombstone_of` (its creation and origin stay).
         Call ``progress(total_so_far)`` after each committed batch.
         """
+
+    @abc.abstractmethod
+    async def _act(self, decision_id: str, op: Operation[AuditEntry]) -> AuditEntry:
+        """Atomically: load, ``op`` (its record stored, or deleted when None), append its entry.
+
+        The store assigns the entry's ``seq``; the returned entry carries it.
+        """
+
+    @abc.abstractmethod
+    async def _list(self, query: DecisionQuery, now_ms: int) -> DecisionPage:
+        """One page for ``query`` (:func:`~.query.scan_page` is the reference answer)."""
+
+    @abc.abstractmethod
+    async def _count(self, query: DecisionQuery, now_ms: int) -> int:
+        """How many decisions ``query`` selects."""
+
+    @abc.abstractmethod
+    async def _audit(self, query: AuditQuery) -> AuditPage:
+        """A page of the audit trail."""
 
     async def _apply_joint(self, decision_id: str, joint: JointOperation) -> JointOutcome:
         """Atomically claim, write the joint row and complete (see :class:`JointOperation`).
@@ -181,9 +237,27 @@ class StoredLedger(Ledger):
         lease_ms: int,
         now_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
+        origin: DecisionOrigin | None = None,
     ) -> ClaimOutcome:
+        if origin is None:
+            rule: _LeaseRule[ClaimOutcome] = machine.claim
+        else:
+            _check_origin(origin)
+
+            def rule(
+                record: ClaimRecord | None,
+                request_hash: str,
+                identity: ExecutionIdentity | None,
+                owner_id: str,
+                now_ms: int,
+                lease_ms: int,
+            ) -> Transition[ClaimOutcome]:
+                return machine.claim(
+                    record, request_hash, identity, owner_id, now_ms, lease_ms, origin
+                )
+
         return await self._leased(
-            machine.claim, decision_id, request_hash, owner_id, lease_ms, now_ms, identity
+            rule, decision_id, request_hash, owner_id, lease_ms, now_ms, identity
         )
 
     async def renew(
@@ -267,8 +341,11 @@ class StoredLedger(Ledger):
         receipt: ResultReceipt,
         write: JointWrite,
         traceparent: str | None = None,
+        origin: DecisionOrigin | None = None,
     ) -> JointOutcome:
         _check_owned(decision_id, request_hash, owner_id)
+        if origin is not None:
+            _check_origin(origin)
         check_u64("lease_ms", lease_ms)
         _check_identity(identity)
         _check_receipt(identity, receipt)
@@ -285,7 +362,7 @@ class StoredLedger(Ledger):
             )
 
         def claim(record: ClaimRecord | None, clock: int) -> Transition[ClaimOutcome]:
-            return machine.claim(record, request_hash, identity, owner_id, clock, lease_ms)
+            return machine.claim(record, request_hash, identity, owner_id, clock, lease_ms, origin)
 
         trace = _check_traceparent(traceparent)
 
@@ -347,6 +424,74 @@ class StoredLedger(Ledger):
         return None if record is None else record.result_receipt
 
     async def prune_completed(
+        self,
+        before_ms: int,
+        *,
+        progress: PruneProgress | None = None,
+        keep_tombstones: bool | None = None,
+    ) -> int:
+        keep = self.keep_tombstones if keep_tombstones is None else bool(keep_tombstones)
+        mode = PruneMode.TOMBSTONE if keep else PruneMode.DELETE
+        return await self._prune(check_u64("before_ms", before_ms), progress, mode)
+
+    async def prune_tombstones(
         self, before_ms: int, *, progress: PruneProgress | None = None
     ) -> int:
-        return await self._prune(check_u64("before_ms", before_ms), progress)
+        return await self._prune(check_u64("before_ms", before_ms), progress, PruneMode.TOMBSTONES)
+
+    async def _query_clock(self) -> int:
+        """The time operator queries judge leases by (PostgreSQL: the database's)."""
+        return self.now_ms()
+
+    async def list_decisions(
+        self, query: DecisionQuery, *, now_ms: int | None = None
+    ) -> DecisionPage:
+        now = await self._query_clock() if now_ms is None else check_u64("now_ms", now_ms)
+        return await self._list(query, now)
+
+    async def count_decisions(self, query: DecisionQuery, *, now_ms: int | None = None) -> int:
+        now = await self._query_clock() if now_ms is None else check_u64("now_ms", now_ms)
+        return await self._count(query.counting(), now)
+
+    async def operator_release(self, decision_id: str, *, actor: str, reason: str) -> AuditEntry:
+        entry = _action_entry("release", decision_id, actor, reason)
+        return await self._act(
+            decision_id,
+            lambda record, clock: machine.operator_release(record, _at(entry, clock), clock),
+        )
+
+    async def forget(self, decision_id: str, *, actor: str, reason: str) -> AuditEntry:
+        entry = _action_entry("forget", decision_id, actor, reason)
+        return await self._act(
+            decision_id,
+            lambda record, clock: machine.forget(record, _at(entry, clock), clock),
+        )
+
+    async def audit(self, query: AuditQuery) -> AuditPage:
+        return await self._audit(query)
+
+
+def _check_origin(origin: DecisionOrigin) -> None:
+    if not isinstance(origin, DecisionOrigin):
+        raise LedgerError(f"`origin` must be a DecisionOrigin, got {type(origin).__name__}")
+    for name in ("run_id", "causation_event_id"):
+        value = getattr(origin, name)
+        if value is not None:
+            _check_texts(**{name: value})
+
+
+def _action_entry(action: str, decision_id: str, actor: str, reason: str) -> AuditEntry:
+    """The audit entry an action starts from (validated); the rule fills in the rest."""
+    _check_texts(decision_id=decision_id, actor=actor, reason=reason)
+    for name, value, longest in (("actor", actor, ACTOR_MAX), ("reason", reason, REASON_MAX)):
+        if not value.strip():
+            raise LedgerError(f"an operator action needs a non-empty `{name}`")
+        if len(value) > longest:
+            raise LedgerError(f"`{name}` is longer than {longest} characters")
+    return AuditEntry(0, 0, action, decision_id, actor, reason, "", 0)
+
+
+def _at(entry: AuditEntry, clock: int) -> AuditEntry:
+    return AuditEntry(
+        entry.seq, clock, entry.action, entry.decision_id, entry.actor, entry.reason, "", 0
+    )

@@ -6,6 +6,16 @@ Python host can share one directory: same file name, same lock file, same
 encoding. Every mutation rewrites the whole file (as the seed does), so its cost
 grows with the number of retained records and it stops at 16 MiB; use the
 SQLite ledger for anything large.
+
+What the seed's file cannot hold lives **beside** it, never in it:
+``flow-decisions.ops.json`` keeps each decision's first-claim time, run and
+causing event (for operator queries) and the tombstones ``prune
+--keep-tombstones`` leaves; ``flow-decisions.audit.jsonl`` is the append-only
+audit trail of operator actions. Both are written under the same lock, before
+the ledger file, so a crash can leave an audit line or a creation time for a
+change the ledger file never got, never the reverse. A Rust host sharing the
+directory ignores them (its claims just carry no run). Operator queries read
+everything and scan it (no index).
 """
 
 from __future__ import annotations
@@ -29,14 +39,27 @@ from ..errors import (
 )
 from ..jsonwire import encode_json
 from ..limits import JSON_LEDGER_MAX_BYTES
-from .base import Operation, PruneProgress, StoredLedger
-from .machine import ClaimRecord, is_prunable
+from .base import Operation, PruneMode, PruneProgress, StoredLedger
+from .machine import ClaimRecord, ClaimStatus, Creation, DecisionOrigin, tombstone_of
+from .query import (
+    AuditPage,
+    AuditQuery,
+    DecisionPage,
+    DecisionQuery,
+    StoredDecision,
+    scan_audit,
+    scan_count,
+    scan_page,
+)
+from .states import AuditEntry
 
 __all__ = [
+    "AUDIT_FILE",
     "DATA_FILE",
     "LOCK_FILE",
     "MAX_DECISION_LEDGER_BYTES",
     "SCHEMA_VERSION",
+    "SIDE_FILE",
     "JsonFileLedger",
     "decode_ledger",
     "encode_ledger",
@@ -48,6 +71,10 @@ MAX_DECISION_LEDGER_BYTES = JSON_LEDGER_MAX_BYTES
 SCHEMA_VERSION = 1
 DATA_FILE = "flow-decisions.json"
 LOCK_FILE = ".flow-decisions.lock"
+#: Beside the seed's file: creation times, runs and tombstones (not the seed's format).
+SIDE_FILE = "flow-decisions.ops.json"
+#: Beside the seed's file: the audit trail, one JSON object per line.
+AUDIT_FILE = "flow-decisions.audit.jsonl"
 _TEMP_PREFIX = "flow-decisions.tmp-"
 
 
@@ -81,9 +108,60 @@ def decode_ledger(data: bytes, path: Path) -> dict[str, ClaimRecord]:
             f"decode decision ledger `{path}`: missing or invalid field `records`"
         )
     try:
-        return {key: ClaimRecord.from_dict(key, value) for key, value in raw.items()}
+        records = {key: ClaimRecord.from_dict(key, value) for key, value in raw.items()}
     except LedgerCorruptError as error:
         raise LedgerCorruptError(f"{error} (file `{path}`)") from error
+    for key, record in records.items():
+        if record.status is ClaimStatus.TOMBSTONE:
+            raise LedgerCorruptError(
+                f"decision `{key}` is a tombstone, which the seed's file never holds "
+                f"(file `{path}`)"
+            )
+    return records
+
+
+class _Side:
+    """What the JSON ledger keeps beside the seed's file (``SIDE_FILE``)."""
+
+    def __init__(self) -> None:
+        self.created: dict[str, Creation] = {}
+        self.tombstones: dict[str, ClaimRecord] = {}
+        self.changed = False
+        #: Tombstones changed: written (fsynced) before the ledger file. Otherwise
+        #: only creation times and runs changed, which a crash may lose harmlessly
+        #: (queries then fall back, as for records from before them): written after
+        #: the ledger file without fsync, so a claim costs one durable write, as before.
+        self.durable = False
+
+    @classmethod
+    def decode(cls, data: bytes, path: Path) -> _Side:
+        side = cls()
+        try:
+            document = json.loads(data)
+            for key, value in document["created"].items():
+                origin = DecisionOrigin(value.get("run_id"), value.get("causation_event_id"))
+                side.created[key] = Creation(int(value["at_ms"]), origin)
+            for key, value in document["tombstones"].items():
+                side.tombstones[key] = ClaimRecord.from_dict(key, value)
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as error:
+            raise LedgerCorruptError(
+                f"decode decision ledger side file `{path}`: {error}"
+            ) from error
+        return side
+
+    def encode(self) -> bytes:
+        created = {
+            key: {
+                "at_ms": value.at_ms,
+                "run_id": None if value.origin is None else value.origin.run_id,
+                "causation_event_id": (
+                    None if value.origin is None else value.origin.causation_event_id
+                ),
+            }
+            for key, value in sorted(self.created.items())
+        }
+        tombstones = {key: value.to_dict() for key, value in sorted(self.tombstones.items())}
+        return encode_json({"schema_version": 1, "created": created, "tombstones": tombstones})
 
 
 def encode_ledger(records: dict[str, ClaimRecord]) -> bytes:
@@ -106,10 +184,15 @@ class JsonFileLedger(StoredLedger):
     raises :class:`~flowdecision.errors.StoreMissingError`.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, create: bool = True, keep_tombstones: bool = False
+    ) -> None:
         self.root = Path(root)
         self.create = bool(create)
+        self.keep_tombstones = bool(keep_tombstones)
         self.path = self.root / DATA_FILE
+        self.side_path = self.root / SIDE_FILE
+        self.audit_path = self.root / AUDIT_FILE
         self._lock_path = self.root / LOCK_FILE
         self._process_lock = asyncio.Lock()
         self._swept = False
@@ -117,10 +200,14 @@ class JsonFileLedger(StoredLedger):
     # -- primitives ---------------------------------------------------------
 
     async def _apply(self, decision_id: str, op: Operation[T]) -> T:
-        def mutate(records: dict[str, ClaimRecord]) -> tuple[bool, T]:
-            transition = op(records.get(decision_id), self.now_ms())
+        def mutate(records: dict[str, ClaimRecord], side: _Side) -> tuple[bool, T]:
+            record = records.get(decision_id) or side.tombstones.get(decision_id)
+            transition = op(record, self.now_ms())
             if transition.changed and transition.record is not None:
                 records[decision_id] = transition.record
+                if transition.created is not None:
+                    side.created[decision_id] = transition.created
+                    side.changed = True
             return transition.changed, transition.result
 
         async with self._process_lock:
@@ -129,13 +216,32 @@ class JsonFileLedger(StoredLedger):
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         # Like the seed, reads take no lock: rename makes every generation whole.
         records = await asyncio.to_thread(self._read_records)
-        return records.get(decision_id)
+        found = records.get(decision_id)
+        if found is None:
+            side = await asyncio.to_thread(self._read_side)
+            found = side.tombstones.get(decision_id)
+        return found
 
-    async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
-        def mutate(records: dict[str, ClaimRecord]) -> tuple[bool, int]:
-            doomed = [key for key, rec in records.items() if is_prunable(rec, before_ms)]
+    async def _prune(self, before_ms: int, progress: PruneProgress | None, mode: PruneMode) -> int:
+        def mutate(records: dict[str, ClaimRecord], side: _Side) -> tuple[bool, int]:
+            if mode is PruneMode.TOMBSTONES:
+                doomed = [
+                    key for key, rec in side.tombstones.items() if mode.selects(rec, before_ms)
+                ]
+                for key in doomed:
+                    del side.tombstones[key]
+                    side.created.pop(key, None)
+                side.changed = side.durable = bool(doomed)
+                return False, len(doomed)
+            doomed = [key for key, rec in records.items() if mode.selects(rec, before_ms)]
             for key in doomed:
-                del records[key]
+                record = records.pop(key)
+                if mode is PruneMode.TOMBSTONE:
+                    side.tombstones[key] = tombstone_of(record)
+                    side.durable = True
+                else:
+                    side.created.pop(key, None)
+                side.changed = True
             return bool(doomed), len(doomed)
 
         async with self._process_lock:
@@ -143,6 +249,62 @@ class JsonFileLedger(StoredLedger):
         if progress is not None:
             progress(pruned)  # one rewrite of the whole file: one "batch"
         return pruned
+
+    async def _act(self, decision_id: str, op: Operation[AuditEntry]) -> AuditEntry:
+        def mutate(records: dict[str, ClaimRecord], side: _Side) -> tuple[bool, AuditEntry]:
+            in_file = decision_id in records
+            record = records.get(decision_id) or side.tombstones.get(decision_id)
+            transition = op(record, self.now_ms())
+            entry = transition.result
+            trail = self._read_audit()
+            entry = AuditEntry(
+                trail[-1].seq + 1 if trail else 1,
+                entry.at_ms,
+                entry.action,
+                entry.decision_id,
+                entry.actor,
+                entry.reason,
+                entry.state_before,
+                entry.attempts,
+            )
+            # The audit line first (appended, fsynced): a crash after it leaves a line
+            # for a change the ledger never got, never a change without its line.
+            self._append_audit(entry)
+            if transition.record is None:
+                records.pop(decision_id, None)
+                if (
+                    side.tombstones.pop(decision_id, None) is not None
+                    or decision_id in side.created
+                ):
+                    side.created.pop(decision_id, None)
+                    side.changed = side.durable = True
+            elif in_file:
+                records[decision_id] = transition.record
+            else:
+                side.tombstones[decision_id] = transition.record
+                side.changed = side.durable = True
+            return in_file, entry
+
+        async with self._process_lock:
+            result: AuditEntry = await asyncio.to_thread(self._locked_mutation, mutate)
+            return result
+
+    def _stored(self) -> list[StoredDecision]:
+        records = self._read_records()
+        side = self._read_side()
+        merged = {**side.tombstones, **records}
+        return [
+            StoredDecision(key, record, side.created.get(key)) for key, record in merged.items()
+        ]
+
+    async def _list(self, query: DecisionQuery, now_ms: int) -> DecisionPage:
+        return scan_page(await asyncio.to_thread(self._stored), query, now_ms)
+
+    async def _count(self, query: DecisionQuery, now_ms: int) -> int:
+        return scan_count(await asyncio.to_thread(self._stored), query, now_ms)
+
+    async def _audit(self, query: AuditQuery) -> AuditPage:
+        return scan_audit(await asyncio.to_thread(self._read_audit), query)
 
     async def records(self) -> dict[str, ClaimRecord]:
         """Every record in the file (for operators and tests)."""
@@ -175,9 +337,14 @@ class JsonFileLedger(StoredLedger):
             if not self._swept:
                 self._sweep_temp_files()
             records = self._read_records()
-            changed, result = mutate(records)
+            side = self._read_side()
+            changed, result = mutate(records, side)
+            if side.changed and side.durable:  # beside the seed's file, and before it
+                self._write_file(self.side_path, side.encode())
             if changed:
                 self._write_records(records)
+            if side.changed and not side.durable:
+                self._write_file(self.side_path, side.encode(), durable=False)
             return result
         finally:
             os.close(lock_fd)  # closing drops the flock
@@ -225,10 +392,59 @@ class JsonFileLedger(StoredLedger):
             raise _too_large(self.path)
         return decode_ledger(data, self.path)
 
+    def _read_side(self) -> _Side:
+        try:
+            data = self.side_path.read_bytes()
+        except FileNotFoundError:
+            return _Side()
+        except OSError as error:
+            raise LedgerUnavailableError(
+                f"read decision ledger side file `{self.side_path}`: {error.strerror or error}"
+            ) from error
+        return _Side.decode(data, self.side_path)
+
+    def _read_audit(self) -> list[AuditEntry]:
+        try:
+            text = self.audit_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        except (OSError, UnicodeDecodeError) as error:
+            raise LedgerUnavailableError(
+                f"read audit trail `{self.audit_path}`: {error}"
+            ) from error
+        entries: list[AuditEntry] = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                entries.append(AuditEntry.from_dict(json.loads(line)))
+            except (ValueError, KeyError, TypeError) as error:
+                raise LedgerCorruptError(
+                    f"audit trail `{self.audit_path}` line {number}: {error}"
+                ) from error
+        return entries
+
+    def _append_audit(self, entry: AuditEntry) -> None:
+        line = encode_json(entry.to_dict()) + b"\n"
+        try:
+            fd = os.open(self.audit_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            raise LedgerUnavailableError(
+                f"append audit trail `{self.audit_path}`: {error.strerror or error}"
+            ) from error
+
     def _write_records(self, records: dict[str, ClaimRecord]) -> None:
         data = encode_ledger(records)
         if len(data) > MAX_DECISION_LEDGER_BYTES:
             raise _too_large(self.path)
+        self._write_file(self.path, data)
+
+    def _write_file(self, path: Path, data: bytes, *, durable: bool = True) -> None:
         temp = self.root / f"{_TEMP_PREFIX}{uuid.uuid4()}"
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -237,20 +453,22 @@ class JsonFileLedger(StoredLedger):
                 while view:
                     written = os.write(fd, view)
                     view = view[written:]
-                os.fsync(fd)
+                if durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(temp, self.path)
-            dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            os.replace(temp, path)
+            if durable:
+                dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
         except OSError as error:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             kind = "disk full" if error.errno in (errno.ENOSPC, errno.EFBIG) else None
             detail = error.strerror or str(error)
             raise LedgerUnavailableError(
-                f"write decision ledger `{self.path}`: {detail}" + (f" ({kind})" if kind else "")
+                f"write decision ledger `{path}`: {detail}" + (f" ({kind})" if kind else "")
             ) from error

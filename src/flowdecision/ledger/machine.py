@@ -17,36 +17,50 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
-from ..errors import LedgerCorruptError, LedgerError
-from ..identity import ExecutionIdentity, ResultReceipt
+from ..errors import ActionRefusedError, LedgerCorruptError, LedgerError, UnknownDecisionError
+from ..identity import ExecutionIdentity, ResultReceipt, digest_bytes
 from ..limits import U32_MAX, U64_MAX
 from .states import (
     AlreadyCompleted,
+    AuditEntry,
     Busy,
     Claimed,
     ClaimOutcome,
     ClaimState,
     Completed,
     Conflict,
+    DecisionState,
     Missing,
     Pending,
 )
 
 __all__ = [
+    "RECEIPT_DIGEST_DOMAIN",
     "U32_MAX",
     "U64_MAX",
     "ClaimRecord",
     "ClaimStatus",
+    "Creation",
+    "DecisionOrigin",
     "Transition",
     "check_u32",
     "check_u64",
     "claim",
     "complete",
+    "decision_state",
+    "forget",
     "inspect",
     "is_prunable",
+    "is_tombstone_prunable",
+    "operator_release",
+    "receipt_digest",
     "release",
     "renew",
+    "tombstone_of",
 ]
+
+#: Domain of a tombstone's receipt digest (:func:`receipt_digest`).
+RECEIPT_DIGEST_DOMAIN = "a3s.code.flow-decision.receipt-digest.v1"
 
 T = TypeVar("T")
 
@@ -56,6 +70,9 @@ class ClaimStatus(StrEnum):
 
     PENDING = "pending"
     COMPLETED = "completed"
+    #: Not in the seed: a pruned completed record kept for dedup (never written
+    #: to the seed's JSON file; the JSON ledger keeps tombstones beside it).
+    TOMBSTONE = "tombstone"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +87,9 @@ class ClaimRecord:
     :mod:`flowdecision.tracing`). The SQL ledgers keep it in a column of its
     own; it is never serialized (:meth:`to_dict`), so the JSON file ledger
     never holds it, and it takes no part in equality.
+
+    A tombstone (``status`` TOMBSTONE, see :func:`tombstone_of`) keeps only the
+    request hash, attempts, completion time and ``receipt_digest``.
     """
 
     request_hash: str
@@ -81,6 +101,7 @@ class ClaimRecord:
     completed_at_ms: int | None = None
     result_receipt: ResultReceipt | None = None
     traceparent: str | None = field(default=None, compare=False)
+    receipt_digest: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The seed's serde form: declaration order, absent options omitted."""
@@ -95,6 +116,8 @@ class ClaimRecord:
             out["completed_at_ms"] = self.completed_at_ms
         if self.result_receipt is not None:
             out["result_receipt"] = self.result_receipt.to_dict()
+        if self.receipt_digest is not None:
+            out["receipt_digest"] = self.receipt_digest
         return out
 
     @classmethod
@@ -130,7 +153,7 @@ class ClaimRecord:
         except ValueError:
             raise LedgerCorruptError(
                 f"decision `{decision_id}` record: unknown status `{status_text}`, "
-                "expected `pending` or `completed`"
+                "expected `pending`, `completed` or `tombstone`"
             ) from None
         lease = field("lease_expires_at_ms", int)
         attempts = field("attempts", int)
@@ -170,6 +193,11 @@ class ClaimRecord:
                 raise LedgerCorruptError(
                     f"decision `{decision_id}` result receipt identity conflicts with its claim"
                 )
+        digest = field("receipt_digest", str, optional=True)
+        if digest is not None and status is not ClaimStatus.TOMBSTONE:
+            raise LedgerCorruptError(
+                f"decision `{decision_id}` record: only a tombstone has a `receipt_digest`"
+            )
         return cls(
             request_hash=field("request_hash", str),
             status=status,
@@ -179,6 +207,7 @@ class ClaimRecord:
             execution_identity=identity,
             completed_at_ms=completed_at,
             result_receipt=receipt,
+            receipt_digest=digest,
         )
 
 
@@ -190,16 +219,40 @@ def _range(decision_id: str, name: str, value: int, maximum: int) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class DecisionOrigin:
+    """Where a decision comes from: its run and the event that caused it.
+
+    Given to the first claim and kept beside the record (never in it: the
+    record stays the seed's), so operators can list a run's decisions.
+    """
+
+    run_id: str | None = None
+    causation_event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Creation:
+    """A record came into being: when it was first claimed, and its origin."""
+
+    at_ms: int
+    origin: DecisionOrigin | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Transition(Generic[T]):
     """What a transition decided: the record to store and the caller's result.
 
     ``changed`` is False when the stored record must stay as it is, so backends
     skip the write (a busy claim or a refused renewal costs no commit).
+    ``changed`` with ``record`` None deletes the record (only :func:`forget`).
+    ``created`` is set when the transition made a new record: backends store
+    its creation time and origin beside the record.
     """
 
     record: ClaimRecord | None
     result: T
     changed: bool
+    created: Creation | None = None
 
 
 def check_u64(name: str, value: object) -> int:
@@ -236,8 +289,14 @@ def claim(
     owner_id: str,
     now_ms: int,
     lease_ms: int,
+    origin: DecisionOrigin | None = None,
 ) -> Transition[ClaimOutcome]:
-    """``claim_record``: take a missing, released or expired claim; report the rest."""
+    """``claim_record``: take a missing, released or expired claim; report the rest.
+
+    A tombstone answers like the completed record it was: the same request
+    hash is ``AlreadyCompleted`` (with the receipt's digest), another one is a
+    ``Conflict``; it binds no identity (it keeps none).
+    """
     lease_expires_at_ms = _lease_expiry(now_ms, lease_ms)
     if record is None:
         created = ClaimRecord(
@@ -248,7 +307,12 @@ def claim(
             attempts=1,
             execution_identity=identity,
         )
-        return Transition(created, Claimed(1), True)
+        return Transition(created, Claimed(1), True, Creation(now_ms, origin))
+    if record.status is ClaimStatus.TOMBSTONE:
+        if record.request_hash != request_hash:
+            return Transition(record, Conflict(), False)
+        done = AlreadyCompleted(attempts=record.attempts, receipt_digest=record.receipt_digest)
+        return Transition(record, done, False)
     if record.request_hash != request_hash or _identity_conflicts(record, identity):
         return Transition(record, Conflict(record.traceparent), False)
     if record.status is ClaimStatus.COMPLETED:
@@ -317,6 +381,13 @@ def complete(
         raise LedgerError(f"decision claim `{decision_id}` does not exist")
     if record.request_hash != request_hash:
         raise LedgerError(f"decision `{decision_id}` request hash conflicts with its claim")
+    if record.status is ClaimStatus.TOMBSTONE:
+        # Pruned: nothing to attach any more, but a different receipt still conflicts.
+        if receipt is not None and receipt_digest(receipt) != record.receipt_digest:
+            raise LedgerError(
+                f"decision `{decision_id}` result receipt conflicts with its completion"
+            )
+        return Transition(record, False, False)
     if _identity_conflicts(record, identity):
         raise LedgerError(f"decision `{decision_id}` execution identity conflicts with its claim")
     if record.status is ClaimStatus.COMPLETED:
@@ -365,7 +436,7 @@ def release(
     if (
         record is None
         or record.request_hash != request_hash
-        or record.status is ClaimStatus.COMPLETED
+        or record.status is not ClaimStatus.PENDING
         or _identity_conflicts(record, identity)
         or record.owner_id != owner_id
     ):
@@ -395,7 +466,97 @@ def state_of(record: ClaimRecord | None) -> ClaimState:
         return Missing()
     if record.status is ClaimStatus.PENDING:
         return Pending(record.lease_expires_at_ms, record.attempts)
-    return Completed(record.completed_at_ms)
+    return Completed(record.completed_at_ms)  # a tombstone too: it was completed
+
+
+def decision_state(record: ClaimRecord, now_ms: int) -> DecisionState:
+    """The state operators query by, at ``now_ms`` (a released claim is expired)."""
+    if record.status is ClaimStatus.COMPLETED:
+        return DecisionState.COMPLETED
+    if record.status is ClaimStatus.TOMBSTONE:
+        return DecisionState.TOMBSTONED
+    if record.lease_expires_at_ms > now_ms:
+        return DecisionState.PENDING_LIVE
+    return DecisionState.PENDING_EXPIRED
+
+
+def receipt_digest(receipt: ResultReceipt) -> str:
+    """The digest a tombstone keeps of a receipt: over its exact JSON bytes."""
+    return digest_bytes(RECEIPT_DIGEST_DOMAIN, receipt.to_json())
+
+
+def tombstone_of(record: ClaimRecord) -> ClaimRecord:
+    """What ``prune --keep-tombstones`` keeps of a completed record.
+
+    The request hash (so a different payload still conflicts), attempts, the
+    completion time (so tombstones can be pruned by age) and the receipt's
+    digest (so a late duplicate is answered with it); owner, lease, identity
+    and receipt are dropped.
+    """
+    return ClaimRecord(
+        request_hash=record.request_hash,
+        status=ClaimStatus.TOMBSTONE,
+        owner_id="",
+        lease_expires_at_ms=0,
+        attempts=record.attempts,
+        completed_at_ms=record.completed_at_ms,
+        receipt_digest=(
+            None if record.result_receipt is None else receipt_digest(record.result_receipt)
+        ),
+    )
+
+
+def is_tombstone_prunable(record: ClaimRecord, before_ms: int) -> bool:
+    """``prune --tombstones-before``: tombstones of decisions completed before the cutoff."""
+    return (
+        record.status is ClaimStatus.TOMBSTONE
+        and record.completed_at_ms is not None
+        and record.completed_at_ms < before_ms
+    )
+
+
+def _missing(decision_id: str) -> UnknownDecisionError:
+    return UnknownDecisionError(f"decision `{decision_id}` has no record")
+
+
+def operator_release(
+    record: ClaimRecord | None, entry: AuditEntry, now_ms: int
+) -> Transition[AuditEntry]:
+    """An operator releases a pending claim, live or expired, so the next caller takes it now.
+
+    Fenced: the owner is cleared, the lease ended and ``attempts`` (the
+    fencing token) bumped, so the old owner's renew and complete are refused
+    and any work it still does carries an attempt older than the next one.
+    Raises :class:`ActionRefusedError` for anything but a pending claim.
+    """
+    if record is None:
+        raise _missing(entry.decision_id)
+    state = decision_state(record, now_ms)
+    if record.status is not ClaimStatus.PENDING:
+        raise ActionRefusedError(
+            f"decision `{entry.decision_id}` is {state.value}: only a pending claim can be released"
+        )
+    attempts = min(record.attempts + 1, U32_MAX)
+    released = replace(record, owner_id="", lease_expires_at_ms=0, attempts=attempts)
+    return Transition(released, replace(entry, state_before=state.value, attempts=attempts), True)
+
+
+def forget(record: ClaimRecord | None, entry: AuditEntry, now_ms: int) -> Transition[AuditEntry]:
+    """An operator deletes a completed decision or a tombstone, so its id can be used again.
+
+    Raises :class:`ActionRefusedError` for a pending claim (release it first).
+    """
+    if record is None:
+        raise _missing(entry.decision_id)
+    state = decision_state(record, now_ms)
+    if record.status is ClaimStatus.PENDING:
+        raise ActionRefusedError(
+            f"decision `{entry.decision_id}` is {state.value}: only a completed decision or a "
+            "tombstone can be forgotten (release a pending claim first)"
+        )
+    return Transition(
+        None, replace(entry, state_before=state.value, attempts=record.attempts), True
+    )
 
 
 def is_prunable(record: ClaimRecord, before_ms: int) -> bool:

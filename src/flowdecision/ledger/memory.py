@@ -1,12 +1,27 @@
-"""An in-process ledger: the reference backend for tests and single-process hosts."""
+"""An in-process ledger: the reference backend for tests and single-process hosts.
+
+Operator queries scan every record (:func:`~.query.scan_page`); there is no index.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import TypeVar
 
-from .base import Operation, PruneProgress, StoredLedger
-from .machine import ClaimRecord, is_prunable
+from .base import Operation, PruneMode, PruneProgress, StoredLedger
+from .machine import ClaimRecord, Creation, tombstone_of
+from .query import (
+    AuditPage,
+    AuditQuery,
+    DecisionPage,
+    DecisionQuery,
+    StoredDecision,
+    scan_audit,
+    scan_count,
+    scan_page,
+)
+from .states import AuditEntry
 
 __all__ = ["MemoryLedger"]
 
@@ -18,30 +33,70 @@ class MemoryLedger(StoredLedger):
 
     Operations never await, so they are atomic within one event loop; the lock
     only matters when the ledger is shared across threads.
+    ``keep_tombstones``: what :meth:`prune_completed` does when not told.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_tombstones: bool = False) -> None:
         self._records: dict[str, ClaimRecord] = {}
+        self._created: dict[str, Creation] = {}
+        self._audit_trail: list[AuditEntry] = []
         self._lock = threading.Lock()
+        self.keep_tombstones = bool(keep_tombstones)
 
     async def _apply(self, decision_id: str, op: Operation[T]) -> T:
         with self._lock:
             transition = op(self._records.get(decision_id), self.now_ms())
             if transition.changed and transition.record is not None:
                 self._records[decision_id] = transition.record
+                if transition.created is not None:
+                    self._created[decision_id] = transition.created
             return transition.result
 
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         return self._records.get(decision_id)
 
-    async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
+    async def _prune(self, before_ms: int, progress: PruneProgress | None, mode: PruneMode) -> int:
         with self._lock:
-            doomed = [key for key, rec in self._records.items() if is_prunable(rec, before_ms)]
+            doomed = [key for key, rec in self._records.items() if mode.selects(rec, before_ms)]
             for key in doomed:
-                del self._records[key]
+                if mode is PruneMode.TOMBSTONE:
+                    self._records[key] = tombstone_of(self._records[key])
+                else:
+                    del self._records[key]
+                    self._created.pop(key, None)
         if progress is not None:
             progress(len(doomed))
         return len(doomed)
+
+    async def _act(self, decision_id: str, op: Operation[AuditEntry]) -> AuditEntry:
+        with self._lock:
+            transition = op(self._records.get(decision_id), self.now_ms())
+            if transition.record is None:
+                self._records.pop(decision_id, None)
+                self._created.pop(decision_id, None)
+            else:
+                self._records[decision_id] = transition.record
+            entry = dataclasses.replace(transition.result, seq=len(self._audit_trail) + 1)
+            self._audit_trail.append(entry)
+            return entry
+
+    def _stored(self) -> list[StoredDecision]:
+        with self._lock:
+            return [
+                StoredDecision(key, record, self._created.get(key))
+                for key, record in self._records.items()
+            ]
+
+    async def _list(self, query: DecisionQuery, now_ms: int) -> DecisionPage:
+        return scan_page(self._stored(), query, now_ms)
+
+    async def _count(self, query: DecisionQuery, now_ms: int) -> int:
+        return scan_count(self._stored(), query, now_ms)
+
+    async def _audit(self, query: AuditQuery) -> AuditPage:
+        with self._lock:
+            trail = list(self._audit_trail)
+        return scan_audit(trail, query)
 
     def __len__(self) -> int:
         return len(self._records)

@@ -33,7 +33,10 @@ Design:
   (``flowdecision migrate``), under an advisory lock; opening a database whose
   schema is older or newer than this code fails with :class:`LedgerSchemaError`
   (PostgreSQL's policy, see :mod:`flowdecision.store.migrations`).
-* Prune deletes in batches, each its own short transaction.
+* Prune deletes (or turns into tombstones) in batches, each its own short
+  transaction. Operator queries read the schema-2 indexes in keyset order;
+  an operator action locks its row and writes its audit row in one
+  transaction, on the database clock.
 * **Joint commits** (``joint_commit``, the transactional outbox) queue
   with the rest; a batch's joint ones share one locking transaction: existing
   records locked in id order, one clock read, claim and completion rules per
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 from typing import Any, TypeVar
 
 from ..defaults import (
@@ -69,10 +73,38 @@ from ..store.postgres import CLOCK_SQL, PgPool, driver_error, retryable
 from ..store.url import describe_dsn
 from ..tracing import active as tracing_active
 from ..tracing import batch_span, recording_span
-from .base import JointOperation, Operation, PruneProgress, StoredLedger, wall_clock_ms
-from .machine import ClaimRecord
-from .rows import LEDGER, TABLE, DecodedRecords, encode_row
-from .states import Claimed, JointOutcome
+from .base import (
+    JointOperation,
+    Operation,
+    PruneMode,
+    PruneProgress,
+    StoredLedger,
+    wall_clock_ms,
+)
+from .machine import ClaimRecord, Creation, tombstone_of
+from .query import (
+    AuditPage,
+    AuditQuery,
+    DecisionPage,
+    DecisionQuery,
+    DecisionRow,
+    StoredDecision,
+    audit_page_of,
+    page_of,
+)
+from .rows import (
+    AUDIT_INSERTED,
+    AUDIT_TABLE,
+    LEDGER,
+    TABLE,
+    DecodedRecords,
+    audit_values,
+    creation_of,
+    creation_values,
+    encode_row,
+)
+from .sqlgen import audit_sql, decision_sql
+from .states import AuditEntry, Claimed, JointOutcome
 
 __all__ = ["SCHEMA_VERSION", "PostgresLedger", "describe_dsn"]
 
@@ -82,6 +114,10 @@ SCHEMA_VERSION = LEDGER.newest("postgres")
 
 _TABLE = TABLE
 _PRUNE_BATCH = 1000
+#: A row's values (:func:`encode_row`), and one to write: values, the text it must
+#: replace (None: a new row) and, for a new row, its creation.
+Values = tuple[str, str, int | None, str, str | None]
+Row = tuple[Values, str | None, Creation | None]
 _MAX_RETRIES = 20
 #: Optimistic attempts per operation before it falls back to a locking transaction.
 _CAS_ATTEMPTS = 4
@@ -99,8 +135,9 @@ SELECT (SELECT record FROM locked) AS record,
        (SELECT traceparent FROM locked) AS traceparent
 """
 _INSERT_SQL = (
-    f"INSERT INTO {_TABLE} (decision_id, status, completed_at_ms, record, traceparent) "
-    "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (decision_id) DO NOTHING"
+    f"INSERT INTO {_TABLE} (decision_id, status, completed_at_ms, record, traceparent, "
+    "created_at_ms, run_id, causation_event_id) "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (decision_id) DO NOTHING"
 )
 # Side data (traceparent) is never erased by a later write.
 _UPDATE_SQL = (
@@ -127,11 +164,19 @@ _CAS_UPDATE_SQL = (
 _WRITE_MANY_SQL = f"""
 WITH input AS (
     SELECT * FROM unnest(
-        $1::text[], $2::text[], $3::numeric[], $4::text[], $5::text[], $6::text[]
-    ) AS t(decision_id, status, completed_at_ms, record, traceparent, old_record)
+        $1::text[], $2::text[], $3::numeric[], $4::text[], $5::text[], $6::text[],
+        $7::bigint[], $8::text[], $9::text[]
+    ) AS t(
+        decision_id, status, completed_at_ms, record, traceparent, old_record,
+        created_at_ms, run_id, causation_event_id
+    )
 ), inserted AS (
-    INSERT INTO {_TABLE} (decision_id, status, completed_at_ms, record, traceparent)
-    SELECT decision_id, status, completed_at_ms, record, traceparent
+    INSERT INTO {_TABLE} (
+        decision_id, status, completed_at_ms, record, traceparent,
+        created_at_ms, run_id, causation_event_id
+    )
+    SELECT decision_id, status, completed_at_ms, record, traceparent,
+        created_at_ms, run_id, causation_event_id
     FROM input WHERE old_record IS NULL
     ON CONFLICT (decision_id) DO NOTHING
     RETURNING decision_id
@@ -155,13 +200,30 @@ _EXISTS_SQL = f"SELECT EXISTS (SELECT 1 FROM {_TABLE} WHERE decision_id = $1)"
 _PRUNE_SQL = f"""
 WITH doomed AS (
     SELECT decision_id FROM {_TABLE}
-    WHERE completed_at_ms < $1
+    WHERE status = $3 AND completed_at_ms < $1
     ORDER BY completed_at_ms
     LIMIT $2
     FOR UPDATE
 )
 DELETE FROM {_TABLE} AS c USING doomed WHERE c.decision_id = doomed.decision_id
 """
+_BURY_SELECT_SQL = f"""
+SELECT decision_id, record FROM {_TABLE}
+WHERE status = 'completed' AND completed_at_ms < $1
+ORDER BY completed_at_ms
+LIMIT $2
+FOR UPDATE
+"""
+_BURY_SQL = f"""
+UPDATE {_TABLE} AS c SET status = t.status, completed_at_ms = t.completed_at_ms, record = t.record
+FROM unnest($1::text[], $2::text[], $3::numeric[], $4::text[])
+    AS t(decision_id, status, completed_at_ms, record)
+WHERE c.decision_id = t.decision_id
+"""
+_AUDIT_INSERT_SQL = (
+    f"INSERT INTO {AUDIT_TABLE} ({AUDIT_INSERTED}) "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING seq"
+)
 
 
 class PostgresLedger(StoredLedger):
@@ -185,6 +247,7 @@ class PostgresLedger(StoredLedger):
         max_batch: int = MAX_BATCH,
         max_wait_ms: float = MAX_WAIT_MS,
         batch_concurrency: int = BATCH_CONCURRENCY,
+        keep_tombstones: bool = False,
     ) -> None:
         max_batch, max_wait_ms = check_group_commit(
             "PostgreSQL ledger", max_batch, max_wait_ms, LedgerError
@@ -202,6 +265,7 @@ class PostgresLedger(StoredLedger):
             command_timeout_s=command_timeout_s,
         )
         self.dsn = dsn
+        self.keep_tombstones = bool(keep_tombstones)
         self.where = describe_dsn(dsn)
         self._store_key = postgres_key(dsn)
         self._closed = False
@@ -403,8 +467,7 @@ class PostgresLedger(StoredLedger):
             rows = [
                 (r[0], r[1], r[2], r[3]) for r in await conn.fetch(_READ_MANY_SQL, list(groups))
             ]
-        writes: list[tuple[tuple[str, str, int | None, str, str | None], str | None, ClaimRecord]]
-        writes = []
+        writes: list[tuple[Values, str | None, ClaimRecord, Creation | None]] = []
         outcomes: dict[str, list[tuple[Any, BaseException | None]]] = {}
         for decision_id, text, clock_value, trace in rows:
             group = groups[decision_id]
@@ -419,6 +482,7 @@ class PostgresLedger(StoredLedger):
                 continue
             results: list[tuple[Any, BaseException | None]] = []
             changed = False
+            created: Creation | None = None
             for item in group:
                 try:
                     transition = item.op(record, clock)
@@ -428,31 +492,32 @@ class PostgresLedger(StoredLedger):
                 if transition.changed and transition.record is not None:
                     record = transition.record
                     changed = True
+                    created = transition.created or created
                 results.append((transition.result, None))
             if changed and record is not None:
-                writes.append((encode_row(decision_id, record, index_max=None), text, record))
+                values = encode_row(decision_id, record, index_max=None)
+                writes.append((values, text, record, created))
                 outcomes[decision_id] = results
             else:
                 _finish(group, results)
         if not writes:
             return []
         if len(writes) == 1:
-            values, old, _ = writes[0]
+            values, old, _, created = writes[0]
             if old is None:
-                status = await conn.execute(_INSERT_SQL, *values)
+                origin = creation_values(created, self._clock_offset_ms + wall_clock_ms())
+                status = await conn.execute(_INSERT_SQL, *values, *origin)
             else:
                 status = await conn.execute(_CAS_UPDATE_SQL, *values, old)
             written = {values[0]} if status.endswith(" 1") else set()
         else:
-            columns: list[list[Any]] = [[], [], [], [], [], []]
-            for values, old, _ in writes:
-                for column, value in zip(columns, (*values, old), strict=True):
-                    column.append(value)
-            written = {r[0] for r in await conn.fetch(_WRITE_MANY_SQL, *columns)}
+            written = await self._write_many(
+                conn, [(values, old, created) for values, old, _, created in writes]
+            )
         if written:
             self.commits += 1
         losers: list[_Item] = []
-        for values, _, record in writes:
+        for values, _, record, _created in writes:
             decision_id = values[0]
             if decision_id in written:
                 self.committed_ops += len(groups[decision_id])
@@ -461,6 +526,20 @@ class PostgresLedger(StoredLedger):
             else:
                 losers.extend(groups[decision_id])
         return losers
+
+    async def _write_many(
+        self,
+        conn: Any,
+        writes: list[Row],
+    ) -> set[str]:
+        """Insert new rows and conditionally update old ones in one statement; ids written."""
+        now = self.now_ms()
+        columns: list[list[Any]] = [[], [], [], [], [], [], [], [], []]
+        for values, old, created in writes:
+            row = (*values, old, *creation_values(created, now))
+            for column, value in zip(columns, row, strict=True):
+                column.append(value)
+        return {r[0] for r in await conn.fetch(_WRITE_MANY_SQL, *columns)}
 
     # -- the joint path (claim, a joint row, complete: one commit) --------------------
 
@@ -538,8 +617,9 @@ class PostgresLedger(StoredLedger):
         traces = {row[0]: row[2] for row in locked}
         clock = int(await conn.fetchval(f"SELECT {_CLOCK}"))
         self._clock_offset_ms = clock - wall_clock_ms()
-        rows: list[tuple[_Item, ClaimRecord]] = []  # ledger rows to write
-        joined: list[tuple[_Item, Claimed, ClaimRecord]] = []  # waiting for their joint row
+        rows: list[tuple[_Item, ClaimRecord, Creation | None]] = []  # ledger rows to write
+        # waiting for their joint row
+        joined: list[tuple[_Item, Claimed, ClaimRecord, Creation | None]] = []
         for item in items:
             joint: JointOperation = item.op  # type: ignore[assignment]
             try:
@@ -554,29 +634,29 @@ class PostgresLedger(StoredLedger):
                 if not isinstance(outcome, Claimed):
                     item.result = JointOutcome(outcome)
                     if claimed.changed and claimed.record is not None:
-                        rows.append((item, claimed.record))
+                        rows.append((item, claimed.record, None))
                     continue
                 completed = joint.complete(claimed.record, clock)
             except Exception as error:  # a rule failure: this caller only
                 item.error = error
                 continue
             assert completed.record is not None
-            joined.append((item, outcome, completed.record))
-        by_writer: dict[int, list[tuple[_Item, Claimed, ClaimRecord]]] = {}
+            joined.append((item, outcome, completed.record, claimed.created))
+        by_writer: dict[int, list[tuple[_Item, Claimed, ClaimRecord, Creation | None]]] = {}
         for entry in joined:
             by_writer.setdefault(id(_write_of(entry[0]).writer), []).append(entry)
         for group in by_writer.values():
             writer = _write_of(group[0][0]).writer
             try:
                 done = await writer.write_postgres(
-                    conn, [(_write_of(item), taken.attempt) for item, taken, _ in group]
+                    conn, [(_write_of(item), taken.attempt) for item, taken, _, _ in group]
                 )
             except Exception as error:
                 if driver_error(error):
                     raise  # the database failed (or a retryable conflict): the whole batch
                 # The writer failed, not the ledger: its callers get its error as is.
-                raise _WriterFailed(error, [item for item, _, _ in group]) from error
-            for (item, taken, record), did in zip(group, done, strict=True):
+                raise _WriterFailed(error, [item for item, _, _, _ in group]) from error
+            for (item, taken, record, created), did in zip(group, done, strict=True):
                 if (
                     isinstance(did, BaseException)
                     and item.decision_id not in stored
@@ -590,22 +670,24 @@ class PostgresLedger(StoredLedger):
                     item.error = did
                 else:
                     item.result = JointOutcome(taken, did)
-                    rows.append((item, record))
+                    rows.append((item, record, created))
         return await self._write_joint_rows(conn, rows, stored)
 
     async def _write_joint_rows(
-        self, conn: Any, rows: list[tuple[_Item, ClaimRecord]], stored: dict[str, str]
+        self,
+        conn: Any,
+        rows: list[tuple[_Item, ClaimRecord, Creation | None]],
+        stored: dict[str, str],
     ) -> Any:
         encoded = [
-            (encode_row(item.decision_id, record, index_max=None), record) for item, record in rows
+            (encode_row(item.decision_id, record, index_max=None), record, created)
+            for item, record, created in rows
         ]
         if encoded:
-            columns: list[list[Any]] = [[], [], [], [], [], []]
-            for values, _ in encoded:
-                old = stored.get(values[0])
-                for column, value in zip(columns, (*values, old), strict=True):
-                    column.append(value)
-            written = {r[0] for r in await conn.fetch(_WRITE_MANY_SQL, *columns)}
+            written = await self._write_many(
+                conn,
+                [(values, stored.get(values[0]), created) for values, _, created in encoded],
+            )
             if len(written) < len(encoded):
                 raise _LostInsert  # an id we saw as new was inserted by another host
 
@@ -613,7 +695,7 @@ class PostgresLedger(StoredLedger):
             if encoded:
                 self.commits += 1
             self.committed_ops += len(encoded)
-            for values, record in encoded:
+            for values, record, _ in encoded:
                 self._decoded.remember(values[0], values[3], record)
 
         return committed
@@ -641,7 +723,8 @@ class PostgresLedger(StoredLedger):
                             await conn.execute(_UPDATE_SQL, *values)
                             self._decoded.remember(decision_id, values[3], transition.record)
                             return transition.result
-                        status = await conn.execute(_INSERT_SQL, *values)
+                        origin = creation_values(transition.created, clock)
+                        status = await conn.execute(_INSERT_SQL, *values, *origin)
                         if status.endswith(" 1"):
                             self._decoded.remember(decision_id, values[3], transition.record)
                             return transition.result
@@ -669,20 +752,102 @@ class PostgresLedger(StoredLedger):
             raise self._pg.translate(error) from error
         return None if row is None else self._decoded.decode(decision_id, row[0], row[1])
 
-    async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
+    async def _prune(self, before_ms: int, progress: PruneProgress | None, mode: PruneMode) -> int:
         pool = await self._pg.ready()
+        status = "tombstone" if mode is PruneMode.TOMBSTONES else "completed"
         total = 0
         try:
             while True:
-                status = await pool.execute(_PRUNE_SQL, before_ms, _PRUNE_BATCH)
-                deleted = int(status.rsplit(" ", 1)[-1])
-                total += deleted
+                if mode is PruneMode.TOMBSTONE:
+                    async with pool.acquire() as conn, conn.transaction():
+                        rows = await conn.fetch(_BURY_SELECT_SQL, before_ms, _PRUNE_BATCH)
+                        columns: list[list[Any]] = [[], [], [], []]
+                        for key, text in rows:
+                            buried = tombstone_of(self._decoded.decode(key, text))
+                            for column, value in zip(
+                                columns, encode_row(key, buried, index_max=None)[:4], strict=True
+                            ):
+                                column.append(value)
+                        await conn.execute(_BURY_SQL, *columns)
+                    done = len(rows)
+                else:
+                    result = await pool.execute(_PRUNE_SQL, before_ms, _PRUNE_BATCH, status)
+                    done = int(result.rsplit(" ", 1)[-1])
+                total += done
                 if progress is not None:
                     progress(total)
-                if deleted < _PRUNE_BATCH:
+                if done < _PRUNE_BATCH:
                     return total
+        except LedgerError:
+            raise
         except Exception as error:
             raise self._pg.translate(error) from error
+
+    # -- operator actions and queries -------------------------------------------------
+
+    async def _act(self, decision_id: str, op: Operation[AuditEntry]) -> AuditEntry:
+        pool = await self._pg.ready()
+        for _ in range(_MAX_RETRIES):
+            try:
+                async with pool.acquire() as conn, conn.transaction():
+                    row = await conn.fetchrow(_LOAD_SQL, decision_id)
+                    text, clock = row["record"], int(row["now_ms"])
+                    record = (
+                        None
+                        if text is None
+                        else self._decoded.decode(decision_id, text, row["traceparent"])
+                    )
+                    transition = op(record, clock)
+                    if transition.record is None:
+                        await conn.execute(
+                            f"DELETE FROM {_TABLE} WHERE decision_id = $1", decision_id
+                        )
+                    else:
+                        values = encode_row(decision_id, transition.record, index_max=None)
+                        await conn.execute(_UPDATE_SQL, *values)
+                    entry = transition.result
+                    seq = await conn.fetchval(_AUDIT_INSERT_SQL, *audit_values(entry))
+                return dataclasses.replace(entry, seq=int(seq))
+            except LedgerError:
+                raise
+            except Exception as error:
+                if retryable(error):
+                    continue
+                raise self._pg.translate(error) from error
+        raise LedgerUnavailableError(
+            f"PostgreSQL ledger {self.where}: decision `{decision_id}` kept hitting "
+            f"serialization failures ({_MAX_RETRIES} attempts)"
+        )
+
+    async def _query_clock(self) -> int:
+        return await self.db_now_ms()
+
+    async def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
+        pool = await self._pg.ready()
+        try:
+            return list(await pool.fetch(sql, *params))
+        except Exception as error:
+            raise self._pg.translate(error) from error
+
+    async def _list(self, query: DecisionQuery, now_ms: int) -> DecisionPage:
+        sql, params = decision_sql(query, now_ms, "$", count=False)
+        rows = [
+            DecisionRow.of(
+                StoredDecision(key, self._decoded.decode(key, text), creation_of(at, run, cause)),
+                now_ms,
+            )
+            for key, text, at, run, cause in await self._fetch(sql, params)
+        ]
+        return page_of(rows, query.limit)
+
+    async def _count(self, query: DecisionQuery, now_ms: int) -> int:
+        sql, params = decision_sql(query, now_ms, "$", count=True)
+        return int((await self._fetch(sql, params))[0][0])
+
+    async def _audit(self, query: AuditQuery) -> AuditPage:
+        sql, params = audit_sql(query, "$")
+        entries = [AuditEntry(*row) for row in await self._fetch(sql, params)]
+        return audit_page_of(entries, query.limit)
 
 
 class _WriterFailed(Exception):

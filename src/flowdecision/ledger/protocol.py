@@ -21,8 +21,9 @@ from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..store.joint import JointWrite, StoreKey
 from ..store.lifecycle import Closable
-from .machine import ClaimRecord
-from .states import ClaimOutcome, ClaimState, Completed, JointOutcome, Pending
+from .machine import ClaimRecord, DecisionOrigin
+from .query import AuditPage, AuditQuery, DecisionPage, DecisionQuery
+from .states import AuditEntry, ClaimOutcome, ClaimState, Completed, JointOutcome, Pending
 
 __all__ = ["ClaimKey", "DelegatingLedger", "Ledger", "LedgerEntry", "PruneProgress"]
 
@@ -99,6 +100,7 @@ class Ledger(Closable, abc.ABC):
         lease_ms: int,
         now_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
+        origin: DecisionOrigin | None = None,
     ) -> ClaimOutcome:
         """Claim the decision for ``owner_id`` for ``lease_ms``.
 
@@ -106,6 +108,8 @@ class Ledger(Closable, abc.ABC):
         released one, or the same owner re-claiming), ``AlreadyCompleted()``,
         ``Busy(lease_expires_at_ms)`` or ``Conflict()`` (different request hash
         or identity). A legacy record without identity takes ``identity``.
+        ``origin`` (run and causing event) is kept beside a new record, for
+        :meth:`list_decisions`.
         """
 
     @abc.abstractmethod
@@ -187,13 +191,61 @@ class Ledger(Closable, abc.ABC):
 
     @abc.abstractmethod
     async def prune_completed(
-        self, before_ms: int, *, progress: PruneProgress | None = None
+        self,
+        before_ms: int,
+        *,
+        progress: PruneProgress | None = None,
+        keep_tombstones: bool | None = None,
     ) -> int:
         """Remove completed records whose completion time is before ``before_ms``.
 
         Large stores prune in batches (short transactions); ``progress``, if
         given, is called with the running total after each batch.
+        ``keep_tombstones`` (None: the ledger's own setting, off unless
+        configured) replaces each pruned record with its tombstone instead of
+        deleting it, so a late duplicate is still answered as a duplicate.
+        Without it a pruned id can be submitted again (the seed's behaviour).
         """
+
+    @abc.abstractmethod
+    async def prune_tombstones(
+        self, before_ms: int, *, progress: PruneProgress | None = None
+    ) -> int:
+        """Delete tombstones of decisions completed before ``before_ms``: the dedup horizon."""
+
+    # -- operator queries and actions ----------------------------------------------
+
+    @abc.abstractmethod
+    async def list_decisions(
+        self, query: DecisionQuery, *, now_ms: int | None = None
+    ) -> DecisionPage:
+        """One keyset page of the decisions ``query`` selects (states taken at ``now_ms``)."""
+
+    @abc.abstractmethod
+    async def count_decisions(self, query: DecisionQuery, *, now_ms: int | None = None) -> int:
+        """How many decisions ``query``'s filters select (cursor and limit ignored)."""
+
+    @abc.abstractmethod
+    async def operator_release(self, decision_id: str, *, actor: str, reason: str) -> AuditEntry:
+        """Release a pending claim, live or expired, fenced, and audit it in one transaction.
+
+        The owner is cleared and ``attempts`` (the fencing token) bumped, so
+        the old owner can never renew or complete. Raises
+        :class:`~flowdecision.errors.ActionRefusedError` for a completed
+        decision or tombstone, :class:`~flowdecision.errors.UnknownDecisionError`
+        for an unknown id. Returns the audit entry written.
+        """
+
+    @abc.abstractmethod
+    async def forget(self, decision_id: str, *, actor: str, reason: str) -> AuditEntry:
+        """Delete a completed decision or a tombstone so its id can be used again, audited.
+
+        ``reason`` must be given. Refuses a pending claim (release it first).
+        """
+
+    @abc.abstractmethod
+    async def audit(self, query: AuditQuery) -> AuditPage:
+        """A page of the append-only audit trail, oldest first."""
 
     @abc.abstractmethod
     def now_ms(self) -> int:
@@ -220,6 +272,7 @@ class Ledger(Closable, abc.ABC):
         receipt: ResultReceipt,
         write: JointWrite,
         traceparent: str | None = None,
+        origin: DecisionOrigin | None = None,
     ) -> JointOutcome:
         """Claim, write ``write``'s row and complete, in ONE transaction (a joint commit).
 
@@ -250,11 +303,12 @@ class Ledger(Closable, abc.ABC):
         receipt: ResultReceipt,
         write: JointWrite,
         traceparent: str | None = None,
+        origin: DecisionOrigin | None = None,
     ) -> ClaimOutcome:
         """The old name of :meth:`joint_commit`, answering only the claim's outcome."""
         done = await self.joint_commit(
             decision_id, request_hash, owner_id, lease_ms=lease_ms, identity=identity,
-            receipt=receipt, write=write, traceparent=traceparent,
+            receipt=receipt, write=write, traceparent=traceparent, origin=origin,
         )  # fmt: skip
         return done.claim
 
@@ -329,9 +383,42 @@ class DelegatingLedger(Ledger):
         return await self.inner.completed_receipt(decision_id)
 
     async def prune_completed(
+        self,
+        before_ms: int,
+        *,
+        progress: PruneProgress | None = None,
+        keep_tombstones: bool | None = None,
+    ) -> int:
+        return await self.inner.prune_completed(
+            before_ms, progress=progress, keep_tombstones=keep_tombstones
+        )
+
+    async def prune_tombstones(
         self, before_ms: int, *, progress: PruneProgress | None = None
     ) -> int:
-        return await self.inner.prune_completed(before_ms, progress=progress)
+        return await self.inner.prune_tombstones(before_ms, progress=progress)
+
+    async def list_decisions(
+        self, query: DecisionQuery, *, now_ms: int | None = None
+    ) -> DecisionPage:
+        return await self.inner.list_decisions(query, now_ms=now_ms)
+
+    async def count_decisions(self, query: DecisionQuery, *, now_ms: int | None = None) -> int:
+        return await self.inner.count_decisions(query, now_ms=now_ms)
+
+    async def operator_release(self, decision_id: str, *, actor: str, reason: str) -> AuditEntry:
+        return await self.intercept(
+            "operator_release",
+            self.inner.operator_release(decision_id, actor=actor, reason=reason),
+        )
+
+    async def forget(self, decision_id: str, *, actor: str, reason: str) -> AuditEntry:
+        return await self.intercept(
+            "forget", self.inner.forget(decision_id, actor=actor, reason=reason)
+        )
+
+    async def audit(self, query: AuditQuery) -> AuditPage:
+        return await self.inner.audit(query)
 
     def now_ms(self) -> int:
         return self.inner.now_ms()

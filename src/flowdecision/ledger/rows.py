@@ -5,6 +5,9 @@ A row is ``(decision_id, status, completed_at_ms, record, traceparent)`` where
 round-trips exactly), ``status`` / ``completed_at_ms`` are copies kept for the
 prune index, and ``traceparent`` is side data (schema version 2) that never
 enters ``record``.
+Since schema 3 a row also keeps, from its first claim, ``created_at_ms``,
+``run_id`` and ``causation_event_id`` (:func:`creation_values`), for operator
+queries.
 """
 
 from __future__ import annotations
@@ -24,12 +27,31 @@ from ..errors import (
 from ..jsonwire import encode_json_text
 from ..limits import I64_MAX
 from ..store.component import Component, ErrorKinds
-from .machine import ClaimRecord, ClaimStatus
+from .machine import ClaimRecord, ClaimStatus, Creation, DecisionOrigin
+from .states import AuditEntry
 
-__all__ = ["I64_MAX", "LEDGER", "TABLE", "DecodedRecords", "encode_row"]
+__all__ = [
+    "AUDIT_COLUMNS",
+    "AUDIT_INSERTED",
+    "AUDIT_TABLE",
+    "I64_MAX",
+    "LEDGER",
+    "TABLE",
+    "DecodedRecords",
+    "audit_values",
+    "creation_of",
+    "creation_values",
+    "encode_row",
+]
 
-#: The SQL ledgers' one table.
+#: The SQL ledgers' claims table.
 TABLE = "flowdecision_claims"
+#: The append-only audit trail (schema 2).
+AUDIT_TABLE = "flowdecision_audit"
+#: Its columns, in :class:`~.states.AuditEntry` order.
+AUDIT_COLUMNS = "seq, at_ms, action, decision_id, actor, reason, state_before, attempts"
+#: The columns an insert gives (the store assigns ``seq``).
+AUDIT_INSERTED = AUDIT_COLUMNS.split(", ", 1)[1]
 
 #: The ledger as a SQL store: its schema, version table and errors.
 LEDGER = Component(
@@ -71,7 +93,7 @@ def encode_row(
     ``index_max`` clamps the indexed completion time (None: the column holds u64).
     """
     completed_at: int | None = None
-    if record.status is ClaimStatus.COMPLETED and record.completed_at_ms is not None:
+    if record.status is not ClaimStatus.PENDING and record.completed_at_ms is not None:
         completed_at = record.completed_at_ms
         if index_max is not None:
             completed_at = min(completed_at, index_max)
@@ -81,6 +103,39 @@ def encode_row(
         completed_at,
         encode_json_text(record.to_dict()),
         record.traceparent,
+    )
+
+
+def creation_values(created: Creation | None, now_ms: int) -> tuple[int, str | None, str | None]:
+    """``(created_at_ms, run_id, causation_event_id)`` for a new row (time clamped to i64)."""
+    if created is None:  # not made by a claim (never happens today): the store's clock
+        return min(now_ms, I64_MAX), None, None
+    origin = created.origin
+    return (
+        min(created.at_ms, I64_MAX),
+        None if origin is None else origin.run_id,
+        None if origin is None else origin.causation_event_id,
+    )
+
+
+def creation_of(created_at_ms: Any, run_id: Any, causation_event_id: Any) -> Creation:
+    """The :class:`Creation` a row's columns hold."""
+    origin = None
+    if run_id is not None or causation_event_id is not None:
+        origin = DecisionOrigin(run_id, causation_event_id)
+    return Creation(int(created_at_ms), origin)
+
+
+def audit_values(entry: AuditEntry) -> tuple[int, str, str, str, str, str, int]:
+    """An audit entry's :data:`AUDIT_INSERTED` values (time clamped to i64)."""
+    return (
+        min(entry.at_ms, I64_MAX),
+        entry.action,
+        entry.decision_id,
+        entry.actor,
+        entry.reason,
+        entry.state_before,
+        entry.attempts,
     )
 
 

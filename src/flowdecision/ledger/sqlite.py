@@ -11,7 +11,10 @@ translation and migrations. What is the ledger's own:
   only its own caller;
 * decoded records are remembered per decision id together with their stored
   text; a row whose text is byte-identical is not decoded and validated again;
-* prune deletes in batches of short transactions.
+* prune deletes (or turns into tombstones) in batches of short transactions;
+* operator queries read indexes (``created_at_ms``, ``status``, ``run_id``,
+  schema 2) in keyset order; an operator action and its audit row share one
+  ``BEGIN IMMEDIATE`` transaction.
 
 The schema migrates when the ledger opens (SQLite's policy, see
 :mod:`flowdecision.store.migrations`).
@@ -19,6 +22,7 @@ The schema migrates when the ledger opens (SQLite's policy, see
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 from collections.abc import Callable
@@ -41,10 +45,32 @@ from ..store.lifecycle import check_group_commit, started
 from ..store.migrations import sqlite_schema_version
 from ..store.sqlite import SqliteOpener, sqlite_transaction
 from ..store.sqlite_thread import Job, SqliteThread
-from .base import JointOperation, Operation, PruneProgress, StoredLedger
-from .machine import ClaimRecord, Transition, is_prunable
-from .rows import I64_MAX, LEDGER, TABLE, DecodedRecords, encode_row
-from .states import Claimed, JointOutcome
+from .base import JointOperation, Operation, PruneMode, PruneProgress, StoredLedger
+from .machine import ClaimRecord, Creation, Transition, tombstone_of
+from .query import (
+    AuditPage,
+    AuditQuery,
+    DecisionPage,
+    DecisionQuery,
+    DecisionRow,
+    StoredDecision,
+    audit_page_of,
+    page_of,
+)
+from .rows import (
+    AUDIT_INSERTED,
+    AUDIT_TABLE,
+    I64_MAX,
+    LEDGER,
+    TABLE,
+    DecodedRecords,
+    audit_values,
+    creation_of,
+    creation_values,
+    encode_row,
+)
+from .sqlgen import audit_sql, decision_sql
+from .states import AuditEntry, Claimed, JointOutcome
 
 __all__ = [
     "DEFAULT_SQLITE_PATH",
@@ -68,16 +94,23 @@ _PRUNE_BATCH = 1000
 _SELECT_SQL = f"SELECT record, traceparent FROM {TABLE} WHERE decision_id = ?"
 #: Ids per ``IN (...)`` read (well under SQLite's bound on parameters, 999 before 3.32).
 _READ_CHUNK = 500
-#: Rows per multi-row write (5 parameters each: under the bound of 999 before 3.32).
-_WRITE_CHUNK = 150
+#: Rows per multi-row write (8 parameters each: under the bound of 999 before 3.32).
+_WRITE_CHUNK = 120
 #: Writes the rows a batch changed, new or not, with one statement per chunk: on the
 #: ledger's thread every statement releases the GIL and takes it back. Side data is
-#: never erased by a later write (a record read without it keeps it).
+#: never erased by a later write (a record read without it keeps it); the creation
+#: columns are written by the insert only (an update keeps the first claim's).
 _UPSERT_SQL = (
-    f"INSERT INTO {TABLE} (decision_id, status, completed_at_ms, record, traceparent) "
+    f"INSERT INTO {TABLE} (decision_id, status, completed_at_ms, record, traceparent, "
+    "created_at_ms, run_id, causation_event_id) "
     "VALUES {rows} ON CONFLICT (decision_id) DO UPDATE SET status = excluded.status, "
     "completed_at_ms = excluded.completed_at_ms, record = excluded.record, "
     "traceparent = COALESCE(excluded.traceparent, traceparent)"
+)
+
+#: An operator action's write (side data and creation columns stay as they are).
+_ACT_UPDATE_SQL = (
+    f"UPDATE {TABLE} SET status = ?, completed_at_ms = ?, record = ? WHERE decision_id = ?"
 )
 
 SCHEMA_VERSION = LEDGER.newest("sqlite")
@@ -86,7 +119,7 @@ SCHEMA_VERSION = LEDGER.newest("sqlite")
 class _Slot:
     """One decision's row while a batch is being applied."""
 
-    __slots__ = ("dirty", "error", "exists", "record", "text")
+    __slots__ = ("created", "dirty", "error", "exists", "record", "text")
 
     def __init__(self, exists: bool, record: ClaimRecord | None) -> None:
         self.exists = exists
@@ -94,6 +127,7 @@ class _Slot:
         self.dirty = False
         self.text = ""
         self.error: BaseException | None = None
+        self.created: Creation | None = None
 
 
 class SqliteLedger(StoredLedger):
@@ -127,6 +161,8 @@ class SqliteLedger(StoredLedger):
     share one transaction: at most ``max_batch`` per commit, and the worker
     waits up to ``max_wait_ms`` (default 0: never) for more to arrive once a
     batch has started. ``group_commit=False`` commits every mutation alone.
+
+    ``keep_tombstones``: what :meth:`prune_completed` does when not told.
     """
 
     def __init__(
@@ -140,6 +176,7 @@ class SqliteLedger(StoredLedger):
         max_wait_ms: float = MAX_WAIT_MS,
         cache_kib: int = SQLITE_CACHE_KIB,
         create: bool = True,
+        keep_tombstones: bool = False,
     ) -> None:
         sync = str(synchronous).upper()
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
@@ -157,6 +194,7 @@ class SqliteLedger(StoredLedger):
         self.max_wait_ms = max_wait_ms if self.group_commit else 0.0
         self.cache_kib = cache_kib
         self.create = bool(create)
+        self.keep_tombstones = bool(keep_tombstones)
         self._opener = SqliteOpener(
             LEDGER,
             self.path,
@@ -241,38 +279,57 @@ class SqliteLedger(StoredLedger):
 
         return await self._thread.run(work)
 
-    async def _prune(self, before_ms: int, progress: PruneProgress | None) -> int:
+    async def _prune(self, before_ms: int, progress: PruneProgress | None, mode: PruneMode) -> int:
+        status = "tombstone" if mode is PruneMode.TOMBSTONES else "completed"
+        select = (
+            f"SELECT rowid, decision_id, record FROM {TABLE} "
+            "WHERE status = ? AND completed_at_ms < ? LIMIT ?"
+        )
+
         def batch(conn: sqlite3.Connection) -> int:
             # Exact for every row below the clamp; rows at the clamp are re-checked.
             with sqlite_transaction(conn):
-                cursor = conn.execute(
-                    f"DELETE FROM {TABLE} WHERE rowid IN ("
-                    f"SELECT rowid FROM {TABLE} WHERE completed_at_ms < ? LIMIT ?)",
-                    (min(before_ms, I64_MAX), _PRUNE_BATCH),
-                )
-            return cursor.rowcount
+                if mode is not PruneMode.TOMBSTONE:
+                    cursor = conn.execute(
+                        f"DELETE FROM {TABLE} WHERE rowid IN ("
+                        f"SELECT rowid FROM {TABLE} WHERE status = ? AND completed_at_ms < ? "
+                        "LIMIT ?)",
+                        (status, min(before_ms, I64_MAX), _PRUNE_BATCH),
+                    )
+                    return cursor.rowcount
+                rows = conn.execute(
+                    select, (status, min(before_ms, I64_MAX), _PRUNE_BATCH)
+                ).fetchall()
+                self._bury(conn, [(rowid, key, text) for rowid, key, text in rows])
+            return len(rows)
 
         def clamped(conn: sqlite3.Connection) -> int:
             with sqlite_transaction(conn):
                 rows = conn.execute(
-                    f"SELECT decision_id, record FROM {TABLE} WHERE completed_at_ms = ?",
-                    (I64_MAX,),
+                    f"SELECT rowid, decision_id, record FROM {TABLE} "
+                    "WHERE status = ? AND completed_at_ms = ?",
+                    (status, I64_MAX),
                 ).fetchall()
                 doomed = [
-                    (key,)
-                    for key, text in rows
-                    if is_prunable(self._decoded.decode(key, text), before_ms)
+                    (rowid, key, text)
+                    for rowid, key, text in rows
+                    if mode.selects(self._decoded.decode(key, text), before_ms)
                 ]
-                conn.executemany(f"DELETE FROM {TABLE} WHERE decision_id = ?", doomed)
+                if mode is PruneMode.TOMBSTONE:
+                    self._bury(conn, doomed)
+                else:
+                    conn.executemany(
+                        f"DELETE FROM {TABLE} WHERE rowid = ?", [(row[0],) for row in doomed]
+                    )
             return len(doomed)
 
         total = 0
         while True:
-            deleted = await self._thread.run(batch)
-            total += deleted
+            done = await self._thread.run(batch)
+            total += done
             if progress is not None:
                 progress(total)
-            if deleted < _PRUNE_BATCH:
+            if done < _PRUNE_BATCH:
                 break
         if before_ms > I64_MAX:
             total += await self._thread.run(clamped)
@@ -280,11 +337,74 @@ class SqliteLedger(StoredLedger):
                 progress(total)
         return total
 
+    def _bury(self, conn: sqlite3.Connection, rows: list[tuple[int, str, str]]) -> None:
+        """Replace completed records with their tombstones (in the caller's transaction)."""
+        updates = []
+        for rowid, key, text in rows:
+            values = encode_row(key, tombstone_of(self._decoded.decode(key, text)))
+            updates.append((*values[1:4], rowid))
+        conn.executemany(
+            f"UPDATE {TABLE} SET status = ?, completed_at_ms = ?, record = ? WHERE rowid = ?",
+            updates,
+        )
+
+    # -- operator actions and queries -------------------------------------------------
+
+    async def _act(self, decision_id: str, op: Operation[AuditEntry]) -> AuditEntry:
+        def work(conn: sqlite3.Connection) -> AuditEntry:
+            with sqlite_transaction(conn):
+                row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
+                record = None if row is None else self._decoded.decode(decision_id, *row)
+                transition = op(record, self.now_ms())
+                if transition.record is None:
+                    conn.execute(f"DELETE FROM {TABLE} WHERE decision_id = ?", (decision_id,))
+                else:
+                    conn.execute(
+                        _ACT_UPDATE_SQL,
+                        (*encode_row(decision_id, transition.record)[1:4], decision_id),
+                    )
+                entry = transition.result
+                seq = conn.execute(
+                    f"INSERT INTO {AUDIT_TABLE} ({AUDIT_INSERTED}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+                    audit_values(entry),
+                ).fetchone()[0]
+            return dataclasses.replace(entry, seq=int(seq))
+
+        return await self._thread.run(work)
+
+    async def _list(self, query: DecisionQuery, now_ms: int) -> DecisionPage:
+        sql, params = decision_sql(query, now_ms, "?", count=False)
+
+        def work(conn: sqlite3.Connection) -> list[DecisionRow]:
+            return [
+                DecisionRow.of(
+                    StoredDecision(key, self._decoded.decode(key, text), creation_of(*extra)),
+                    now_ms,
+                )
+                for key, text, *extra in conn.execute(sql, params).fetchall()
+            ]
+
+        return page_of(await self._thread.run(work), query.limit)
+
+    async def _count(self, query: DecisionQuery, now_ms: int) -> int:
+        sql, params = decision_sql(query, now_ms, "?", count=True)
+        return int(await self._thread.run(lambda conn: conn.execute(sql, params).fetchone()[0]))
+
+    async def _audit(self, query: AuditQuery) -> AuditPage:
+        sql, params = audit_sql(query, "?")
+
+        def work(conn: sqlite3.Connection) -> list[AuditEntry]:
+            return [AuditEntry(*row) for row in conn.execute(sql, params).fetchall()]
+
+        return audit_page_of(await self._thread.run(work), query.limit)
+
     # -- group commit (on the connection thread) -----------------------------------
 
     def _write_batch(self, conn: sqlite3.Connection, jobs: list[Job]) -> Callable[[], None] | None:
         """Apply ``jobs`` in arrival order and write the rows they changed."""
         slots = self._transform(conn, jobs)
+        now = self.now_ms()
         rows: list[Any] = []
         for decision_id, slot in slots.items():
             if not slot.dirty:
@@ -293,12 +413,12 @@ class SqliteLedger(StoredLedger):
             assert record is not None
             values = encode_row(decision_id, record)
             slot.text = values[3]
-            rows.append(values)
+            rows.append((*values, *creation_values(slot.created, now)))
         if not rows:
             return None
         for start in range(0, len(rows), _WRITE_CHUNK):
             chunk = rows[start : start + _WRITE_CHUNK]
-            sql = _UPSERT_SQL.format(rows=",".join(["(?, ?, ?, ?, ?)"] * len(chunk)))
+            sql = _UPSERT_SQL.format(rows=",".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk)))
             conn.execute(sql, [value for row in chunk for value in row])
 
         def committed() -> None:
@@ -349,6 +469,8 @@ class SqliteLedger(StoredLedger):
             if transition.changed and transition.record is not None:
                 slot.record = transition.record
                 slot.dirty = True
+                if transition.created is not None:
+                    slot.created = transition.created
             job.result = transition.result
         return slots
 
@@ -376,7 +498,7 @@ def _joint(
         conn.execute("RELEASE flowdecision_joint")
         raise
     conn.execute("RELEASE flowdecision_joint")
-    return Transition(completed.record, JointOutcome(outcome, inserted), True)
+    return Transition(completed.record, JointOutcome(outcome, inserted), True, claimed.created)
 
 
 def _read_rows(

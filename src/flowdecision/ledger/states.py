@@ -7,18 +7,21 @@ operator-facing diagnostic.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar
 
 from ..identity import ResultReceipt
 
 __all__ = [
     "AlreadyCompleted",
+    "AuditEntry",
     "Busy",
     "ClaimOutcome",
     "ClaimState",
     "Claimed",
     "Completed",
     "Conflict",
+    "DecisionState",
     "JointOutcome",
     "Missing",
     "Pending",
@@ -42,11 +45,14 @@ class AlreadyCompleted:
     ``traceparent`` is the trace context of the dispatch that completed it,
     where the ledger keeps one (for a duplicate's span link). They do not take
     part in equality: every ``AlreadyCompleted`` is equal.
+    ``receipt_digest`` is set instead of ``receipt`` when the decision was
+    pruned to a tombstone, which keeps only the receipt's digest.
     """
 
     attempts: int | None = field(default=None, compare=False)
     receipt: ResultReceipt | None = field(default=None, compare=False)
     traceparent: str | None = field(default=None, compare=False)
+    receipt_digest: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,21 @@ class JointOutcome:
 
     claim: ClaimOutcome
     inserted: bool | None = None
+
+
+class DecisionState(StrEnum):
+    """What operators query by: a stored decision's state at a given time.
+
+    A released claim (owner gone, lease 0) is ``pending_expired``: the next
+    caller takes it at once. ``tombstoned``: pruned with ``keep_tombstones``;
+    only its id, request hash, attempts, completion time and receipt digest
+    remain, which still answer a late duplicate.
+    """
+
+    PENDING_LIVE = "pending_live"
+    PENDING_EXPIRED = "pending_expired"
+    COMPLETED = "completed"
+    TOMBSTONED = "tombstoned"
 
 
 class _StateBase:
@@ -142,3 +163,51 @@ class Unavailable(_StateBase):
 
 
 ClaimState = Missing | Pending | Completed | Unavailable
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One operator action, as the append-only audit table keeps it.
+
+    ``seq`` orders the trail (assigned by the store when the entry is written,
+    in the same transaction as the action); ``at_ms`` is the ledger's clock;
+    ``action`` is ``release`` or ``forget``; ``state_before`` is the
+    :class:`DecisionState` the action found and ``attempts`` the record's
+    attempts after it (a release bumps them: the fencing token).
+    """
+
+    seq: int
+    at_ms: int
+    action: str
+    decision_id: str
+    actor: str
+    reason: str
+    state_before: str
+    attempts: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape (``GET /v1/audit``, ``flowdecision audit --json``)."""
+        return {
+            "seq": self.seq,
+            "at_ms": self.at_ms,
+            "action": self.action,
+            "decision_id": self.decision_id,
+            "actor": self.actor,
+            "reason": self.reason,
+            "state_before": self.state_before,
+            "attempts": self.attempts,
+        }
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> AuditEntry:
+        """Read back :meth:`to_dict`'s shape (the JSON ledger's audit file, the client)."""
+        return cls(
+            seq=int(obj["seq"]),
+            at_ms=int(obj["at_ms"]),
+            action=str(obj["action"]),
+            decision_id=str(obj["decision_id"]),
+            actor=str(obj["actor"]),
+            reason=str(obj["reason"]),
+            state_before=str(obj["state_before"]),
+            attempts=int(obj["attempts"]),
+        )

@@ -1,0 +1,413 @@
+"""``list``, ``release``, ``forget`` and ``audit``: finding decisions and acting on them.
+
+The same queries as ``GET /v1/decisions`` (:class:`~flowdecision.ledger.query.DecisionQuery`);
+every action takes an actor and a reason and is written to the ledger's audit
+trail in the action's own transaction. An action by query (no ids given) first
+prints how many decisions it would touch and does nothing without ``--yes``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import getpass
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ..errors import FlowDecisionError
+from ..ledger import Ledger, open_ledger
+from ..ledger.query import (
+    DEFAULT_PAGE_LIMIT,
+    MAX_PAGE_LIMIT,
+    AuditQuery,
+    DecisionPage,
+    DecisionQuery,
+    DecisionRow,
+)
+from ..ledger.states import AuditEntry, DecisionState
+from ..redact import printable
+from .common import (
+    EXIT_USAGE,
+    emit_json,
+    fail,
+    json_option,
+    ledger_option,
+    parse_duration_ms,
+    run,
+    table,
+)
+
+STATES = [state.value for state in DecisionState]
+
+
+def parse_time_ms(text: str | None, now_ms: int, name: str) -> int | None:
+    """A time option: epoch milliseconds, an ISO-8601 time, or an age (``1h``: an hour ago)."""
+    if text is None:
+        return None
+    value = text.strip()
+    if value.isdigit():
+        return int(value)
+    if value and value[-1] in "smhdw" and value[:-1].rstrip("m").strip().isdigit():
+        return max(now_ms - parse_duration_ms(value), 0)
+    try:
+        moment = _dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"`{text}` is not a time: give epoch milliseconds, an ISO-8601 time "
+            "(2026-01-31T12:00:00+00:00) or an age (30m, 1h, 7d: that long ago)",
+            param_hint=f"--{name}",
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=_dt.UTC)
+    return max(int(moment.timestamp() * 1000), 0)
+
+
+def default_actor() -> str:
+    """``user@host``: who runs the command, when ``--actor`` is not given."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def query_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The query options ``list``, ``release`` and ``forget`` share."""
+    for option in reversed(
+        [
+            click.option("--run", "run_id", help="Only this run's decisions."),
+            click.option(
+                "--state", type=click.Choice(STATES), help="Only decisions in this state."
+            ),
+            click.option(
+                "--after", help="First claimed at or after this time (epoch ms, ISO-8601, or 1h)."
+            ),
+            click.option(
+                "--before", help="First claimed before this time (epoch ms, ISO-8601, or 1h)."
+            ),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
+def _query(
+    ledger: Ledger,
+    run_id: str | None,
+    state: str | None,
+    after: str | None,
+    before: str | None,
+    cursor: str | None = None,
+    limit: int = DEFAULT_PAGE_LIMIT,
+) -> DecisionQuery:
+    now = ledger.now_ms()
+    return DecisionQuery(
+        run_id=run_id,
+        state=None if state is None else DecisionState(state),
+        after_ms=parse_time_ms(after, now, "after"),
+        before_ms=parse_time_ms(before, now, "before"),
+        cursor=cursor,
+        limit=limit,
+    )
+
+
+def _rows_table(rows: tuple[DecisionRow, ...]) -> str:
+    def when(row: DecisionRow) -> object:
+        if row.lease_expires_at_ms is not None:
+            return f"lease {row.lease_expires_at_ms}"
+        return "" if row.completed_at_ms is None else f"done {row.completed_at_ms}"
+
+    return table(
+        ["decision_id", "state", "attempts", "created_at_ms", "lease/completion", "run_id"],
+        [
+            (
+                printable(row.decision_id),
+                row.state.value,
+                row.attempts,
+                row.created_at_ms,
+                when(row),
+                printable(row.run_id or "-"),
+            )
+            for row in rows
+        ],
+    )
+
+
+@click.command("list")
+@ledger_option
+@query_options
+@click.option("--cursor", help="Continue after the page that printed this cursor.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_PAGE_LIMIT),
+    default=DEFAULT_PAGE_LIMIT,
+    show_default=True,
+    help="Decisions per page.",
+)
+@click.option("--count", "with_count", is_flag=True, help="Also count every match.")
+@json_option
+def list_cmd(
+    ledger_url: str,
+    run_id: str | None,
+    state: str | None,
+    after: str | None,
+    before: str | None,
+    cursor: str | None,
+    limit: int,
+    with_count: bool,
+    as_json: bool,
+) -> None:
+    """List decisions by run, state and age, a page at a time (first claimed first).
+
+    A run's decisions come in the order they were first claimed. The last line
+    names the cursor of the next page. Reads only: a missing ledger exits 4.
+    """
+
+    async def go() -> tuple[DecisionPage, int | None]:
+        ledger = await open_ledger(ledger_url, create=False)
+        try:
+            query = _query(ledger, run_id, state, after, before, cursor, limit)
+            page = await ledger.list_decisions(query)
+            count = await ledger.count_decisions(query) if with_count else None
+            return page, count
+        finally:
+            await ledger.close()
+
+    page, count = run(go)
+    if as_json:
+        body: dict[str, Any] = page.to_dict()
+        if count is not None:
+            body["count"] = count
+        emit_json(body)
+        return
+    if page.decisions:
+        click.echo(_rows_table(page.decisions))
+    else:
+        click.echo("no decisions match")
+    if count is not None:
+        click.echo(f"{count} decision(s) match")
+    if page.next_cursor is not None:
+        click.echo(f"next page: --cursor {page.next_cursor}")
+
+
+def _act(
+    name: str,
+    ledger_url: str,
+    decision_ids: tuple[str, ...],
+    filters: tuple[str | None, str | None, str | None, str | None],
+    actor: str | None,
+    reason: str,
+    yes: bool,
+    as_json: bool,
+    allowed: set[DecisionState],
+) -> None:
+    """Run one action on the given ids, or on every decision a query selects."""
+    by_query = any(value is not None for value in filters)
+    if decision_ids and by_query:
+        fail(
+            "give decision ids or query options (--run/--state/--after/--before), not both",
+            EXIT_USAGE,
+        )
+    if not decision_ids and not by_query:
+        fail(f"name the decisions to {name}: ids, or query options with --yes", EXIT_USAGE)
+    who = actor or default_actor()
+    done: list[AuditEntry] = []
+    refused: list[dict[str, str]] = []
+
+    async def act(ledger: Ledger, decision_id: str) -> None:
+        try:
+            if name == "release":
+                done.append(await ledger.operator_release(decision_id, actor=who, reason=reason))
+            else:
+                done.append(await ledger.forget(decision_id, actor=who, reason=reason))
+        except FlowDecisionError as error:
+            if not by_query and len(decision_ids) == 1:
+                raise
+            refused.append({"decision_id": decision_id, "error": str(error)})
+
+    async def go() -> int | None:
+        ledger = await open_ledger(ledger_url, create=False)
+        try:
+            if not by_query:
+                for decision_id in decision_ids:
+                    await act(ledger, decision_id)
+                return None
+            query = _query(ledger, *filters, limit=MAX_PAGE_LIMIT)
+            matching = await ledger.count_decisions(query)
+            if not yes:
+                return matching
+            # Keyset order is by first-claim time, which actions never change: paging on
+            # while acting neither repeats nor skips a decision.
+            cursor = None
+            while True:
+                page = await ledger.list_decisions(
+                    DecisionQuery(
+                        query.run_id, query.state, query.before_ms, query.after_ms, cursor,
+                        MAX_PAGE_LIMIT,
+                    )
+                )  # fmt: skip
+                for row in page.decisions:
+                    if row.state in allowed:
+                        await act(ledger, row.decision_id)
+                cursor = page.next_cursor
+                if cursor is None:
+                    return None
+        finally:
+            await ledger.close()
+
+    preview = run(go)
+    if preview is not None:
+        message = (
+            f"{preview} decision(s) match; nothing was done. Run again with --yes to {name} them."
+        )
+        if as_json:
+            emit_json({"action": name, "matching": preview, "done": False})
+        else:
+            click.echo(message)
+        raise SystemExit(EXIT_USAGE)
+    if as_json:
+        emit_json(
+            {"action": name, "audit": [entry.to_dict() for entry in done], "refused": refused}
+        )
+        return
+    past = {"release": "released", "forget": "forgot"}[name]
+    for entry in done:
+        click.echo(
+            f"{past} `{printable(entry.decision_id)}` (was {entry.state_before}, attempts "
+            f"{entry.attempts}); audit #{entry.seq}"
+        )
+    for item in refused:
+        click.echo(f"not {past} `{printable(item['decision_id'])}`: {item['error']}", err=True)
+    if refused:
+        raise SystemExit(1)
+
+
+_actor_option = click.option("--actor", help="Who acts, for the audit trail (default: user@host).")
+_yes_option = click.option(
+    "--yes", is_flag=True, help="Act on every decision the query selects (else: count only)."
+)
+
+
+@click.command("release")
+@ledger_option
+@click.argument("decision_ids", nargs=-1)
+@query_options
+@_actor_option
+@click.option("--reason", required=True, help="Why, for the audit trail.")
+@_yes_option
+@json_option
+def release_cmd(
+    ledger_url: str,
+    decision_ids: tuple[str, ...],
+    run_id: str | None,
+    state: str | None,
+    after: str | None,
+    before: str | None,
+    actor: str | None,
+    reason: str,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Release pending claims (live or expired) so the next caller takes them now.
+
+    Fenced: the attempt count (the fencing token) is bumped, so the old owner
+    can never complete. Each release is audited (``flowdecision audit``).
+    """
+    pending = {DecisionState.PENDING_LIVE, DecisionState.PENDING_EXPIRED}
+    filters = (run_id, state, after, before)
+    _act("release", ledger_url, decision_ids, filters, actor, reason, yes, as_json, pending)
+
+
+@click.command("forget")
+@ledger_option
+@click.argument("decision_ids", nargs=-1)
+@query_options
+@_actor_option
+@click.option("--reason", required=True, help="Why the id may be used again (audited).")
+@_yes_option
+@json_option
+def forget_cmd(
+    ledger_url: str,
+    decision_ids: tuple[str, ...],
+    run_id: str | None,
+    state: str | None,
+    after: str | None,
+    before: str | None,
+    actor: str | None,
+    reason: str,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Delete completed decisions or tombstones so their ids can be submitted again.
+
+    Pending claims are refused (release them first). Each one is audited.
+    """
+    finished = {DecisionState.COMPLETED, DecisionState.TOMBSTONED}
+    filters = (run_id, state, after, before)
+    _act("forget", ledger_url, decision_ids, filters, actor, reason, yes, as_json, finished)
+
+
+@click.command("audit")
+@ledger_option
+@click.option("--decision", "decision_id", help="Only this decision's entries.")
+@click.option("--after", help="At or after this time (epoch ms, ISO-8601, or 1h).")
+@click.option("--before", help="Before this time (epoch ms, ISO-8601, or 1h).")
+@click.option("--cursor", help="Continue after the page that printed this cursor.")
+@click.option(
+    "--limit", type=click.IntRange(1, MAX_PAGE_LIMIT), default=DEFAULT_PAGE_LIMIT, show_default=True
+)
+@json_option
+def audit_cmd(
+    ledger_url: str,
+    decision_id: str | None,
+    after: str | None,
+    before: str | None,
+    cursor: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Show the audit trail of operator actions (who released or forgot what, when, why)."""
+
+    async def go() -> Any:
+        ledger = await open_ledger(ledger_url, create=False)
+        try:
+            now = ledger.now_ms()
+            query = AuditQuery(
+                decision_id=decision_id,
+                after_ms=parse_time_ms(after, now, "after"),
+                before_ms=parse_time_ms(before, now, "before"),
+                cursor=cursor,
+                limit=limit,
+            )
+            return await ledger.audit(query)
+        finally:
+            await ledger.close()
+
+    page = run(go)
+    if as_json:
+        emit_json(page.to_dict())
+        return
+    if not page.entries:
+        click.echo("no audit entries")
+    else:
+        click.echo(
+            table(
+                ["seq", "at_ms", "action", "decision_id", "actor", "reason", "was"],
+                [
+                    (
+                        entry.seq,
+                        entry.at_ms,
+                        entry.action,
+                        printable(entry.decision_id),
+                        printable(entry.actor),
+                        printable(entry.reason),
+                        entry.state_before,
+                    )
+                    for entry in page.entries
+                ],
+            )
+        )
+    if page.next_cursor is not None:
+        click.echo(f"next page: --cursor {page.next_cursor}")

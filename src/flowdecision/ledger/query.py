@@ -1,0 +1,368 @@
+"""Operator queries over a ledger: decisions by run, state and age, and the audit trail.
+
+One query shape (:class:`DecisionQuery`, :class:`AuditQuery`) for the library,
+the service (``GET /v1/decisions``, ``GET /v1/runs/{run_id}``, ``GET
+/v1/audit``), the CLI (``flowdecision list``, ``flowdecision audit``) and the
+status page. Pages are **keyset** pages: decisions come in the order they were
+first claimed (``created_at_ms``, then ``decision_id``), which for one run is
+the order its decisions were caused; the cursor is the last position shown,
+never an offset, so decisions inserted while an operator pages never shift or
+repeat what is still to come. A page holds at most :data:`MAX_PAGE_LIMIT`.
+
+The SQL ledgers answer from indexes; the memory and JSON-file ledgers answer
+with the scan helpers here (:func:`scan_page`, :func:`scan_count`,
+:func:`scan_audit`), which are the reference the conformance tests hold the
+SQL answers to.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidArgumentError
+from ..limits import U64_MAX
+from .machine import ClaimRecord, Creation, decision_state
+from .states import AuditEntry, DecisionState
+
+__all__ = [
+    "DEFAULT_PAGE_LIMIT",
+    "MAX_PAGE_LIMIT",
+    "AuditPage",
+    "AuditQuery",
+    "DecisionPage",
+    "DecisionQuery",
+    "DecisionRow",
+    "StoredDecision",
+    "decode_cursor",
+    "encode_cursor",
+    "scan_audit",
+    "scan_count",
+    "scan_page",
+]
+
+#: The hard ceiling of one page, whatever a caller asks for.
+MAX_PAGE_LIMIT = 1000
+#: A page's size when none is asked for.
+DEFAULT_PAGE_LIMIT = 100
+
+
+def encode_cursor(position: list[Any]) -> str:
+    """An opaque cursor for a keyset position (URL-safe base64 of its JSON)."""
+    raw = json.dumps(position, separators=(",", ":")).encode("utf-8")
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: str, shape: tuple[type, ...]) -> list[Any]:
+    """The position a cursor holds; raises :class:`InvalidArgumentError` naming ``cursor``."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        value = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
+    except (ValueError, UnicodeError, binascii.Error):
+        value = None
+    if (
+        not isinstance(value, list)
+        or len(value) != len(shape)
+        or not all(
+            isinstance(item, kind) and not isinstance(item, bool)
+            for item, kind in zip(value, shape, strict=True)
+        )
+    ):
+        raise InvalidArgumentError(f"`cursor` is not a cursor this query returned: {cursor!r}")
+    return value
+
+
+def _check_time(name: str, value: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= U64_MAX:
+        raise InvalidArgumentError(f"`{name}` must be a Unix time in milliseconds, got {value!r}")
+    return value
+
+
+def _check_limit(limit: int) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_LIMIT:
+        raise InvalidArgumentError(
+            f"`limit` must be an integer in 1..={MAX_PAGE_LIMIT}, got {limit!r}"
+        )
+    return limit
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionQuery:
+    """Which decisions to list; every filter given must match.
+
+    ``run_id``: the run's decisions. ``state``: a :class:`DecisionState` (or
+    its value). ``after_ms`` / ``before_ms``: first claimed at or after / before
+    that time (Unix ms); records written before the query migration carry
+    their completion time, or 0 when pending. ``cursor``: the
+    ``next_cursor`` of the previous page. ``limit``: 1..:data:`MAX_PAGE_LIMIT`.
+    Invalid values raise :class:`InvalidArgumentError` naming the field.
+    """
+
+    run_id: str | None = None
+    state: DecisionState | None = None
+    before_ms: int | None = None
+    after_ms: int | None = None
+    cursor: str | None = None
+    limit: int = DEFAULT_PAGE_LIMIT
+
+    def __post_init__(self) -> None:
+        if self.state is not None and not isinstance(self.state, DecisionState):
+            try:
+                object.__setattr__(self, "state", DecisionState(str(self.state)))
+            except ValueError:
+                names = ", ".join(state.value for state in DecisionState)
+                raise InvalidArgumentError(
+                    f"`state` must be one of {names}, got {self.state!r}"
+                ) from None
+        if self.run_id is not None and not isinstance(self.run_id, str):
+            raise InvalidArgumentError(f"`run_id` must be a string, got {self.run_id!r}")
+        _check_time("before_ms", self.before_ms)
+        _check_time("after_ms", self.after_ms)
+        _check_limit(self.limit)
+        self.position()
+
+    def position(self) -> tuple[int, str] | None:
+        """The keyset position after which this page starts, from the cursor."""
+        if self.cursor is None:
+            return None
+        created, decision_id = decode_cursor(self.cursor, (int, str))
+        return created, decision_id
+
+    def counting(self) -> DecisionQuery:
+        """The same filters, without cursor (what :meth:`Ledger.count_decisions` counts)."""
+        return DecisionQuery(self.run_id, self.state, self.before_ms, self.after_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredDecision:
+    """A record together with what the ledger keeps beside it (creation, origin)."""
+
+    decision_id: str
+    record: ClaimRecord
+    created: Creation | None
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRow:
+    """One listed decision: its query state and what an operator needs to act on it.
+
+    Redacted like :class:`~flowdecision.ledger.protocol.LedgerEntry`: no owner id.
+    """
+
+    decision_id: str
+    state: DecisionState
+    request_hash: str
+    attempts: int
+    created_at_ms: int
+    lease_expires_at_ms: int | None
+    completed_at_ms: int | None
+    run_id: str | None
+    causation_event_id: str | None
+    receipt_digest: str | None
+
+    @classmethod
+    def of(cls, stored: StoredDecision, now_ms: int) -> DecisionRow:
+        """The row for a stored decision, its state taken at ``now_ms``."""
+        record = stored.record
+        created = stored.created
+        origin = None if created is None else created.origin
+        state = decision_state(record, now_ms)
+        pending = state in (DecisionState.PENDING_LIVE, DecisionState.PENDING_EXPIRED)
+        return cls(
+            decision_id=stored.decision_id,
+            state=state,
+            request_hash=record.request_hash,
+            attempts=record.attempts,
+            created_at_ms=created_at(stored),
+            lease_expires_at_ms=record.lease_expires_at_ms if pending else None,
+            completed_at_ms=record.completed_at_ms,
+            run_id=None if origin is None else origin.run_id,
+            causation_event_id=None if origin is None else origin.causation_event_id,
+            receipt_digest=record.receipt_digest,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape (``GET /v1/decisions``, ``flowdecision list --json``)."""
+        return {
+            "decision_id": self.decision_id,
+            "state": self.state.value,
+            "request_hash": self.request_hash,
+            "attempts": self.attempts,
+            "created_at_ms": self.created_at_ms,
+            "lease_expires_at_ms": self.lease_expires_at_ms,
+            "completed_at_ms": self.completed_at_ms,
+            "run_id": self.run_id,
+            "causation_event_id": self.causation_event_id,
+            "receipt_digest": self.receipt_digest,
+        }
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> DecisionRow:
+        """Read back :meth:`to_dict`'s shape (the client)."""
+        return cls(
+            decision_id=str(obj["decision_id"]),
+            state=DecisionState(obj["state"]),
+            request_hash=str(obj["request_hash"]),
+            attempts=int(obj["attempts"]),
+            created_at_ms=int(obj["created_at_ms"]),
+            lease_expires_at_ms=obj.get("lease_expires_at_ms"),
+            completed_at_ms=obj.get("completed_at_ms"),
+            run_id=obj.get("run_id"),
+            causation_event_id=obj.get("causation_event_id"),
+            receipt_digest=obj.get("receipt_digest"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionPage:
+    """One page of decisions; ``next_cursor`` is None on the last page."""
+
+    decisions: tuple[DecisionRow, ...]
+    next_cursor: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"decisions": [...], "next_cursor": ...}``."""
+        return {
+            "decisions": [row.to_dict() for row in self.decisions],
+            "next_cursor": self.next_cursor,
+        }
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> DecisionPage:
+        """Read back :meth:`to_dict`'s shape (the client)."""
+        return cls(
+            tuple(DecisionRow.from_dict(row) for row in obj["decisions"]), obj.get("next_cursor")
+        )
+
+
+def page_of(rows: list[DecisionRow], limit: int) -> DecisionPage:
+    """A page from up to ``limit + 1`` rows in order (the extra one says "more")."""
+    if len(rows) <= limit:
+        return DecisionPage(tuple(rows), None)
+    shown = rows[:limit]
+    last = shown[-1]
+    return DecisionPage(tuple(shown), encode_cursor([last.created_at_ms, last.decision_id]))
+
+
+@dataclass(frozen=True, slots=True)
+class AuditQuery:
+    """Which audit entries to list, oldest first: by decision, by time, after a cursor."""
+
+    decision_id: str | None = None
+    before_ms: int | None = None
+    after_ms: int | None = None
+    cursor: str | None = None
+    limit: int = DEFAULT_PAGE_LIMIT
+
+    def __post_init__(self) -> None:
+        _check_time("before_ms", self.before_ms)
+        _check_time("after_ms", self.after_ms)
+        _check_limit(self.limit)
+        self.after_seq()
+
+    def after_seq(self) -> int:
+        """The last ``seq`` the previous page showed (0: from the start)."""
+        if self.cursor is None:
+            return 0
+        (seq,) = decode_cursor(self.cursor, (int,))
+        return int(seq)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditPage:
+    """One page of the audit trail; ``next_cursor`` is None on the last page."""
+
+    entries: tuple[AuditEntry, ...]
+    next_cursor: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"entries": [...], "next_cursor": ...}``."""
+        return {
+            "entries": [entry.to_dict() for entry in self.entries],
+            "next_cursor": self.next_cursor,
+        }
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> AuditPage:
+        """Read back :meth:`to_dict`'s shape (the client)."""
+        return cls(
+            tuple(AuditEntry.from_dict(entry) for entry in obj["entries"]), obj.get("next_cursor")
+        )
+
+
+def audit_page_of(entries: list[AuditEntry], limit: int) -> AuditPage:
+    """A page from up to ``limit + 1`` entries in ``seq`` order."""
+    if len(entries) <= limit:
+        return AuditPage(tuple(entries), None)
+    shown = entries[:limit]
+    return AuditPage(tuple(shown), encode_cursor([shown[-1].seq]))
+
+
+# ------------------------------------------------------------------ the scanning answer
+
+
+def created_at(stored: StoredDecision) -> int:
+    """When the decision was first claimed; for records that predate it, as migrated."""
+    if stored.created is not None:
+        return stored.created.at_ms
+    completed = stored.record.completed_at_ms
+    return 0 if completed is None else completed
+
+
+def _matches(query: DecisionQuery, stored: StoredDecision, now_ms: int) -> bool:
+    if query.run_id is not None:
+        origin = None if stored.created is None else stored.created.origin
+        if origin is None or origin.run_id != query.run_id:
+            return False
+    if query.state is not None and decision_state(stored.record, now_ms) is not query.state:
+        return False
+    at = created_at(stored)
+    if query.after_ms is not None and at < query.after_ms:
+        return False
+    return query.before_ms is None or at < query.before_ms
+
+
+def scan_page(
+    decisions: Iterable[StoredDecision], query: DecisionQuery, now_ms: int
+) -> DecisionPage:
+    """Answer ``query`` by looking at every decision (memory and JSON-file ledgers)."""
+    position = query.position()
+    found = [
+        stored
+        for stored in decisions
+        if _matches(query, stored, now_ms)
+        and (position is None or (created_at(stored), stored.decision_id) > position)
+    ]
+    found.sort(key=lambda stored: (created_at(stored), stored.decision_id))
+    rows = [DecisionRow.of(stored, now_ms) for stored in found[: query.limit + 1]]
+    return page_of(rows, query.limit)
+
+
+def scan_count(decisions: Iterable[StoredDecision], query: DecisionQuery, now_ms: int) -> int:
+    """How many decisions match ``query``'s filters (its cursor and limit ignored)."""
+    return sum(1 for stored in decisions if _matches(query, stored, now_ms))
+
+
+def audit_matches(query: AuditQuery, entry: AuditEntry) -> bool:
+    """Whether ``entry`` is one ``query`` asks for (cursor aside)."""
+    if query.decision_id is not None and entry.decision_id != query.decision_id:
+        return False
+    if query.after_ms is not None and entry.at_ms < query.after_ms:
+        return False
+    return query.before_ms is None or entry.at_ms < query.before_ms
+
+
+def scan_audit(entries: Iterable[AuditEntry], query: AuditQuery) -> AuditPage:
+    """Answer an audit query by reading the whole trail (memory and JSON-file ledgers)."""
+    after = query.after_seq()
+    found = sorted(
+        (entry for entry in entries if entry.seq > after and audit_matches(query, entry)),
+        key=lambda entry: entry.seq,
+    )
+    return audit_page_of(found[: query.limit + 1], query.limit)

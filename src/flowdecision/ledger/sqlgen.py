@@ -1,0 +1,106 @@
+"""The operator queries as SQL, written once for both dialects.
+
+Each query is one keyset range scan over an index of schema 2:
+``(created_at_ms, decision_id)``, ``(status, created_at_ms, decision_id)`` or
+``(run_id, created_at_ms, decision_id)``, resumed after the cursor's position
+with a row-value comparison (never OFFSET) and cut at ``limit + 1`` rows (the
+extra row only says that there is a next page). Live and expired pending
+claims differ by the lease in the record's JSON, a residual filter on the few
+rows the state index hands over. PostgreSQL compares ``decision_id`` with the
+"C" collation (code point order, as SQLite and the scanning ledgers do),
+which its indexes are built with.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from .query import AuditQuery, DecisionQuery
+from .rows import AUDIT_COLUMNS, AUDIT_TABLE, I64_MAX, TABLE
+from .states import DecisionState
+
+__all__ = ["audit_sql", "decision_sql"]
+
+Style = Literal["?", "$"]
+
+_LEASE = {
+    "?": "json_extract(record, '$.lease_expires_at_ms')",
+    "$": "(record::json ->> 'lease_expires_at_ms')::numeric",
+}
+_ID = {"?": "decision_id", "$": 'decision_id COLLATE "C"'}
+_STATUS = {
+    DecisionState.COMPLETED: "completed",
+    DecisionState.TOMBSTONED: "tombstone",
+    DecisionState.PENDING_LIVE: "pending",
+    DecisionState.PENDING_EXPIRED: "pending",
+}
+
+
+class _Params:
+    def __init__(self, style: Style) -> None:
+        self.style = style
+        self.values: list[Any] = []
+
+    def __call__(self, value: Any, cast: str = "") -> str:
+        self.values.append(value)
+        if self.style == "?":
+            return "?"
+        return f"${len(self.values)}{cast}"
+
+
+def decision_sql(
+    query: DecisionQuery, now_ms: int, style: Style, *, count: bool
+) -> tuple[str, list[Any]]:
+    """``(sql, params)`` for a page (or, with ``count``, the number) of ``query``'s decisions.
+
+    A page's rows are ``decision_id, record, created_at_ms, run_id,
+    causation_event_id`` in keyset order.
+    """
+    param = _Params(style)
+    ident = _ID[style]
+    where: list[str] = []
+    if query.run_id is not None:
+        where.append(f"run_id = {param(query.run_id)}")
+    if query.state is not None:
+        where.append(f"status = {param(_STATUS[query.state])}")
+        if query.state is DecisionState.PENDING_LIVE:
+            where.append(f"{_LEASE[style]} > {param(now_ms, '::bigint')}")
+        elif query.state is DecisionState.PENDING_EXPIRED:
+            where.append(f"{_LEASE[style]} <= {param(now_ms, '::bigint')}")
+    if query.after_ms is not None:
+        where.append(f"created_at_ms >= {param(min(query.after_ms, I64_MAX), '::bigint')}")
+    if query.before_ms is not None:
+        where.append(f"created_at_ms < {param(min(query.before_ms, I64_MAX), '::bigint')}")
+    if count:
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        return f"SELECT count(*) FROM {TABLE}{clause}", param.values
+    position = query.position()
+    if position is not None:
+        created, after_id = position
+        where.append(
+            f"(created_at_ms, {ident}) > "
+            f"({param(min(created, I64_MAX), '::bigint')}, {param(after_id, '::text')})"
+        )
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    sql = (
+        f"SELECT decision_id, record, created_at_ms, run_id, causation_event_id FROM {TABLE}"
+        f"{clause} ORDER BY created_at_ms, {ident} LIMIT {param(query.limit + 1, '::bigint')}"
+    )
+    return sql, param.values
+
+
+def audit_sql(query: AuditQuery, style: Style) -> tuple[str, list[Any]]:
+    """``(sql, params)`` for a page of the audit trail (rows in :data:`AUDIT_COLUMNS` order)."""
+    param = _Params(style)
+    where = [f"seq > {param(query.after_seq(), '::bigint')}"]
+    if query.decision_id is not None:
+        where.append(f"decision_id = {param(query.decision_id)}")
+    if query.after_ms is not None:
+        where.append(f"at_ms >= {param(min(query.after_ms, I64_MAX), '::bigint')}")
+    if query.before_ms is not None:
+        where.append(f"at_ms < {param(min(query.before_ms, I64_MAX), '::bigint')}")
+    sql = (
+        f"SELECT {AUDIT_COLUMNS} FROM {AUDIT_TABLE} WHERE {' AND '.join(where)} "
+        f"ORDER BY seq LIMIT {param(query.limit + 1, '::bigint')}"
+    )
+    return sql, param.values

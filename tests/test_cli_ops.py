@@ -1,0 +1,147 @@
+"""``flowdecision list / release / forget / audit / prune --keep-tombstones``, as real processes.
+
+Each test starts where docs/OPERATIONS.md starts: an empty directory, decisions
+submitted through the library, then the operator's commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowdecision import Dispatcher, DispatchOutcome
+from flowdecision.ledger import SqliteLedger
+
+from .helpers import RecordingSink, request
+
+CLI = [sys.executable, "-m", "flowdecision.cli"]
+
+
+def flowdecision(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+def _seed(path: Path) -> None:
+    """Run a: 3 decisions submitted; run b: 2 claims left by an owner that died."""
+
+    async def go() -> None:
+        ledger = await SqliteLedger.open(path)
+        try:
+            dispatcher = Dispatcher("production", RecordingSink(), ledger)
+            for i in range(3):
+                await dispatcher.dispatch(request(decision_id=f"a-{i}", run_id="run-a"))
+            for i in range(2):
+                await ledger.claim(f"b-{i}", "h", "died", lease_ms=1)
+        finally:
+            await ledger.close()
+
+    asyncio.run(go())
+
+
+@pytest.fixture
+def ledger_url(tmp_path: Path) -> str:
+    _seed(tmp_path / "ledger.db")
+    return f"sqlite:///{tmp_path / 'ledger.db'}"
+
+
+def test_list_by_run_and_state_as_a_table_and_as_json(ledger_url: str) -> None:
+    table = flowdecision("list", "--ledger", ledger_url, "--run", "run-a", "--count")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == [
+        "decision_id", "state", "attempts", "created_at_ms", "lease/completion", "run_id",
+    ]  # fmt: skip
+    assert [line.split()[0] for line in lines[2:5]] == ["a-0", "a-1", "a-2"]
+    assert lines[-1] == "3 decision(s) match"
+    stuck = flowdecision(
+        "list", "--ledger", ledger_url, "--state", "pending_expired", "--limit", "1", "--json"
+    )
+    body = json.loads(stuck.stdout)
+    assert [row["decision_id"] for row in body["decisions"]] == ["b-0"]
+    after = flowdecision(
+        "list", "--ledger", ledger_url, "--state", "pending_expired", "--cursor",
+        body["next_cursor"], "--json",
+    )  # fmt: skip
+    assert [row["decision_id"] for row in json.loads(after.stdout)["decisions"]] == ["b-1"]
+    bad = flowdecision("list", "--ledger", ledger_url, "--before", "yesterday")
+    assert bad.returncode == 2 and "is not a time" in bad.stderr
+
+
+def test_bulk_release_previews_then_acts_with_yes_and_is_audited(ledger_url: str) -> None:
+    preview = flowdecision(
+        "release", "--ledger", ledger_url, "--state", "pending_expired", "--reason", "owner died"
+    )
+    assert preview.returncode == 2
+    assert "2 decision(s) match; nothing was done" in preview.stdout
+    done = flowdecision(
+        "release", "--ledger", ledger_url, "--state", "pending_expired", "--reason",
+        "owner died", "--actor", "alice", "--yes", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    entries = json.loads(done.stdout)["audit"]
+    assert [(e["decision_id"], e["attempts"], e["actor"]) for e in entries] == [
+        ("b-0", 2, "alice"), ("b-1", 2, "alice"),
+    ]  # fmt: skip
+    refused = flowdecision("release", "--ledger", ledger_url, "a-0", "--reason", "x")
+    assert refused.returncode == 1 and "only a pending claim can be released" in refused.stderr
+    trail = flowdecision("audit", "--ledger", ledger_url, "--json")
+    assert [e["reason"] for e in json.loads(trail.stdout)["entries"]] == ["owner died"] * 2
+
+
+def test_forget_needs_a_reason_and_frees_the_id(ledger_url: str, tmp_path: Path) -> None:
+    missing = flowdecision("forget", "--ledger", ledger_url, "a-0")
+    assert missing.returncode == 2 and "--reason" in missing.stderr
+    forgot = flowdecision("forget", "--ledger", ledger_url, "a-0", "--reason", "resend it")
+    assert forgot.returncode == 0, forgot.stderr
+    assert forgot.stdout.startswith("forgot `a-0` (was completed")
+    audit = flowdecision("audit", "--ledger", ledger_url, "--decision", "a-0")
+    assert "forget" in audit.stdout and "resend it" in audit.stdout
+
+    async def resubmit() -> bool:
+        ledger = await SqliteLedger.open(tmp_path / "ledger.db")
+        try:
+            sink = RecordingSink()
+            await Dispatcher("production", sink, ledger).dispatch(
+                request(decision_id="a-0", run_id="run-a")
+            )
+            return sink.ids == ["a-0"]
+        finally:
+            await ledger.close()
+
+    assert asyncio.run(resubmit())
+
+
+def test_prune_keep_tombstones_then_the_horizon(ledger_url: str, tmp_path: Path) -> None:
+    kept = flowdecision(
+        "prune", "--ledger", ledger_url, "--older-than", "0s", "--keep-tombstones", "--json"
+    )
+    assert kept.returncode == 0, kept.stderr
+    report = json.loads(kept.stdout)
+    assert (report["pruned"], report["tombstones_kept"]) == (3, True)
+
+    async def late_duplicate() -> DispatchOutcome:
+        ledger = await SqliteLedger.open(tmp_path / "ledger.db")
+        try:
+            sink = RecordingSink()
+            outcome = await Dispatcher("production", sink, ledger).dispatch(
+                request(decision_id="a-1", run_id="run-a")
+            )
+            assert sink.ids == []  # never reached the sink
+            return outcome
+        finally:
+            await ledger.close()
+
+    outcome = asyncio.run(late_duplicate())
+    body = outcome.to_dict()
+    assert (body["outcome"], body["receipt"]) == ("duplicate", None)
+    assert body["receipt_digest"].startswith("sha256:")
+    tombs = flowdecision("list", "--ledger", ledger_url, "--state", "tombstoned", "--json")
+    assert len(json.loads(tombs.stdout)["decisions"]) == 3
+    horizon = flowdecision("prune", "--ledger", ledger_url, "--tombstones-older-than", "0s")
+    assert horizon.returncode == 0, horizon.stderr
+    assert "removed 3 tombstone(s)" in horizon.stdout
