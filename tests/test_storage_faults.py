@@ -307,8 +307,8 @@ def test_file_ledger_in_a_read_only_directory(shared_dir: Path) -> None:
 
     kind, message = _in_child(claim)
     assert kind == "LedgerUnavailableError", message
-    # The file beside the ledger (the new claim's run) is written first: it is refused.
-    assert f"write decision ledger `{side}`" in message and "Permission denied" in message
+    # The ledger file is written first (the new claim's run beside it only after): refused.
+    assert f"write decision ledger `{data}`" in message and "Permission denied" in message
     assert (data.read_bytes(), side.read_bytes()) == (content, side_content)
     assert sorted(p.name for p in directory.iterdir()) == sorted([DATA_FILE, LOCK_FILE, SIDE_FILE])
     os.chmod(directory, 0o777)

@@ -128,7 +128,7 @@ _CLOCK = CLOCK_SQL
 # CTE, so it is evaluated only after the row lock is granted.
 _LOAD_SQL = f"""
 WITH locked AS (
-    SELECT record FROM {_TABLE} WHERE decision_id = $1 FOR UPDATE
+    SELECT record, traceparent FROM {_TABLE} WHERE decision_id = $1 FOR UPDATE
 )
 SELECT (SELECT record FROM locked) AS record,
        (SELECT {_CLOCK} FROM (SELECT count(*) FROM locked) AS after_lock) AS now_ms,
