@@ -419,7 +419,8 @@ class OutboxRelay(Closable):
         request = row.request
         retry = 0
         while True:
-            await self._renew_if_due(lease, self._unsaved[0])
+            # Renewing keeps the recorded position: the cursor moves only when a batch is saved.
+            await self._renew_if_due(lease, self._status.position)
             try:
                 if tracing.active():
                     await self._traced_submit(sink, row, request, retry)
