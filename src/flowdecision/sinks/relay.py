@@ -247,34 +247,29 @@ class OutboxRelay(Closable):
         self._wake_stop = asyncio.get_running_loop().create_future()
         if self._stop.is_set():
             return
-        try:
-            await self._open_patiently()
-            while not self._stop.is_set():
-                try:
-                    lease = await self._acquire()
-                    await self._deliver_under(lease, drain=False)
-                except _LeaseLost:
-                    self._lost()
-        except _Stopped:
-            pass
-        finally:
-            self._set(state="stopped")
-            await self._release()
+        await self._work(drain=False)
 
     async def drain(self) -> int:
         """Deliver every row there is now (retrying failures), then return how many.
 
         Waits for the lease like :meth:`run` if another relay of this name holds it.
         """
-        await self.open()
         self._wake_stop = asyncio.get_running_loop().create_future()
         before = self._status.delivered
+        await self._work(drain=True)
+        return self._status.delivered - before
+
+    async def _work(self, *, drain: bool) -> None:
+        """Hold the cursor and deliver (until caught up, with ``drain``), taking the
+        lease again whenever another relay of this name took it over."""
         try:
-            while True:
+            await self._open_patiently()
+            while not self._stop.is_set():
                 try:
                     lease = await self._acquire()
-                    await self._deliver_under(lease, drain=True)
-                    break
+                    await self._deliver_under(lease, drain=drain)
+                    if drain:
+                        return
                 except _LeaseLost:
                     self._lost()
         except _Stopped:
@@ -282,7 +277,6 @@ class OutboxRelay(Closable):
         finally:
             self._set(state="stopped")
             await self._release()
-        return self._status.delivered - before
 
     # -- the lease ----------------------------------------------------------------------
 
