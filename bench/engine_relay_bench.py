@@ -97,7 +97,7 @@ class Sample:
     delivered_s: float
     delivery_p99_ms: float
     load: float
-    caught_up: bool = True
+    delivered: int = -1  # -1: all accepted ones
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -106,7 +106,8 @@ class Sample:
 
     @property
     def delivered_rate(self) -> float:
-        return self.accepted / self.delivered_s if self.delivered_s else 0.0
+        delivered = self.accepted if self.delivered < 0 else self.delivered
+        return delivered / self.delivered_s if self.delivered_s else 0.0
 
 
 def template(path: Path) -> Path:
@@ -251,15 +252,17 @@ def run_relay(engine: str, url: str, args: argparse.Namespace, body: Path, round
         if index == len(samples):
             break
         delivered_at.append(samples[index][0] - accepted_ms / 1000)
-    end = samples[index][0] if caught_up and index < len(samples) else time.time()
+    end = samples[min(index, len(samples) - 1)][0] if caught_up else samples[-1][0]
     sample = Sample(
         engine, "relay", round_, data["duration_us"] / 1e6, data["ok"], data["bad"],
         data["p99_us"] / 1000, end - started, p99([d * 1000 for d in delivered_at]), load,
-        caught_up,
     )  # fmt: skip
     if not caught_up:
-        sample.notes.append(f"relay had delivered {sampler.position()} of {last} rows")
-        sample.accepted = len(delivered_at) if delivered_at else 0
+        sample.delivered = len(delivered_at)
+        sample.notes.append(
+            f"the relay had delivered {len(delivered_at)} of {len(rows)} rows "
+            f"{args.drain_timeout:.0f} s after the load ended"
+        )
     return sample
 
 
@@ -327,7 +330,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--run-size", type=int, default=10)
-    parser.add_argument("--drain-timeout", type=float, default=300.0)
+    parser.add_argument("--drain-timeout", type=float, default=60.0)
     parser.add_argument("--engines", default="Temporal,Restate")
     parser.add_argument(
         "--relay-in-serve",
