@@ -80,10 +80,11 @@ wrk:
 # The whole benchmark suite (~20 min on 2 vCPUs, + ~12 min for the service):
 # tables on stdout and in bench/results/, the scaling plots in docs/bench_scaling.png
 # and docs/service_scaling.png. See docs/BENCHMARKS.md.
-bench: $(BENCH_STAMP) wrk
+bench: $(BENCH_STAMP) wrk engines
 	$(BIN)/python bench/suite.py
 	@if [ -f bench/service_bench.py ]; then $(BIN)/python bench/service_bench.py; fi
 	$(BIN)/python bench/engine_sinks_bench.py
+	$(BIN)/python bench/engine_relay_bench.py
 
 clean:
 	rm -rf $(VENV) $(ENGINES) .mypy_cache .pytest_cache .ruff_cache

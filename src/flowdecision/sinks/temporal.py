@@ -141,13 +141,8 @@ class TemporalSink:
         return EngineAnswer(delivery.decision_id, absorbed=False)
 
     async def _update(self, delivery: DecisionDelivery) -> EngineAnswer:
-        from temporalio.client import (
-            WithStartWorkflowOperation,
-            WorkflowUpdateRPCTimeoutOrCancelledError,
-            WorkflowUpdateStage,
-        )
+        from temporalio.client import WithStartWorkflowOperation
         from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-        from temporalio.exceptions import WorkflowAlreadyStartedError
 
         start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             self.workflow,
@@ -157,6 +152,15 @@ class TemporalSink:
             # A closed run must not come back as a fresh workflow under the same id.
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
         )
+        try:
+            return await self._send_update(start, delivery)
+        finally:
+            _consume_start_error(start)
+
+    async def _send_update(self, start: Any, delivery: DecisionDelivery) -> EngineAnswer:
+        from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError, WorkflowUpdateStage
+        from temporalio.exceptions import WorkflowAlreadyStartedError
+
         stage = (
             WorkflowUpdateStage.COMPLETED
             if self.wait == "completed"
@@ -207,6 +211,18 @@ class TemporalSink:
         """Drop the client if this sink connected it (the URL form); else nothing."""
         # temporalio clients hold no explicit close; dropping the reference is enough.
         self._owns_client = False
+
+
+def _consume_start_error(start: Any) -> None:
+    """Mark the with-start operation's failure as seen.
+
+    temporalio sets the start operation's own future to the same error it
+    raises from the update call; nobody awaits that future, so asyncio would log
+    "Future exception was never retrieved" for every refused decision.
+    """
+    future = getattr(start, "_workflow_handle", None)
+    if isinstance(future, asyncio.Future) and future.done() and not future.cancelled():
+        future.exception()
 
 
 def _absorbed(ack: Any, delivery: DecisionDelivery) -> bool | None:
