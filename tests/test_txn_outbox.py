@@ -184,21 +184,35 @@ class _FailAfterWrite:
         )
 
 
+class _FailAfterBatchWrite(_FailAfterWrite):
+    """The same, for a writer that writes a batch's rows at once on SQLite."""
+
+    def write_sqlite_many(
+        self, conn: sqlite3.Connection, writes: Sequence[tuple[JointWrite, int]]
+    ) -> list[bool | BaseException]:
+        assert self.outbox.write_sqlite_many(conn, writes) == [True] * len(writes)
+        raise self._error()
+
+
 class _FailingOutbox(OutboxSink):
     database = False
+    batched = False
 
     async def prepare(self, request: DecisionRequest) -> JointWrite:
         write = await super().prepare(request)
-        return dataclasses.replace(write, writer=_FailAfterWrite(self, self.database))
+        kind = _FailAfterBatchWrite if self.batched else _FailAfterWrite
+        return dataclasses.replace(write, writer=kind(self, self.database))
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["row-writer", "batch-writer"])
 @pytest.mark.parametrize("database", [False, True], ids=["sink-error", "database-error"])
 async def test_a_failure_after_the_row_was_written_leaves_neither(
-    store_url: str, database: bool
+    store_url: str, database: bool, batched: bool
 ) -> None:
     ledger = await open_ledger(store_url)
     failing = _FailingOutbox(store_url)
     failing.database = database
+    failing.batched = batched
     await failing.open()
     try:
         dispatcher = Dispatcher(BRANCH, failing, ledger, owner_id="owner-a")
@@ -453,6 +467,60 @@ async def test_joint_commit_answers_what_it_did(store_url: str) -> None:
             receipt=receipt, write=await outbox.prepare(item),
         )  # fmt: skip
         assert outcome == Claimed(1) and await outbox.count() == 3
+    finally:
+        await outbox.close()
+        await ledger.close()
+
+
+class _CountingOutbox(OutboxSink):
+    """The outbox, counting how the SQLite ledger writes its rows."""
+
+    batches: list[int]
+    single: int
+
+    def write_sqlite_many(self, conn: sqlite3.Connection, writes: Sequence[Any]) -> Any:
+        self.batches.append(len(writes))
+        return super().write_sqlite_many(conn, writes)
+
+    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool:
+        self.single += 1
+        return super().write_sqlite(conn, write, attempt)
+
+
+async def test_a_batch_writes_its_outbox_rows_together_and_refuses_only_the_conflict(
+    tmp_path: Path,
+) -> None:
+    """SQLite: the rows of concurrent decisions go in with one statement per batch;
+    a row the outbox refuses (other content under the id) answers only its caller,
+    which stores nothing, and a replayed row is completed; seq follows commit order."""
+    url = f"sqlite:///{tmp_path / 'flowdecision.db'}"
+    ledger = await open_ledger(url)
+    outbox = _CountingOutbox(url)
+    outbox.batches, outbox.single = [], 0
+    await outbox.open()
+    try:
+        await outbox.deliver(_req("old", output="earlier content"), 1)
+        await outbox.deliver(_req("replayed"), 1)
+        dispatcher = Dispatcher(BRANCH, outbox, ledger, owner_id="owner-a")
+        ids = ["old", "replayed", *(f"b-{n}" for n in range(40))]
+        results = await asyncio.gather(
+            *(dispatcher.dispatch(_req(key)) for key in ids), return_exceptions=True
+        )
+        refused = results[0]
+        assert isinstance(refused, SinkError)
+        assert isinstance(refused.__cause__, OutboxConflictError)
+        assert await ledger.read_record("old") is None
+        others = results[1:]
+        assert all(not isinstance(o, BaseException) and o.submitted for o in others), others
+        for key in ids[1:]:
+            record = await ledger.read_record(key)
+            assert record is not None and record.status.value == "completed"
+        rows = await outbox.fetch(after=0, limit=100)
+        assert sorted(row.decision_id for row in rows) == sorted(ids)
+        assert [row.seq for row in rows] == sorted(row.seq for row in rows)
+        # Batched: fewer writes than decisions, and none one row at a time.
+        assert sum(outbox.batches) == len(ids) and len(outbox.batches) < len(ids)
+        assert outbox.single == 0
     finally:
         await outbox.close()
         await ledger.close()

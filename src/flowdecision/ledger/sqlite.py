@@ -40,7 +40,7 @@ from ..defaults import (
 )
 from ..errors import LedgerCorruptError, LedgerError
 from ..store.batching import copy_error
-from ..store.joint import StoreKey, sqlite_key
+from ..store.joint import JointWrite, StoreKey, sqlite_key
 from ..store.lifecycle import check_group_commit, started
 from ..store.migrations import sqlite_schema_version
 from ..store.sqlite import SqliteOpener, sqlite_transaction
@@ -440,8 +440,16 @@ class SqliteLedger(StoredLedger):
             stored = {} if row is None else {decision_id: (row[0], row[1])}
         else:
             stored = _read_rows(conn, {job.payload[0] for job in jobs})
+        # Joint rows wait to be written together (one statement), until the batch
+        # ends or another job for one of their decisions comes (it must see the
+        # row's outcome: a refused row leaves its decision as it was).
+        deferred: list[_Deferred] = []
+        deferred_ids: set[str] = set()
         for job in jobs:
             decision_id, op = job.payload
+            if decision_id in deferred_ids:
+                _write_deferred(conn, deferred)
+                deferred, deferred_ids = [], set()
             slot = slots.get(decision_id)
             if slot is None:
                 if decision_id not in stored:
@@ -456,9 +464,12 @@ class SqliteLedger(StoredLedger):
             if slot.error is not None:
                 job.error = copy_error(slot.error)
                 continue
+            claimed: Claimed | None = None
             try:
-                if isinstance(op, JointOperation):
-                    transition: Transition[Any] = _joint(conn, op, slot.record, self.now_ms())
+                if isinstance(op, JointOperation) and _batched(op):
+                    transition, claimed = _claim_and_complete(op, slot.record, self.now_ms())
+                elif isinstance(op, JointOperation):
+                    transition = _joint(conn, op, slot.record, self.now_ms())
                 else:
                     transition = op(slot.record, self.now_ms())
             except sqlite3.Error:
@@ -466,13 +477,105 @@ class SqliteLedger(StoredLedger):
             except Exception as error:  # a rule failure: this caller only, nothing stored
                 job.error = error
                 continue
+            if claimed is not None:
+                assert isinstance(op, JointOperation)
+                deferred.append(_Deferred(job, op.write, claimed, slot))
+                deferred_ids.add(decision_id)
             if transition.changed and transition.record is not None:
                 slot.record = transition.record
                 slot.dirty = True
                 if transition.created is not None:
                     slot.created = transition.created
             job.result = transition.result
+        _write_deferred(conn, deferred)
         return slots
+
+
+def _batched(joint: JointOperation) -> bool:
+    """Whether ``joint``'s writer writes a batch's rows at once (``write_sqlite_many``)."""
+    return callable(getattr(joint.write.writer, "write_sqlite_many", None))
+
+
+def _claim_and_complete(
+    joint: JointOperation, record: ClaimRecord | None, clock: int
+) -> tuple[Transition[Any], Claimed | None]:
+    """The claim and, if claimed, the completion rules, before the joint row is written.
+
+    The rules are pure: a completion rule failure raises before anything is
+    written. With ``Claimed``, the transition's result is left for the row's
+    write (:func:`_write_deferred`) to fill in.
+    """
+    claimed = joint.claim(record, clock)
+    outcome = claimed.result
+    if not isinstance(outcome, Claimed):
+        # Busy / Conflict / AlreadyCompleted: no row, as claim() answers.
+        return Transition(claimed.record, JointOutcome(outcome), claimed.changed), None
+    completed = joint.complete(claimed.record, clock)
+    return Transition(completed.record, None, True, claimed.created), outcome
+
+
+class _Deferred:
+    """A claimed and completed joint decision whose row is not written yet."""
+
+    __slots__ = ("before", "claimed", "job", "slot", "write")
+
+    def __init__(self, job: Job, write: JointWrite, claimed: Claimed, slot: _Slot) -> None:
+        self.job = job
+        self.write = write
+        self.claimed = claimed
+        self.slot = slot
+        #: The slot as it was before this decision's transition (restored if refused).
+        self.before = (slot.record, slot.dirty, slot.created)
+
+
+def _write_deferred(conn: sqlite3.Connection, deferred: list[_Deferred]) -> None:
+    """Write the deferred joint rows, one ``write_sqlite_many`` per writer.
+
+    In a savepoint: if a writer raises (rather than refusing rows one by one),
+    its rows are rolled back and written one at a time, as :func:`_joint` does.
+    A refused row answers its caller with the refusal and restores its slot.
+    """
+    by_writer: dict[int, list[_Deferred]] = {}
+    for entry in deferred:
+        by_writer.setdefault(id(entry.write.writer), []).append(entry)
+    for group in by_writer.values():
+        writer: Any = group[0].write.writer
+        writes = [(entry.write, entry.claimed.attempt) for entry in group]
+        conn.execute("SAVEPOINT flowdecision_joint_batch")
+        try:
+            done: list[bool | BaseException] = writer.write_sqlite_many(conn, writes)
+        except sqlite3.Error:
+            conn.execute("ROLLBACK TO flowdecision_joint_batch")
+            conn.execute("RELEASE flowdecision_joint_batch")
+            raise  # the database failed: the whole batch
+        except Exception:
+            conn.execute("ROLLBACK TO flowdecision_joint_batch")
+            done = [_write_one(conn, write, attempt) for write, attempt in writes]
+        conn.execute("RELEASE flowdecision_joint_batch")
+        for entry, did in zip(group, done, strict=True):
+            if isinstance(did, BaseException):
+                entry.job.error = did
+                entry.job.result = None
+                entry.slot.record, entry.slot.dirty, entry.slot.created = entry.before
+            else:
+                entry.job.result = JointOutcome(entry.claimed, did)
+
+
+def _write_one(conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool | BaseException:
+    """One joint row in its own savepoint: True/False as written, or the refusal."""
+    conn.execute("SAVEPOINT flowdecision_joint")
+    try:
+        inserted = write.writer.write_sqlite(conn, write, attempt)
+    except sqlite3.Error:
+        conn.execute("ROLLBACK TO flowdecision_joint")
+        conn.execute("RELEASE flowdecision_joint")
+        raise
+    except Exception as error:
+        conn.execute("ROLLBACK TO flowdecision_joint")
+        conn.execute("RELEASE flowdecision_joint")
+        return error
+    conn.execute("RELEASE flowdecision_joint")
+    return bool(inserted)
 
 
 def _joint(

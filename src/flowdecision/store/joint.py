@@ -72,7 +72,10 @@ class JointWriter(Protocol):
     """Writes :class:`JointWrite` rows on the ledger's connection, in its transaction.
 
     A writer may also define ``committed(write)``: the dispatcher calls it once
-    the transaction that inserted ``write`` committed (the outbox wakes its readers).
+    the transaction that inserted ``write`` committed (the outbox wakes its readers);
+    and ``write_sqlite_many(conn, writes)``, the SQLite twin of :meth:`write_postgres`
+    (same answers), which the SQLite ledger then calls once per batch instead of
+    :meth:`write_sqlite` once per row.
     """
 
     def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool:
