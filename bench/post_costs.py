@@ -1,0 +1,154 @@
+"""What one POST /v1/decisions costs, counted rather than timed (issue 18, "Half the Python").
+
+    .venv/bin/python bench/post_costs.py                      # the service as it is
+    .venv/bin/python bench/post_costs.py --starlette-stack    # Starlette's own layers
+    .venv/bin/python bench/post_costs.py --outbox-row-by-row  # one outbox INSERT per decision
+
+In process (no sockets): ``create_app`` on the embedded defaults (ledger and
+outbox in one SQLite file, in a fresh temporary directory), 50 concurrent
+callers, each POSTing new decisions through the ASGI app. Prints, per POST:
+Python function calls on the event loop's thread and on the others (the
+ledger's), and SQL statements. Counts barely move with the machine's load,
+unlike CPU time on a shared machine; ``bench/service_bench.py`` measures time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import sys
+import tempfile
+import threading
+import uuid
+from types import FrameType
+from typing import Any
+
+counts = {"loop": 0, "other": 0, "sql": 0}
+_MAIN = threading.get_ident()
+_measuring = False
+
+
+def _profile(frame: FrameType, event: str, arg: Any) -> None:
+    if event == "call" and _measuring:
+        counts["loop" if threading.get_ident() == _MAIN else "other"] += 1
+
+
+def _count_statements() -> None:
+    connect = sqlite3.connect
+
+    def counting_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(*args, **kwargs)
+
+        def trace(statement: str) -> None:
+            if _measuring:
+                counts["sql"] += 1
+
+        conn.set_trace_callback(trace)
+        return conn
+
+    sqlite3.connect = counting_connect  # type: ignore[assignment]
+
+
+def _body(n: int) -> bytes:
+    return json.dumps(
+        {
+            "decision_id": f"d-{n}-{uuid.uuid4().hex[:8]}",
+            "run_id": "run-1",
+            "authority_branch_id": "production",
+            "causation_event_id": f"e-{n}",
+            "decision": {
+                "type": "schedule_step",
+                "step": {"step_id": "s", "step_name": "fetch", "input": {"n": n}},
+            },
+        }
+    ).encode()
+
+
+async def _run(posts: int, callers: int, starlette_stack: bool) -> None:
+    global _measuring
+    from flowdecision.service.app import create_app
+    from flowdecision.service.config import Settings
+    from flowdecision.service.runtime import Service
+
+    os.chdir(tempfile.mkdtemp(prefix="post-costs-"))
+    settings = Settings().validate()
+    service = await Service.start(settings)
+    app = create_app(settings, service=service)
+    if starlette_stack:
+        app.middleware_stack = app.build_middleware_stack()
+    statuses: list[int] = []
+
+    async def post(body: bytes) -> None:
+        headers = [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+            "method": "POST", "scheme": "http", "path": "/v1/decisions",
+            "raw_path": b"/v1/decisions", "root_path": "", "query_string": b"",
+            "headers": headers, "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8080),
+        }  # fmt: skip
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()
+            raise AssertionError
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+
+        await app(scope, receive, send)
+
+    await asyncio.gather(*(post(_body(-n)) for n in range(1, 201)))  # warm up
+    statuses.clear()
+    bodies = iter([_body(n) for n in range(posts)])
+
+    async def caller() -> None:
+        for body in bodies:
+            await post(body)
+
+    sys.setprofile(_profile)
+    _measuring = True
+    await asyncio.gather(*(caller() for _ in range(callers)))
+    _measuring = False
+    sys.setprofile(None)
+    await service.stop(1)
+    assert statuses == [201] * posts, statuses[:5]
+    print(
+        f"per POST: {counts['loop'] / posts:.0f} Python calls on the event loop's thread, "
+        f"{counts['other'] / posts:.0f} on the others, {counts['sql'] / posts:.2f} SQL statements"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--posts", type=int, default=3000)
+    parser.add_argument("--callers", type=int, default=50)
+    parser.add_argument("--starlette-stack", action="store_true",
+                        help="Starlette's own layers instead of the lean path")  # fmt: skip
+    parser.add_argument("--outbox-row-by-row", action="store_true",
+                        help="one outbox row per statement (no write_sqlite_many)")  # fmt: skip
+    args = parser.parse_args()
+    if args.outbox_row_by_row:
+        from flowdecision.sinks.outbox import OutboxSink
+
+        del OutboxSink.write_sqlite_many
+    _count_statements()
+    threading.setprofile(_profile)
+    import uvloop
+
+    uvloop.run(_run(args.posts, args.callers, args.starlette_stack))
+
+
+if __name__ == "__main__":
+    main()
