@@ -94,6 +94,11 @@ def test_the_contract_is_openapi_3_1_that_schemathesis_loads() -> None:
     operations = {result.ok().label for result in loaded.get_all_operations()}
     assert operations == {
         "POST /v1/decisions",
+        "GET /v1/decisions",
+        "GET /v1/runs/{run_id}",
+        "GET /v1/audit",
+        "POST /v1/actions/release",
+        "POST /v1/actions/forget",
         "GET /v1/decisions/{decision_id}",
         "GET /v1/outbox",
         "GET /healthz",

@@ -14,10 +14,15 @@ annotations``): the schema generator reads :class:`typing.NotRequired` from
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 __all__ = [
+    "ActionBody",
+    "AuditEntryBody",
+    "AuditPageBody",
     "BranchDetails",
     "BusyDetails",
     "CheckBody",
     "ConflictDetails",
+    "DecisionPageBody",
+    "DecisionRowBody",
     "DecisionStateBody",
     "ErrorBody",
     "ErrorMembers",
@@ -163,6 +168,67 @@ class OutboxPageBody(TypedDict):
     entries: list[OutboxEntryBody]
     next_after: NonNegative
     has_more: bool
+
+
+QueryState = Literal["pending_live", "pending_expired", "completed", "tombstoned"]
+
+
+class DecisionRowBody(TypedDict):
+    """One listed decision (``GET /v1/decisions``, ``GET /v1/runs/{run_id}``): never the owner.
+
+    ``created_at_ms`` is when it was first claimed (the page order);
+    ``lease_expires_at_ms`` is set while pending; ``receipt_digest`` for tombstones.
+    """
+
+    decision_id: str
+    state: QueryState
+    request_hash: str
+    attempts: NonNegative
+    created_at_ms: NonNegative
+    lease_expires_at_ms: NonNegative | None
+    completed_at_ms: NonNegative | None
+    run_id: str | None
+    causation_event_id: str | None
+    receipt_digest: str | None
+
+
+class DecisionPageBody(TypedDict):
+    """A keyset page of decisions; ask again with ``cursor=next_cursor`` (null: the last).
+
+    ``count`` (with ``count=true``): how many decisions the filters select.
+    """
+
+    decisions: list[DecisionRowBody]
+    next_cursor: str | None
+    count: NotRequired[NonNegative]
+
+
+class AuditEntryBody(TypedDict):
+    """One operator action in the append-only audit trail."""
+
+    seq: Positive
+    at_ms: NonNegative
+    action: Literal["release", "forget"]
+    decision_id: str
+    actor: str
+    reason: str
+    state_before: QueryState
+    attempts: NonNegative
+
+
+class AuditPageBody(TypedDict):
+    """A page of the audit trail, oldest first; ask again with ``cursor=next_cursor``."""
+
+    entries: list[AuditEntryBody]
+    next_cursor: str | None
+
+
+class ActionBody(TypedDict):
+    """``POST /v1/actions/release`` and ``/v1/actions/forget``: who acts on what, and why."""
+
+    decision_id: str
+    actor: Annotated[str, Schema(minLength=1, maxLength=200)]
+    reason: Annotated[str, Schema(minLength=1, maxLength=2000)]
 
 
 class CheckBody(TypedDict):

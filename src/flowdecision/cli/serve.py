@@ -86,6 +86,16 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
     "sink (any sink URL).  [default: none]",
 )
 @_flag("--relay-name", help="The in-service relay's cursor name.  [default: default]")
+@_flag(
+    "--admin-token-file",
+    type=click.Path(dir_okay=False),
+    help="File of admin tokens: release and forget over HTTP need one (never the submit "
+    "token; also FLOWDECISION_ADMIN_TOKEN).  [default: none: actions refused]",
+)
+@_flag(
+    "--keep-tombstones/--no-keep-tombstones",
+    help="Prunes of this ledger keep tombstones, so dedup outlives them.  [default: off]",
+)
 def serve_cmd(config_file: str | None, **flags: Any) -> None:
     """Run the HTTP decision service (POST /v1/decisions, status page at /).
 

@@ -9,9 +9,11 @@ from typing import Any, TypeVar
 import httpx
 
 from ..closing import Closable
+from ..ledger.query import AuditPage, DecisionPage
+from ..ledger.states import AuditEntry
 from ..model import DecisionRequest
 from .base import HTTP_DEFAULTS, BaseClient, send_kwargs
-from .protocol import Exchange, Sleep
+from .protocol import Exchange, Sleep, audit_params, query_params, run_path
 from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
 
 __all__ = ["DecisionClient"]
@@ -64,6 +66,89 @@ class DecisionClient(BaseClient[httpx.AsyncClient], Closable):
     ) -> OutboxPage:
         """Accepted decisions with ``seq > after``, in commit order (outbox sinks only)."""
         return await self._drive(self._protocol.outbox(after, limit, request_id=request_id))
+
+    async def list(
+        self,
+        *,
+        run_id: str | None = None,
+        state: str | None = None,
+        before_ms: int | None = None,
+        after_ms: int | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+        request_id: str | None = None,
+    ) -> DecisionPage:
+        """One keyset page of decisions by run, state and first-claim time (``GET /v1/decisions``).
+
+        Pass the page's ``next_cursor`` as ``cursor`` for the next one.
+        """
+        params = query_params(run_id, state, before_ms, after_ms, cursor, limit)
+        return await self._drive(
+            self._protocol.decisions("/v1/decisions", params, request_id=request_id)
+        )
+
+    async def run(
+        self,
+        run_id: str,
+        *,
+        cursor: str | None = None,
+        limit: int | None = None,
+        request_id: str | None = None,
+    ) -> DecisionPage:
+        """One run's decisions, in the order they were first claimed (``GET /v1/runs/{id}``)."""
+        params = query_params(None, None, None, None, cursor, limit)
+        return await self._drive(
+            self._protocol.decisions(run_path(run_id), params, request_id=request_id)
+        )
+
+    async def audit(
+        self,
+        *,
+        decision_id: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+        request_id: str | None = None,
+    ) -> AuditPage:
+        """A page of the audit trail of operator actions, oldest first."""
+        params = audit_params(decision_id, cursor, limit)
+        return await self._drive(self._protocol.audit(params, request_id=request_id))
+
+    async def release(
+        self,
+        decision_id: str,
+        *,
+        actor: str,
+        reason: str,
+        admin_token: str | None = None,
+        request_id: str | None = None,
+    ) -> AuditEntry:
+        """Release a pending claim, fenced (its old owner can never complete); audited.
+
+        Needs an admin token: ``admin_token``, or the client's own token if that is one.
+        """
+        return await self._drive(
+            self._protocol.action(
+                "release", decision_id, actor=actor, reason=reason,
+                admin_token=admin_token, request_id=request_id,
+            )
+        )  # fmt: skip
+
+    async def forget(
+        self,
+        decision_id: str,
+        *,
+        actor: str,
+        reason: str,
+        admin_token: str | None = None,
+        request_id: str | None = None,
+    ) -> AuditEntry:
+        """Forget a completed decision or tombstone so its id can be used again; audited."""
+        return await self._drive(
+            self._protocol.action(
+                "forget", decision_id, actor=actor, reason=reason,
+                admin_token=admin_token, request_id=request_id,
+            )
+        )  # fmt: skip
 
     async def _drive(self, exchange: Exchange[T]) -> T:
         try:

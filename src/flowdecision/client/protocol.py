@@ -22,13 +22,25 @@ import httpx
 
 from ..backoff import full_jitter
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..ledger.query import AuditPage, DecisionPage
+from ..ledger.states import AuditEntry
 from ..model import DecisionRequest
 from .decode import decision_state, outbox_page, service_health, submit_result
 from .errors import ServiceConnectionError, ServiceError, connection_error, error_from_response
 from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
 from .retry import MAYBE_SENT, NOT_SENT, OnRetry, RetryEvent, RetryOptions
 
-__all__ = ["Exchange", "Send", "ServiceProtocol", "Sleep", "Step", "encode_request"]
+__all__ = [
+    "Exchange",
+    "Send",
+    "ServiceProtocol",
+    "Sleep",
+    "Step",
+    "audit_params",
+    "encode_request",
+    "query_params",
+    "run_path",
+]
 
 log = logging.getLogger("flowdecision.client")
 
@@ -56,6 +68,38 @@ class Sleep:
 
 Step = Send | Sleep
 Exchange = Generator[Step, httpx.Response | None, T]
+
+
+def _params(**values: str | int | None) -> dict[str, str | int]:
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def query_params(
+    run_id: str | None,
+    state: str | None,
+    before_ms: int | None,
+    after_ms: int | None,
+    cursor: str | None,
+    limit: int | None,
+) -> dict[str, str | int]:
+    """``GET /v1/decisions``'s query parameters (None: not sent)."""
+    return _params(
+        run_id=run_id, state=state, before=before_ms, after=after_ms, cursor=cursor, limit=limit
+    )
+
+
+def audit_params(
+    decision_id: str | None, cursor: str | None, limit: int | None
+) -> dict[str, str | int]:
+    """``GET /v1/audit``'s query parameters (None: not sent)."""
+    return _params(decision_id=decision_id, cursor=cursor, limit=limit)
+
+
+def run_path(run_id: str) -> str:
+    """``/v1/runs/{run_id}``, the id percent-encoded (``/`` kept: the route takes it)."""
+    if not run_id:
+        raise InvalidArgumentError("run_id must not be empty")
+    return "/v1/runs/" + urllib.parse.quote(run_id, safe="/")
 
 
 def prefer_wait(wait_s: float) -> str:
@@ -193,6 +237,58 @@ class ServiceProtocol:
             accept=lambda r: r.status_code == 200,
         )
         return outbox_page(response)
+
+    def decisions(
+        self, path: str, params: Mapping[str, str | int], *, request_id: str | None
+    ) -> Exchange[DecisionPage]:
+        """``GET /v1/decisions`` or ``GET /v1/runs/{run_id}``: one page."""
+        response, _tries = yield from self._exchange(
+            "GET",
+            path,
+            headers=self.headers(request_id),
+            params=params,
+            accept=lambda r: r.status_code == 200,
+        )
+        return DecisionPage.from_dict(response.json())
+
+    def audit(
+        self, params: Mapping[str, str | int], *, request_id: str | None
+    ) -> Exchange[AuditPage]:
+        response, _tries = yield from self._exchange(
+            "GET",
+            "/v1/audit",
+            headers=self.headers(request_id),
+            params=params,
+            accept=lambda r: r.status_code == 200,
+        )
+        return AuditPage.from_dict(response.json())
+
+    def action(
+        self,
+        name: str,
+        decision_id: str,
+        *,
+        actor: str,
+        reason: str,
+        admin_token: str | None,
+        request_id: str | None,
+    ) -> Exchange[AuditEntry]:
+        """``POST /v1/actions/{name}`` with the admin token (or the client's own)."""
+        headers = self.headers(request_id)
+        headers["Content-Type"] = "application/json"
+        if admin_token is not None:
+            headers["Authorization"] = f"Bearer {admin_token.strip()}"
+        body = json.dumps({"decision_id": decision_id, "actor": actor, "reason": reason})
+        response, _tries = yield from self._exchange(
+            "POST",
+            f"/v1/actions/{name}",
+            headers=headers,
+            content=body.encode("utf-8"),
+            # Not idempotent (a release bumps the fencing token): never resent blindly.
+            resend_ok=False,
+            accept=lambda r: r.status_code == 200,
+        )
+        return AuditEntry.from_dict(response.json())
 
     # the retry loop
 

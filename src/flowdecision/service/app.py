@@ -82,7 +82,8 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
     # The contract is public: it holds nothing a caller could not read in the repository.
     all_routes = [*routes(), openapi_route()]
     body_routes = {r.path: r.methods for r in all_routes if r.methods}
-    tokens = settings.tokens()
+    # Admin tokens pass authentication too; the action routes then ask for one.
+    tokens = settings.tokens() + settings.admin_tokens()
     public = frozenset({OPENAPI_PATH} if settings.auth_healthz else {"/healthz", OPENAPI_PATH})
     middleware = [
         Middleware(

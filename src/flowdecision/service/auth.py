@@ -11,7 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import error_response
 
-__all__ = ["AuthMiddleware"]
+__all__ = ["AuthMiddleware", "presented_token"]
 
 
 def _token_matches(presented: bytes, tokens: Sequence[bytes]) -> bool:
@@ -21,7 +21,8 @@ def _token_matches(presented: bytes, tokens: Sequence[bytes]) -> bool:
     return matched
 
 
-def _presented_token(scope: Scope) -> bytes | None:
+def presented_token(scope: Scope) -> bytes | None:
+    """The bearer token (or Basic password) a request presents, if any."""
     for name, value in scope.get("headers", []):
         if name == b"authorization":
             scheme, _, credentials = value.partition(b" ")
@@ -50,7 +51,7 @@ class AuthMiddleware:
         if scope["type"] != "http" or not self.tokens or scope["path"] in self.public:
             await self.app(scope, receive, send)
             return
-        presented = _presented_token(scope)
+        presented = presented_token(scope)
         if presented is not None and _token_matches(presented, self.tokens):
             await self.app(scope, receive, send)
             return

@@ -125,6 +125,12 @@ class Settings:
     relay_to: str | None = None
     #: The in-service relay's name: its durable cursor in the outbox.
     relay_name: str = "default"
+    #: Operator actions over HTTP (release, forget) need this token, never the
+    #: submit token: ``FLOWDECISION_ADMIN_TOKEN`` or a file. Without one they are refused.
+    admin_token: str | None = field(default=None, repr=False)
+    admin_token_file: str | None = None
+    #: Prunes of this service's ledger keep tombstones (docs/OPERATIONS.md).
+    keep_tombstones: bool = False
 
     # -- derived -----------------------------------------------------------------
 
@@ -144,6 +150,24 @@ class Settings:
             found += [line.strip().encode("utf-8") for line in text.splitlines() if line.strip()]
             if not found:
                 raise ConfigError(f"token_file `{self.token_file}` holds no token")
+        return tuple(token for token in found if token)
+
+    def admin_tokens(self) -> tuple[bytes, ...]:
+        """The accepted admin tokens (``admin_token`` and ``admin_token_file``'s lines).
+
+        An admin token that is also a submit token is refused by :meth:`validate`.
+        """
+        found: list[bytes] = []
+        if self.admin_token:
+            found.append(self.admin_token.strip().encode("utf-8"))
+        if self.admin_token_file:
+            try:
+                text = Path(self.admin_token_file).read_text(encoding="utf-8")
+            except OSError as error:
+                raise ConfigError(
+                    f"cannot read admin_token_file `{self.admin_token_file}`: {error}"
+                ) from None
+            found += [line.strip().encode("utf-8") for line in text.splitlines() if line.strip()]
         return tuple(token for token in found if token)
 
     def validate(self) -> Settings:
@@ -169,6 +193,14 @@ class Settings:
         if self.log_level.lower() not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
         tokens = self.tokens()
+        admin = self.admin_tokens()
+        if set(admin) & set(tokens):
+            raise ConfigError("the admin token must differ from every submit token")
+        if any(len(token.decode("utf-8")) < MIN_TOKEN_CHARS for token in admin):
+            raise ConfigError(
+                f"refusing an admin token shorter than {MIN_TOKEN_CHARS} characters: use a "
+                "long random one"
+            )
         if not is_loopback(self.host):
             if not tokens and not self.allow_no_auth:
                 raise ConfigError(
@@ -335,6 +367,9 @@ _TYPES: dict[str, type] = {
     "otel": bool,
     "relay_to": str,
     "relay_name": str,
+    "admin_token": str,
+    "admin_token_file": str,
+    "keep_tombstones": bool,
 }
 assert set(_TYPES) == set(_FIELDS)
 

@@ -26,6 +26,8 @@ from ..dispatcher import DispatchOutcome
 from ..errors import DispatchError, LedgerError
 from ..health import HealthStatus
 from ..identity import DecisionTooLargeError
+from ..ledger.query import DecisionQuery
+from ..ledger.states import DecisionState
 from ..limits import I64_MAX, RESULT_RECEIPT_MAX_BYTES
 from ..model import DecisionRequest, InvalidRequestError
 from ..outage import OUTAGE_CODES
@@ -40,8 +42,9 @@ from .errors import (
 )
 from .logs import describe_cause
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
+from .operations import list_decisions, operation_routes
 from .runtime import Service
-from .status import RecentDecision, render_status_page
+from .status import ATTENTION_FATES, Attention, RecentDecision, render_status_page
 
 __all__ = ["MAX_WAIT_S", "OUTBOX_MAX_LIMIT", "AppContext", "preferred_wait_s", "routes"]
 
@@ -421,6 +424,7 @@ async def status_page(request: Request) -> Response:
         status=HealthStatus.HEALTHY if health.healthy else HealthStatus.DEGRADED,
     )
     html = render_status_page(
+        attention=await _attention(service),
         health=snapshot,
         recent=list(service.recent),
         ledger=context.ledger_shown,
@@ -434,13 +438,34 @@ async def status_page(request: Request) -> Response:
     return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
 
+async def decisions_root(request: Request) -> Response:
+    """``POST /v1/decisions`` submits; ``GET /v1/decisions`` lists (service/operations.py)."""
+    if request.method == "POST":
+        return await post_decision(request)
+    return await list_decisions(request)
+
+
+async def _attention(service: Service) -> Attention:
+    """What the status page's "needs attention" shows (one indexed query, a count)."""
+    failures = [item for item in service.recent if item.fate in ATTENTION_FATES][:20]
+    query = DecisionQuery(state=DecisionState.PENDING_EXPIRED, limit=20)
+    try:
+        page = await service.ledger.list_decisions(query)
+        count = await service.ledger.count_decisions(query)
+    except LedgerError as error:
+        return Attention((), None, failures, error=error_code_for(error))
+    return Attention(page.decisions, count, failures)
+
+
 def routes() -> list[Route]:
     """Every endpoint of the service."""
     return [
         Route("/", status_page, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
-        Route("/v1/decisions", post_decision, methods=["POST"]),
+        *operation_routes(),
+        # One route for both methods, so a 405 there lists both in `Allow`.
+        Route("/v1/decisions", decisions_root, methods=["GET", "POST"]),
         Route("/v1/decisions/{decision_id:path}", get_decision, methods=["GET"]),
         Route("/v1/outbox", get_outbox, methods=["GET"]),
     ]

@@ -58,7 +58,9 @@ from ..identity import (
     RESULT_RECEIPT_MAX_BYTES,
     ResultOutcome,
 )
-from ..limits import I64_MAX, IDENTIFIER_MAX_BYTES
+from ..ledger.query import MAX_PAGE_LIMIT
+from ..ledger.states import DecisionState
+from ..limits import I64_MAX, IDENTIFIER_MAX_BYTES, U64_MAX
 from ..model import json_schemas
 from .errors import HTTP_ERRORS, SERVICE_ERRORS, RetryAfter
 from .handlers import MAX_WAIT_S, OUTBOX_MAX_LIMIT
@@ -302,6 +304,117 @@ _EXAMPLE = {
         "step": {"step_id": "s1", "step_name": "fetch", "input": {"n": 1}},
     },
 }
+
+
+def _query_param(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "query", "description": description, "schema": schema}
+
+
+def _operation_paths(schemas: _Schemas, paths: dict[str, Any]) -> None:
+    """The operator routes (service/operations.py): queries, the audit trail, actions."""
+    page = schemas.of(bodies.DecisionPageBody)
+    audit = schemas.of(bodies.AuditPageBody)
+    entry = schemas.of(bodies.AuditEntryBody)
+    action = schemas.of(bodies.ActionBody)
+    ledger_codes = _codes_of(LedgerError)
+    time = {"type": "integer", "minimum": 0, "maximum": U64_MAX}
+    common = [
+        _query_param(
+            "state",
+            "Only decisions in this state (a released claim is `pending_expired`).",
+            {"type": "string", "enum": [state.value for state in DecisionState]},
+        ),
+        _query_param("after", "First claimed at or after this time (Unix ms).", time),
+        _query_param("before", "First claimed before this time (Unix ms).", time),
+        _query_param("cursor", "The `next_cursor` of the previous page.", {"type": "string"}),
+        _query_param(
+            "limit",
+            "Decisions per page.",
+            {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_LIMIT, "default": 100},
+        ),
+        _query_param(
+            "count",
+            "`true`: also count every decision the filters select.",
+            {"type": "string", "enum": ["true", "false"]},
+        ),
+        {"$ref": "#/components/parameters/X-Request-Id"},
+    ]
+    read_codes = [*_common(True), "invalid_parameter", *ledger_codes]
+    paths["/v1/decisions"]["get"] = {
+        "operationId": "listDecisions",
+        "summary": "Decisions by run, state and age, a keyset page at a time",
+        "description": "In the order the decisions were first claimed, then by id. The "
+        "cursor is a position, never an offset: decisions inserted while paging neither "
+        "repeat nor shift what is still to come.",
+        "security": _AUTH,
+        "parameters": [
+            _query_param("run_id", "Only this run's decisions.", {"type": "string"}),
+            *common,
+        ],
+        "responses": _responses(read_codes, {"200": _json_answer("A page.", page)}),
+    }
+    paths["/v1/runs/{run_id}"] = {
+        "get": {
+            "operationId": "getRun",
+            "summary": "One run's decisions, in the order they were first claimed",
+            "security": _AUTH,
+            "parameters": [
+                {
+                    "name": "run_id",
+                    "in": "path",
+                    "required": True,
+                    "description": "The run id (may hold `/`).",
+                    "schema": {"type": "string", "minLength": 1},
+                },
+                *common,
+            ],
+            "responses": _responses(read_codes, {"200": _json_answer("A page.", page)}),
+        }
+    }
+    paths["/v1/audit"] = {
+        "get": {
+            "operationId": "getAudit",
+            "summary": "The audit trail of operator actions, oldest first",
+            "security": _AUTH,
+            "parameters": [
+                _query_param("decision_id", "Only this decision's entries.", {"type": "string"}),
+                _query_param("after", "At or after this time (Unix ms).", time),
+                _query_param("before", "Before this time (Unix ms).", time),
+                *common[3:5],
+                {"$ref": "#/components/parameters/X-Request-Id"},
+            ],
+            "responses": _responses(read_codes, {"200": _json_answer("A page.", audit)}),
+        }
+    }
+    for name, summary in (
+        ("release", "Release a pending claim, fenced: the old owner can never complete"),
+        ("forget", "Forget a completed decision or tombstone, so its id can be used again"),
+    ):
+        paths[f"/v1/actions/{name}"] = {
+            "post": {
+                "operationId": f"{name}Decision",
+                "summary": summary,
+                "description": "Needs an admin token (never the submit token): 401 without "
+                "one, 403 `forbidden` with another, 403 `admin_disabled` on a service that "
+                "has none. Written to the audit trail in the action's transaction.",
+                "security": [{"bearerAuth": []}],
+                "parameters": [{"$ref": "#/components/parameters/X-Request-Id"}],
+                "requestBody": {"required": True, "content": {_JSON: {"schema": action}}},
+                "responses": _responses(
+                    [
+                        *_common(True),
+                        "admin_disabled",
+                        "forbidden",
+                        "not_found",
+                        "action_refused",
+                        "invalid_action",
+                        "unsupported_media_type",
+                        *ledger_codes,
+                    ],
+                    {"200": _json_answer("The audit entry written.", entry)},
+                ),
+            }
+        }
 
 
 def _paths(schemas: _Schemas) -> dict[str, Any]:
@@ -610,6 +723,7 @@ def openapi_document() -> dict[str, Any]:
     del schemas.components[snapshot["$ref"].removeprefix(_REF)]
     _error_schemas(schemas)
     paths = _paths(schemas)
+    _operation_paths(schemas, paths)
     _refine_receipts(schemas.components)
     return {
         "openapi": "3.1.0",

@@ -192,6 +192,8 @@ class Service:
         self.settings = settings
         self.ledger = ledger
         self.sink = sink
+        if settings.keep_tombstones and hasattr(ledger, "keep_tombstones"):
+            ledger.keep_tombstones = True  # every prune of this ledger keeps tombstones
         self.dispatcher = Dispatcher(
             settings.production_branch, sink, ledger, lease_ms=settings.lease_ms
         )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from html import escape
 
 from ..health import HealthSnapshot, HealthStatus
+from ..ledger.query import DecisionRow
 from ..redact import printable
 from ..sinks.cursor import CursorState
 from ..sinks.relay import RelayStatus
@@ -49,6 +50,62 @@ class RecentDecision:
     def __post_init__(self) -> None:
         object.__setattr__(self, "decision_id", shown_text(self.decision_id))
         object.__setattr__(self, "run_id", shown_text(self.run_id))
+
+
+#: Fates of a POST that need an operator's eye on the status page.
+ATTENTION_FATES = frozenset({"sink_failed", "conflict", "lease_lost"})
+
+
+@dataclass(frozen=True, slots=True)
+class Attention:
+    """The status page's "needs attention" section: claims pending past their lease
+    (oldest first, from the ledger's query) and recent sink failures and conflicts."""
+
+    expired: Sequence[DecisionRow]
+    expired_count: int | None
+    failures: Sequence[RecentDecision]
+    error: str | None = None
+
+
+def _attention_html(attention: Attention | None) -> str:
+    if attention is None:
+        return ""
+    parts = ['<h2>Needs attention</h2><section id="attention">']
+    if attention.error is not None:
+        parts.append(f"<p>The ledger could not be queried: {escape(attention.error)}</p>")
+    elif attention.expired:
+        rows = "".join(
+            f"<tr><td><code>{escape(shown_text(row.decision_id))}</code></td>"
+            f"<td><code>{escape(shown_text(row.run_id or '-'))}</code></td>"
+            f'<td class="num">{row.attempts}</td>'
+            f"<td>{escape(_ms(row.created_at_ms))}</td></tr>"
+            for row in attention.expired
+        )
+        parts.append(
+            f'<h3 id="expired">{attention.expired_count} claim(s) pending past their lease</h3>'
+            '<table><thead><tr><th>decision</th><th>run</th><th class="num">attempts</th>'
+            f"<th>first claimed (UTC)</th></tr></thead><tbody>{rows}</tbody></table>"
+            '<p class="meta">Release with <code>flowdecision release ID --reason ...</code> '
+            '(docs/OPERATIONS.md, "A stuck lease").</p>'
+        )
+    else:
+        parts.append('<p id="expired">No claim is pending past its lease.</p>')
+    if attention.failures:
+        rows = "".join(
+            f"<tr><td>{escape(_ms(item.at_ms))}</td><td><code>{escape(item.decision_id)}</code>"
+            f"</td><td><code>{escape(item.run_id)}</code></td>"
+            f'<td class="fate-{escape(item.fate)}">{escape(item.fate)}</td></tr>'
+            for item in attention.failures
+        )
+        parts.append(
+            '<h3 id="failures">Recent sink failures and conflicts</h3>'
+            "<table><thead><tr><th>time (UTC)</th><th>decision</th><th>run</th><th>fate</th>"
+            f"</tr></thead><tbody>{rows}</tbody></table>"
+        )
+    else:
+        parts.append('<p id="failures">No recent sink failure or conflict.</p>')
+    parts.append("</section>")
+    return "".join(parts)
 
 
 _CSS = """
@@ -127,6 +184,7 @@ def render_status_page(
     refresh_s: int,
     relays: Sequence[CursorState] = (),
     own_relay: RelayStatus | None = None,
+    attention: Attention | None = None,
 ) -> str:
     healthy = health.status is HealthStatus.HEALTHY
     status_class = "healthy" if healthy else "degraded"
@@ -181,7 +239,7 @@ ledger <code>{escape(ledger)}</code> · sink <code>{escape(sink)}</code></p>
 <main>
 <h2>Counters</h2>
 <section class="counters">{counters}</section>
-{relays_html}<h2>Recent decisions</h2>
+{_attention_html(attention)}{relays_html}<h2>Recent decisions</h2>
 <section id="recent">{recent_html}</section>
 </main>
 </body>

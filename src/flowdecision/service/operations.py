@@ -1,0 +1,233 @@
+"""Operator endpoints: decisions by run, state and age, the audit trail, and actions.
+
+* ``GET /v1/decisions?run_id=&state=&before=&after=&cursor=&limit=``: one keyset
+  page (:class:`~flowdecision.ledger.query.DecisionQuery`); ``count=true`` adds
+  how many match.
+* ``GET /v1/runs/{run_id}``: the run's decisions in the order they were first claimed.
+* ``GET /v1/audit?decision_id=&before=&after=&cursor=&limit=``: the audit trail.
+* ``POST /v1/actions/release`` and ``POST /v1/actions/forget`` with
+  ``{"decision_id", "actor", "reason"}``: need an **admin token** (never the
+  submit token); a service configured without one refuses them (403).
+
+Reads take the service's ordinary token (an admin token is accepted too).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..errors import ActionRefusedError, InvalidArgumentError, LedgerError, UnknownDecisionError
+from ..ledger.query import (
+    DEFAULT_PAGE_LIMIT,
+    MAX_PAGE_LIMIT,
+    AuditQuery,
+    DecisionQuery,
+)
+from ..limits import U64_MAX
+from .auth import presented_token
+from .errors import error_response, response_for_error
+from .runtime import Service
+
+__all__ = ["ADMIN_ROUTES", "operation_routes"]
+
+#: The routes that need an admin token.
+ADMIN_ROUTES = ("/v1/actions/release", "/v1/actions/forget")
+
+
+class _BadParam(Exception):
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(name, problem)
+        self.name = name
+        self.problem = problem
+
+
+def _one(request: Request, name: str) -> str | None:
+    values = request.query_params.getlist(name)
+    if len(values) > 1:
+        raise _BadParam(name, f"must be given at most once, got {len(values)} values")
+    if values and values[0] == "":
+        raise _BadParam(name, "must not be empty (leave it out instead)")
+    return values[0] if values else None
+
+
+def _number(request: Request, name: str, low: int, high: int) -> int | None:
+    raw = _one(request, name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+        raise _BadParam(name, f"must be an integer in {low}..{high}, got `{raw[:40]}`")
+    return int(raw)
+
+
+def _bad(name: str, problem: str) -> JSONResponse:
+    return error_response(
+        422, "invalid_parameter", f"query parameter `{name}` {problem}", field=name,
+        problem=problem,
+    )  # fmt: skip
+
+
+def _service(request: Request) -> Service:
+    service: Service | None = request.app.state.context.service
+    assert service is not None  # the lifespan starts it before the first request
+    return service
+
+
+async def _ledger_call(service: Service, call: Any) -> Any:
+    try:
+        return await call
+    except LedgerError as error:
+        return response_for_error(error, _now(service))
+
+
+def _now(service: Service) -> Any:
+    from .handlers import _error_context  # the one error context of the service
+
+    return _error_context(service)
+
+
+async def _page(request: Request, run_id: str | None) -> Response:
+    service = _service(request)
+    try:
+        query = DecisionQuery(
+            run_id=run_id,
+            state=_one(request, "state"),  # type: ignore[arg-type]  # checked by the query
+            before_ms=_number(request, "before", 0, U64_MAX),
+            after_ms=_number(request, "after", 0, U64_MAX),
+            cursor=_one(request, "cursor"),
+            limit=_number(request, "limit", 1, MAX_PAGE_LIMIT) or DEFAULT_PAGE_LIMIT,
+        )
+        count_text = _one(request, "count") or "false"
+        if count_text not in ("true", "false"):
+            raise _BadParam("count", f"must be `true` or `false`, got `{count_text[:40]}`")
+        with_count = count_text == "true"
+    except _BadParam as bad:
+        return _bad(bad.name, bad.problem)
+    except InvalidArgumentError as error:
+        name = next((n for n in ("state", "cursor") if f"`{n}`" in str(error)), "query")
+        return _bad(name, str(error))
+    page = await _ledger_call(service, service.ledger.list_decisions(query))
+    if isinstance(page, Response):
+        return page
+    body: dict[str, Any] = page.to_dict()
+    if with_count:
+        count = await _ledger_call(service, service.ledger.count_decisions(query))
+        if isinstance(count, Response):
+            return count
+        body["count"] = count
+    return JSONResponse(body)
+
+
+async def list_decisions(request: Request) -> Response:
+    """A keyset page of decisions by run, state and first-claim time."""
+    try:
+        run_id = _one(request, "run_id")
+    except _BadParam as bad:
+        return _bad(bad.name, bad.problem)
+    return await _page(request, run_id)
+
+
+async def get_run(request: Request) -> Response:
+    """One run's decisions, in the order they were first claimed."""
+    return await _page(request, request.path_params["run_id"])
+
+
+async def get_audit(request: Request) -> Response:
+    """The audit trail of operator actions, oldest first."""
+    service = _service(request)
+    try:
+        query = AuditQuery(
+            decision_id=_one(request, "decision_id"),
+            before_ms=_number(request, "before", 0, U64_MAX),
+            after_ms=_number(request, "after", 0, U64_MAX),
+            cursor=_one(request, "cursor"),
+            limit=_number(request, "limit", 1, MAX_PAGE_LIMIT) or DEFAULT_PAGE_LIMIT,
+        )
+    except _BadParam as bad:
+        return _bad(bad.name, bad.problem)
+    except InvalidArgumentError as error:
+        return _bad("cursor", str(error))
+    page = await _ledger_call(service, service.ledger.audit(query))
+    if isinstance(page, Response):
+        return page
+    return JSONResponse(page.to_dict())
+
+
+def _admin_refusal(request: Request) -> Response | None:
+    """None when the request carries an admin token; else the 401 or 403 to answer."""
+    admin: tuple[bytes, ...] = request.app.state.settings.admin_tokens()
+    if not admin:
+        return error_response(
+            403, "admin_disabled",
+            "operator actions are disabled: this service has no admin token "
+            "(set FLOWDECISION_ADMIN_TOKEN or admin_token_file)",
+        )  # fmt: skip
+    presented = presented_token(request.scope)
+    if presented is None:
+        response = error_response(401, "unauthorized", "an admin token is required")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="flowdecision-admin"'
+        return response
+    matched = False
+    for token in admin:  # every token is compared: no early exit
+        matched |= hmac.compare_digest(presented, token)
+    if not matched:
+        return error_response(403, "forbidden", "this action needs an admin token")
+    return None
+
+
+async def _action(request: Request, name: str) -> Response:
+    refusal = _admin_refusal(request)
+    if refusal is not None:
+        return refusal
+    service = _service(request)
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as error:
+        return error_response(422, "invalid_action", f"the body is not JSON: {error}")
+    fields = ("decision_id", "actor", "reason")
+    if not isinstance(body, dict) or any(not isinstance(body.get(f), str) for f in fields):
+        return error_response(
+            422, "invalid_action",
+            'the body must be {"decision_id": str, "actor": str, "reason": str}',
+        )  # fmt: skip
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        return error_response(422, "invalid_action", f"unknown field `{unknown[0]}`")
+    ledger = service.ledger
+    act = ledger.operator_release if name == "release" else ledger.forget
+    try:
+        entry = await act(body["decision_id"], actor=body["actor"], reason=body["reason"])
+    except UnknownDecisionError as error:
+        return error_response(404, "not_found", str(error), decision_id=body["decision_id"])
+    except ActionRefusedError as error:
+        return error_response(409, "action_refused", str(error), decision_id=body["decision_id"])
+    except LedgerError as error:
+        if type(error) is LedgerError:  # a bad actor or reason (empty, too long)
+            return error_response(422, "invalid_action", str(error))
+        return response_for_error(error, _now(service))
+    return JSONResponse(entry.to_dict())
+
+
+async def post_release(request: Request) -> Response:
+    """Release a pending claim (fenced: the old owner can never complete); audited."""
+    return await _action(request, "release")
+
+
+async def post_forget(request: Request) -> Response:
+    """Forget a completed decision or tombstone so its id can be used again; audited."""
+    return await _action(request, "forget")
+
+
+def operation_routes() -> list[Route]:
+    """The operator routes (``GET /v1/decisions`` shares its route with the POST: handlers.py)."""
+    return [
+        Route("/v1/runs/{run_id:path}", get_run, methods=["GET"]),
+        Route("/v1/audit", get_audit, methods=["GET"]),
+        Route(ADMIN_ROUTES[0], post_release, methods=["POST"]),
+        Route(ADMIN_ROUTES[1], post_forget, methods=["POST"]),
+    ]
