@@ -292,25 +292,10 @@ class Ledger(Closable, abc.ABC):
         """
         raise LedgerError(f"{type(self).__name__} cannot write other rows in its transactions")
 
-    async def claim_and_complete(
-        self,
-        decision_id: str,
-        request_hash: str,
-        owner_id: str,
-        *,
-        lease_ms: int,
-        identity: ExecutionIdentity,
-        receipt: ResultReceipt,
-        write: JointWrite,
-        traceparent: str | None = None,
-        origin: DecisionOrigin | None = None,
-    ) -> ClaimOutcome:
-        """The old name of :meth:`joint_commit`, answering only the claim's outcome."""
-        done = await self.joint_commit(
-            decision_id, request_hash, owner_id, lease_ms=lease_ms, identity=identity,
-            receipt=receipt, write=write, traceparent=traceparent, origin=origin,
-        )  # fmt: skip
-        return done.claim
+    async def claim_and_complete(self, *args: Any, **kwargs: Any) -> ClaimOutcome:
+        """The old name of :meth:`joint_commit` (same arguments), answering only the
+        claim's outcome."""
+        return (await self.joint_commit(*args, **kwargs)).claim
 
 
 class DelegatingLedger(Ledger):
