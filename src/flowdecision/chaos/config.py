@@ -14,6 +14,8 @@ from ..ledger.url import parse_ledger_url
 
 __all__ = ["BRANCH", "ChaosConfig", "wall_ms"]
 
+#: ``--sink`` runs deliver every decision to one workflow: keep its history small.
+SINK_DECISIONS_MAX = 1000
 #: The only branch the harness dispatches on.
 BRANCH = "production"
 
@@ -53,6 +55,9 @@ class ChaosConfig:
     workdir: str | None = None
     timeout_s: float = 900.0
     run_id: str = ""
+    #: ``temporal://host:port[/namespace]``: drain the outbox into Temporal through
+    #: relays that are killed and restarted, then check what Temporal applied.
+    sink: str | None = None
 
     def resolved(self) -> ChaosConfig:
         """A copy with defaults filled in and values checked."""
@@ -80,6 +85,11 @@ class ChaosConfig:
         if self.layout == "shared" and kind == "file":
             raise InvalidArgumentError("a file ledger cannot share its store with the outbox")
         out.layout = self.layout or ("separate" if kind == "file" else "shared")
+        if self.sink is not None and self.decisions > SINK_DECISIONS_MAX:
+            raise InvalidArgumentError(
+                f"with --sink, at most {SINK_DECISIONS_MAX} decisions (one workflow's "
+                "history holds them all)"
+            )
         if out.outbox_url is None:
             out.outbox_url = (
                 self.ledger_url

@@ -234,6 +234,12 @@ def run_chaos(config: ChaosConfig, progress: Progress | None = None) -> ChaosRep
     if progress is not None:
         progress(fleet.plan_entries_done(), total_entries, dict(fleet.stats))
     report = asyncio.run(verify(cfg, fleet.stats, elapsed))
+    if cfg.sink is not None:
+        from .relay_phase import run_relay_phase
+
+        checks, kills = run_relay_phase(cfg, workdir)
+        report.checks.update(checks)
+        report.figures["relay_kills"] = kills
     if drained:
         report.checks["drained"] = (True, f"all {cfg.workers} workers finished their plans")
     else:

@@ -123,6 +123,14 @@ __all__ = ["chaos"]
 @click.option("--conflict-rate", default=0.05, show_default=True, type=click.FloatRange(0, 1))
 @click.option("--slow-sink-rate", default=0.1, show_default=True, type=click.FloatRange(0, 1))
 @click.option("--sink-raise-rate", default=0.02, show_default=True, type=click.FloatRange(0, 1))
+@click.option(
+    "--sink",
+    "sink_url",
+    default=None,
+    help="temporal://host:port[/namespace]: then drain the outbox into this Temporal server "
+    "through `flowdecision relay` processes killed and restarted, and check that Temporal "
+    "applied every decision once, in order (the harness runs its own worker).",
+)
 @click.option("--seed", default=None, type=int, help="Reproduce a workload and fault schedule.")
 @click.option("--workdir", default=None, help="Keep journals here (default: a temp dir).")
 @click.option("--keep", is_flag=True, help="Keep the temporary work directory.")
@@ -148,6 +156,7 @@ def chaos(
     conflict_rate: float,
     slow_sink_rate: float,
     sink_raise_rate: float,
+    sink_url: str | None,
     seed: int | None,
     workdir: str | None,
     keep: bool,
@@ -182,6 +191,7 @@ def chaos(
             conflict_rate=conflict_rate,
             slow_sink_rate=slow_sink_rate,
             sink_raise_rate=sink_raise_rate,
+            sink=sink_url,
             seed=seed,
             workdir=workdir,
             timeout_s=timeout_s,
