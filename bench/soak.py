@@ -70,6 +70,10 @@ END = "<!-- soak:end -->"
 READY = "flowdecision serving on "
 
 
+#: the load generator's queue, for the sampler
+BACKLOG: dict[str, asyncio.Queue[Any]] = {}
+
+
 class SoakError(RuntimeError):
     """The soak cannot run (the server did not start); the message says why."""
 
@@ -85,6 +89,8 @@ class Sample:
     outbox_rows: int
     metrics_series: int
     load1: float
+    #: requests due but not yet sent (the server or this client fell behind the rate)
+    backlog: int = 0
 
 
 @dataclass
@@ -258,6 +264,7 @@ async def _load(
     stop_at: float,
 ) -> None:
     queue: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
+    BACKLOG["queue"] = queue
     run = uuid.uuid4().hex[:8]
 
     async def lane() -> None:
@@ -310,6 +317,7 @@ async def _sample_once(server: Server, metrics: Connection, t_s: float) -> Sampl
         outbox_rows=outbox,
         metrics_series=series,
         load1=round(os.getloadavg()[0], 2),
+        backlog=BACKLOG["queue"].qsize() if "queue" in BACKLOG else 0,
     )
 
 
@@ -485,8 +493,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     flat[6].legend(fontsize=8)
     flat[6].grid(alpha=0.3)
     flat[6].set_ylim(bottom=0)
-    flat[7].plot(t, [s["load1"] for s in samples], lw=1.2, color="grey")
-    flat[7].set_title("machine load average (1 min)", fontsize=10)
+    flat[7].plot(t, [s["load1"] for s in samples], lw=1.2, color="grey", label="load average")
+    flat[7].plot(
+        t, [s.get("backlog", 0) / 100 for s in samples], lw=1, color="red", label="backlog / 100"
+    )
+    flat[7].set_title("machine load (1 min) and requests behind schedule", fontsize=10)
+    flat[7].legend(fontsize=8)
     flat[7].grid(alpha=0.3)
     for ax in axes[-1]:
         ax.set_xlabel("minutes")

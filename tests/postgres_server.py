@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from urllib.parse import quote
 
-__all__ = ["PostgresServer", "PostgresServerError", "find_bindir"]
+__all__ = ["PostgresServer", "PostgresServerError", "ReplicatedPostgres", "find_bindir"]
 
 #: Settings that make a test server fast; the benchmark keeps the durable defaults.
 FAST_SETTINGS = {
@@ -70,6 +74,8 @@ class PostgresServer:
         self.started = False
         #: more ``-c name=value`` settings
         self.extra_options: list[str] = []
+        #: ``initdb --no-sync`` even when not ``fast``
+        self.no_sync_initdb = False
 
     # -- helpers ---------------------------------------------------------------
 
@@ -124,7 +130,7 @@ class PostgresServer:
             "--auth=trust",
             "--encoding=UTF8",
             "--locale=C",
-            *(["--no-sync"] if self.fast else []),
+            *(["--no-sync"] if self.fast or self.no_sync_initdb else []),
         )
         self.resume()
         return self
@@ -191,3 +197,281 @@ class PostgresServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# -- a primary and a streaming standby, for the failover fault -----------------------------
+
+#: Settings of a replicated pair: durable enough for kill -9 (the OS never crashes
+#: here, so fsync may stay off), full-page writes on (pg_basebackup needs them).
+REPLICATION_SETTINGS = {
+    "fsync": "off",
+    "wal_level": "replica",
+    "max_wal_senders": "10",
+    "max_replication_slots": "10",
+    "hot_standby": "on",
+    "wal_receiver_status_interval": "1s",
+    "wal_sender_timeout": "10s",
+}
+
+
+class ReplicatedPostgres:
+    """A primary and a streaming standby (``pg_basebackup -R``, a physical
+    replication slot), each in its own directory with its own unix socket, run
+    as the same unprivileged account as :class:`PostgresServer`.
+
+    ``synchronous=True`` sets ``synchronous_standby_names='*'`` and
+    ``synchronous_commit=on`` on both (a commit is acknowledged once the
+    standby has flushed it); False leaves the standby asynchronous.
+
+    :meth:`failover` kills the primary (SIGKILL to the postmaster and every
+    backend at once), promotes the standby and rebuilds the old primary as the
+    new standby. :attr:`url` lists both sockets with
+    ``target_session_attrs=read-write``, so clients follow the primary.
+
+    The pair's state (directories, which one is primary) is kept in
+    ``state.json`` so another process can run the failover:
+    ``python -m tests.postgres_server failover STATE`` (what the chaos
+    harness's ``--failover-command`` runs).
+    """
+
+    def __init__(self, *, synchronous: bool = True, state: Path | None = None) -> None:
+        if state is not None:
+            saved = json.loads(state.read_text())
+            self.synchronous = bool(saved["synchronous"])
+            self.servers = [self._server(Path(base)) for base in saved["bases"]]
+            self.primary = int(saved["primary"])
+            self.failovers = int(saved["failovers"])
+            self.state = state
+            for server in self.servers:
+                server.started = True
+            return
+        self.synchronous = synchronous
+        self.servers = [self._server(None), self._server(None)]
+        self.primary = 0
+        self.failovers = 0
+        self.state = self.servers[0].base.parent / f"{self.servers[0].base.name}.state.json"
+
+    def _server(self, base: Path | None) -> PostgresServer:
+        server = PostgresServer(fast=False)
+        if base is not None:
+            shutil.rmtree(server.base, ignore_errors=True)
+            server.base = base
+            server.datadir, server.socket_dir = base / "data", base
+            server.log = base / "server.log"
+        server.no_sync_initdb = True  # the OS never crashes here: initdb need not fsync
+        server.extra_options = [f"-c {k}={v}" for k, v in REPLICATION_SETTINGS.items()]
+        sync = "'*'" if self.synchronous else "''"
+        server.extra_options += [
+            f"-c synchronous_standby_names={sync}",
+            "-c synchronous_commit=on",
+        ]
+        return server
+
+    @property
+    def standby(self) -> int:
+        return 1 - self.primary
+
+    def url(self, database: str = "postgres") -> str:
+        """Both servers (primary first at the start), read-write sessions only."""
+        hosts = ",".join(quote(str(s.socket_dir), safe="") for s in self.servers)
+        user = self.servers[0].db_user
+        return f"postgresql://{user}@/{database}?host={hosts}&target_session_attrs=read-write"
+
+    def _save(self) -> None:
+        self.state.write_text(
+            json.dumps(
+                {
+                    "synchronous": self.synchronous,
+                    "bases": [str(s.base) for s in self.servers],
+                    "primary": self.primary,
+                    "failovers": self.failovers,
+                }
+            )
+        )
+
+    def start(self) -> ReplicatedPostgres:
+        self.servers[self.primary].start()
+        self._rebuild_standby()
+        self._save()
+        return self
+
+    def _rebuild_standby(self) -> None:
+        primary, standby = self.servers[self.primary], self.servers[self.standby]
+        shutil.rmtree(standby.datadir, ignore_errors=True)
+        if standby.os_user is not None:
+            entry = pwd.getpwnam(standby.os_user)
+            os.chown(standby.base, entry.pw_uid, entry.pw_gid)
+        os.chmod(standby.base, 0o700)
+        slot = f"standby_{self.failovers}_{self.standby}"
+        standby._run(
+            str(standby.bindir / "pg_basebackup"),
+            "-D",
+            str(standby.datadir),
+            "-h",
+            str(primary.socket_dir),
+            "-U",
+            primary.db_user,
+            "-R",
+            "-C",
+            "-S",
+            slot,
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+        )
+        standby.resume()
+        self._wait_streaming()
+
+    def _sql(self, server: PostgresServer, query: str) -> str:
+        proc = subprocess.run(
+            server._cmd(
+                str(server.bindir / "psql"),
+                "-h",
+                str(server.socket_dir),
+                "-U",
+                server.db_user,
+                "-d",
+                "postgres",
+                "-Atc",
+                query,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            cwd=server.base,
+        )
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    def _wait_streaming(self, timeout: float = 60) -> None:
+        """Until the primary sees the standby streaming (if synchronous: as its sync standby)."""
+        want = "streaming|sync" if self.synchronous else "streaming|async"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = self._sql(
+                self.servers[self.primary],
+                "SELECT state || '|' || sync_state FROM pg_stat_replication",
+            )
+            if want in rows.splitlines():
+                return
+            time.sleep(0.05)
+        raise PostgresServerError(f"the standby did not reach `{want}` in {timeout} s")
+
+    def _postmaster_pid(self, server: PostgresServer) -> int | None:
+        try:
+            return int((server.datadir / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def kill_primary(self) -> None:
+        """SIGKILL the primary's postmaster and all its processes at once (a crash)."""
+        server = self.servers[self.primary]
+        pid = self._postmaster_pid(server)
+        if pid is None:
+            raise PostgresServerError(f"no running primary in {server.datadir}")
+        victims = [pid] + [
+            int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == pid
+        ]
+        for victim in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+        for victim in victims:
+            while Path(f"/proc/{victim}").exists() and _state(victim) not in ("Z", "X", None):
+                time.sleep(0.005)
+        server.started = False
+
+    def hold_standby(self, seconds: float) -> None:
+        """SIGSTOP the standby's WAL receiver for ``seconds`` (replication falls behind)."""
+        standby = self.servers[self.standby]
+        pid = self._postmaster_pid(standby)
+        receivers = [
+            int(p.name)
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit() and _ppid(p) == pid and "walreceiver" in _cmdline(p)
+        ]
+        for receiver in receivers:
+            os.kill(receiver, signal.SIGSTOP)
+        time.sleep(seconds)
+        self._held = receivers
+
+    def failover(self, *, hold_standby_s: float = 0.0) -> dict[str, float]:
+        """Kill the primary, promote the standby, rebuild the old primary as the
+        new standby; how long each step took (seconds)."""
+        self._held: list[int] = []
+        started = time.monotonic()
+        if hold_standby_s > 0:
+            self.hold_standby(hold_standby_s)
+        self.kill_primary()
+        killed = time.monotonic()
+        for receiver in self._held:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(receiver, signal.SIGCONT)
+        new = self.servers[self.standby]
+        new._run(str(new.bindir / "pg_ctl"), "-D", str(new.datadir), "-w", "-t", "60", "promote")
+        promoted = time.monotonic()
+        self.primary = self.standby
+        self.failovers += 1
+        self._save()
+        self._rebuild_standby()
+        self._save()
+        return {
+            "kill_s": round(killed - started, 3),
+            "promote_s": round(promoted - killed, 3),
+            "rebuild_s": round(time.monotonic() - promoted, 3),
+        }
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+        with contextlib.suppress(OSError):
+            self.state.unlink()
+
+    def __enter__(self) -> ReplicatedPostgres:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _ppid(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def main(argv: list[str]) -> int:
+    """``failover STATE [--hold-standby-ms N]``: one failover of the pair in STATE."""
+    if len(argv) < 2 or argv[0] != "failover":
+        print("usage: python -m tests.postgres_server failover STATE [--hold-standby-ms N]")
+        return 2
+    hold = 0.0
+    if "--hold-standby-ms" in argv:
+        hold = float(argv[argv.index("--hold-standby-ms") + 1]) / 1000
+    pair = ReplicatedPostgres(state=Path(argv[1]))
+    print(json.dumps(pair.failover(hold_standby_s=hold)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

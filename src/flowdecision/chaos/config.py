@@ -58,6 +58,13 @@ class ChaosConfig:
     #: ``temporal://host:port[/namespace]``: drain the outbox into Temporal through
     #: relays that are killed and restarted, then check what Temporal applied.
     sink: str | None = None
+    #: the failover fault: a command that fails the ledger's database over (kills
+    #: the primary, promotes a standby, rebuilds the old primary), run every
+    #: ``failover_every_ms`` while the workers dispatch, at most ``max_failovers``
+    #: times (0: no limit); the ledger URL must reach whichever server is primary
+    failover_command: str | None = None
+    failover_every_ms: int = 0
+    max_failovers: int = 0
 
     def resolved(self) -> ChaosConfig:
         """A copy with defaults filled in and values checked."""
@@ -72,6 +79,10 @@ class ChaosConfig:
         kind, _ = parse_ledger_url(self.ledger_url)
         if kind == "memory":
             raise InvalidArgumentError("a memory ledger cannot be shared between processes")
+        if self.failover_command and self.failover_every_ms < 1:
+            raise InvalidArgumentError("failover_command needs failover_every_ms >= 1")
+        if self.failover_every_ms and not self.failover_command:
+            raise InvalidArgumentError("failover_every_ms needs failover_command")
         out = ChaosConfig(**asdict(self))
         out.seed = self.seed if self.seed is not None else random.randrange(1 << 30)
         out.run_id = self.run_id or uuid.uuid4().hex[:8]

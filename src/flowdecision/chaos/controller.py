@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from ..errors import HarnessError
 from ..ledger.postgres import PostgresLedger
 from ..ledger.url import parse_ledger_url
 from ..sinks.outbox import OutboxSink
-from .config import ChaosConfig
+from .config import ChaosConfig, wall_ms
 from .report import ChaosReport
 from .verify import verify
 from .workload import make_plans
@@ -60,6 +61,8 @@ class _Fleet:
         self.stats: Counter[str] = Counter()
         self.incarnations = [0] * cfg.workers
         self.running: dict[int, _Proc] = {}
+        #: seconds each failover command took
+        self.failover_s: list[float] = []
         self.env = dict(os.environ)
         src = str(Path(__file__).resolve().parents[2])
         python_path = self.env.get("PYTHONPATH")
@@ -173,6 +176,33 @@ def _every(period_ms: int, start: float) -> float:
     return start + period_ms / 1000 if period_ms > 0 else float("inf")
 
 
+def _failover(fleet: _Fleet) -> None:
+    """Run the failover command once (the workers keep dispatching meanwhile)."""
+    cfg = fleet.cfg
+    assert cfg.failover_command is not None
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            shlex.split(cfg.failover_command),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=fleet.env,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise HarnessError(f"the failover command failed: {error}") from error
+    if proc.returncode != 0:
+        raise HarnessError(
+            f"the failover command exited {proc.returncode}: {proc.stderr.strip()[-2000:]}"
+        )
+    fleet.stats["failovers"] += 1
+    fleet.failover_s.append(round(time.monotonic() - started, 3))
+    with open(fleet.workdir / "failovers.jsonl", "a", encoding="utf-8") as out:
+        out.write(json.dumps({"t": wall_ms(), "s": fleet.failover_s[-1], "out": proc.stdout}))
+        out.write("\n")
+
+
 def _drive(fleet: _Fleet, progress: Progress | None, total_entries: int) -> bool:
     """Run the fleet until every worker finished (True) or the timeout passed (False)."""
     cfg = fleet.cfg
@@ -180,6 +210,7 @@ def _drive(fleet: _Fleet, progress: Progress | None, total_entries: int) -> bool
     deadline = started + cfg.timeout_s
     next_kill = _every(cfg.kill_every_ms, started)
     next_pause = _every(cfg.pause_every_ms, started)
+    next_failover = _every(cfg.failover_every_ms, started)
     next_progress = started
     while fleet.running:
         now = time.monotonic()
@@ -192,6 +223,15 @@ def _drive(fleet: _Fleet, progress: Progress | None, total_entries: int) -> bool
         if now >= next_pause:
             next_pause = now + cfg.pause_every_ms / 1000
             fleet.pause_one(live, now)
+        if now >= next_failover and live:
+            _failover(fleet)
+            done = fleet.stats["failovers"]
+            limit = cfg.max_failovers
+            next_failover = (
+                float("inf")
+                if limit and done >= limit
+                else time.monotonic() + cfg.failover_every_ms / 1000
+            )
         if now >= deadline:
             return False
         if progress is not None and now >= next_progress:
@@ -240,6 +280,9 @@ def run_chaos(config: ChaosConfig, progress: Progress | None = None) -> ChaosRep
         checks, kills = run_relay_phase(cfg, workdir)
         report.checks.update(checks)
         report.figures["relay_kills"] = kills
+    if cfg.failover_command:
+        report.figures["failovers"] = fleet.stats["failovers"]
+        report.figures["failover_s"] = fleet.failover_s
     if drained:
         report.checks["drained"] = (True, f"all {cfg.workers} workers finished their plans")
     else:

@@ -57,6 +57,13 @@ def summary_rows(report: ChaosReport) -> Iterator[tuple[str, str]]:
     yield "sink / ledger failures", f"{f['sink_failures']} / {f['ledger_failures']}"
     yield "stale completions refused by the ledger", str(f["stale_completions_refused"])
     yield "late acks (stale owner, already completed)", str(f["late_acks"])
+    yield (
+        "acknowledged: lost / repeated",
+        f"{f['acknowledged']}: {f['lost_after_ack']} / {f['repeated_after_ack']}",
+    )
+    if "failovers" in f:
+        times = ", ".join(f"{s:.1f}" for s in f["failover_s"])
+        yield "failovers", f"{f['failovers']} (seconds each: {times})"
     yield "elapsed", f"{f['elapsed_s']} s ({f['decisions_per_s']} decisions/s)"
     for name, (passed, detail) in report.checks.items():
         yield f"check {name}", ("PASS" if passed else "FAIL") + f": {detail}"

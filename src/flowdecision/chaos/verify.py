@@ -18,6 +18,11 @@
     expired -- a failure; in between is counted as ambiguous). File and SQLite
     ledgers use this host's clock; the PostgreSQL ledger uses the server's,
     which in this harness runs on the same host.
+``acknowledged_by_owner``
+    every decision a worker was told was submitted (``accepted``) is, on the
+    store that survived (after failovers: the promoted standby), completed by
+    that worker's owner: none lost (no record, or not completed) and none
+    repeated (completed by another owner, which ran it again).
 ``health_adds_up``: see :mod:`.health_check`.
 
 Stores are read only through the public API: :meth:`Ledger.read_record
@@ -82,6 +87,8 @@ class Evidence:
     sink_events: Counter[str] = field(default_factory=Counter)
     late_acks: int = 0
     refused: int = 0
+    #: per decision, the owners told `accepted` (submitted) for it
+    acked: defaultdict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
     def scan(self, ev: Event) -> None:
         """Take one journal event into account."""
@@ -102,6 +109,8 @@ class Evidence:
     def _scan_outcome(self, ev: Event, key: str) -> None:
         result = ev["r"]
         self.outcomes[result] += 1
+        if result == "accepted":
+            self.acked[key].append(ev["o"])
         record = self.records.get(key)
         if record is None:
             return
@@ -267,6 +276,30 @@ def _last_grant(history: list[Event], attempts: int) -> tuple[Event | None, bool
     return grant, unresolved, None
 
 
+def check_acknowledged(ev: Evidence) -> tuple[Check, int, int]:
+    """``acknowledged_by_owner``, and how many acknowledged decisions were lost
+    and how many repeated (completed by an owner that was not told "submitted")."""
+    lost: list[str] = []
+    repeated: list[str] = []
+    for key, owners in ev.acked.items():
+        record = ev.records.get(key)
+        if record is None or record.status is not ClaimStatus.COMPLETED:
+            lost.append(f"{key}: acknowledged to {owners[0]}, but {record and record.status.value}")
+            continue
+        others = [owner for owner in owners if owner != record.owner_id]
+        if others or len(owners) > 1:
+            repeated.append(
+                f"{key}: acknowledged to {', '.join(owners)}, completed by {record.owner_id}"
+            )
+    problems = lost + repeated
+    check = (
+        not problems,
+        fmt_problems(problems)
+        or f"{len(ev.acked)} acknowledged decisions, each completed by the owner told so",
+    )
+    return check, len(lost), len(repeated)
+
+
 def check_stale(ev: Evidence) -> tuple[Check, int]:
     """``no_stale_completion``, and how many completions fell within clock slack."""
     stale: list[str] = []
@@ -317,6 +350,7 @@ async def verify(
     report.checks["outbox_one_row"] = rows_check
     report.checks["no_conflicting_content"] = content_check
     report.checks["no_stale_completion"], ambiguous = check_stale(ev)
+    report.checks["acknowledged_by_owner"], lost, repeated = check_acknowledged(ev)
     health = check_health(ev.cfg, ev.events_by_worker, ev.records, ev.claims, stats)
     report.checks["health_adds_up"] = health.check
     records = [r for r in ev.records.values() if r is not None]
@@ -343,6 +377,9 @@ async def verify(
         "ledger_failures": ev.outcomes["ledger_error"],
         "stale_completions_refused": ev.refused,
         "late_acks": ev.late_acks,
+        "acknowledged": len(ev.acked),
+        "lost_after_ack": lost,
+        "repeated_after_ack": repeated,
         "stale_check_ambiguous": ambiguous,
         "torn_journal_lines": ev.torn,
         "elapsed_s": round(elapsed_s, 1),

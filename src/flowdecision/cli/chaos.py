@@ -131,6 +131,28 @@ __all__ = ["chaos"]
     "through `flowdecision relay` processes killed and restarted, and check that Temporal "
     "applied every decision once, in order (the harness runs its own worker).",
 )
+@click.option(
+    "--failover-command",
+    default=None,
+    help="The failover fault: a command that fails the ledger's PostgreSQL over (kills the "
+    "primary, promotes a standby, rebuilds the old primary); --ledger must list every host "
+    "with target_session_attrs=read-write.",
+)
+@click.option(
+    "--failover-every-ms",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Run --failover-command this often (0: never).",
+)
+@click.option(
+    "--failovers",
+    "max_failovers",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="At most this many failovers (0: no limit).",
+)
 @click.option("--seed", default=None, type=int, help="Reproduce a workload and fault schedule.")
 @click.option("--workdir", default=None, help="Keep journals here (default: a temp dir).")
 @click.option("--keep", is_flag=True, help="Keep the temporary work directory.")
@@ -157,6 +179,9 @@ def chaos(
     slow_sink_rate: float,
     sink_raise_rate: float,
     sink_url: str | None,
+    failover_command: str | None,
+    failover_every_ms: int,
+    max_failovers: int,
     seed: int | None,
     workdir: str | None,
     keep: bool,
@@ -192,6 +217,9 @@ def chaos(
             slow_sink_rate=slow_sink_rate,
             sink_raise_rate=sink_raise_rate,
             sink=sink_url,
+            failover_command=failover_command,
+            failover_every_ms=failover_every_ms if failover_command else 0,
+            max_failovers=max_failovers,
             seed=seed,
             workdir=workdir,
             timeout_s=timeout_s,
@@ -206,6 +234,7 @@ def chaos(
         line = (
             f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} proposals  "
             f"kills {stats.get('kills', 0)}  pauses {stats.get('pauses', 0)}"
+            + (f"  failovers {stats['failovers']}" if stats.get("failovers") else "")
         )
         click.echo(line, nl=False, err=True)
 
