@@ -18,7 +18,7 @@ off because the OS never crashes here, ``synchronous_commit=on``):
   postmaster and every backend, ``pg_ctl promote`` the standby, rebuild the
   old primary as the new standby.
 * ``async``: the same with ``synchronous_standby_names=''``.
-* ``async-held``: asynchronous, and the standby's WAL receiver is SIGSTOPped
+* ``async-held``: asynchronous, and the primary's WAL sender is SIGSTOPped
   for ``--hold-ms`` before each kill (replication lagging as under load or a
   slow network): what an asynchronous standby can lose when it is behind.
 * ``throughput``: chaos with no faults at all, ``--tp-decisions`` decisions,
@@ -135,9 +135,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "modes": {"sync": [], "async": [], "async-held": []},
         "throughput": {"sync": [], "async": []},
     }
-    plan = [("sync", True, 0)] * args.runs
-    plan += [("async", False, 0)] * args.async_runs
-    plan += [("async-held", False, args.hold_ms)] * args.async_runs
+    modes = args.modes.split(",")
+    plan = [("sync", True, 0)] * args.runs * ("sync" in modes)
+    plan += [("async", False, 0)] * args.async_runs * ("async" in modes)
+    plan += [("async-held", False, args.hold_ms)] * args.async_runs * ("async-held" in modes)
     for mode, synchronous, hold in plan:
         load = _load1()
         result = chaos_run(synchronous=synchronous, args=args, faults=True, hold_ms=hold)
@@ -185,7 +186,7 @@ def markdown(result: dict[str, Any]) -> str:
     names = {
         "sync": "synchronous",
         "async": "asynchronous",
-        "async-held": f"asynchronous, WAL receiver held {cfg['hold_ms']} ms before each kill",
+        "async-held": f"asynchronous, WAL sender held {cfg['hold_ms']} ms before each kill",
     }
     for mode, runs in result["modes"].items():
         done = [r for r in runs if "figures" in r]
@@ -243,6 +244,7 @@ def main() -> int:
     parser.add_argument("--hold-ms", type=int, default=500)
     parser.add_argument("--tp-decisions", type=int, default=1500)
     parser.add_argument("--tp-rounds", type=int, default=2)
+    parser.add_argument("--modes", default="sync,async,async-held")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path, default=RESULTS)
     parser.add_argument("--from-json", type=Path)

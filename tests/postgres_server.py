@@ -383,13 +383,15 @@ class ReplicatedPostgres:
         server.started = False
 
     def hold_standby(self, seconds: float) -> None:
-        """SIGSTOP the standby's WAL receiver for ``seconds`` (replication falls behind)."""
-        standby = self.servers[self.standby]
-        pid = self._postmaster_pid(standby)
+        """SIGSTOP the primary's WAL sender for ``seconds``: replication falls behind
+        (the WAL stays on the primary; stopping the standby's receiver would not do,
+        the socket buffer would keep what was sent)."""
+        primary = self.servers[self.primary]
+        pid = self._postmaster_pid(primary)
         receivers = [
             int(p.name)
             for p in Path("/proc").iterdir()
-            if p.name.isdigit() and _ppid(p) == pid and "walreceiver" in _cmdline(p)
+            if p.name.isdigit() and _ppid(p) == pid and "walsender" in _cmdline(p)
         ]
         for receiver in receivers:
             os.kill(receiver, signal.SIGSTOP)
