@@ -20,7 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import quote
 
 __all__ = ["PostgresServer", "PostgresServerError", "ReplicatedPostgres", "find_bindir"]
@@ -430,15 +432,26 @@ class ReplicatedPostgres:
         with contextlib.suppress(OSError):
             self.state.unlink()
 
-    def __enter__(self) -> ReplicatedPostgres:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+S = TypeVar("S", PostgresServer, ReplicatedPostgres)
+
+
+@contextlib.contextmanager
+def running(server: S, what: str) -> Iterator[S]:
+    """For a test fixture: start ``server``, yield it, stop it (and remove its
+    files) even on failure. A server that cannot start fails the test, saying
+    why: it is never skipped."""
+    import pytest
+
+    try:
+        server.start()
+    except Exception as error:
+        server.stop()
+        pytest.fail(f"cannot start {what}: {error}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _ppid(proc: Path) -> int | None:

@@ -28,7 +28,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tests.postgres_server import ReplicatedPostgres
+from tests.postgres_server import ReplicatedPostgres, running
 
 ROOT = Path(__file__).resolve().parent.parent
 FAILOVERS = 3
@@ -37,16 +37,8 @@ DECISIONS = 400
 
 @pytest.fixture
 def sync_pair() -> Iterator[ReplicatedPostgres]:
-    pair = ReplicatedPostgres(synchronous=True)
-    try:
-        pair.start()
-    except Exception as error:
-        pair.stop()
-        pytest.fail(f"cannot start a primary and a standby: {error}", pytrace=False)
-    try:
+    with running(ReplicatedPostgres(synchronous=True), "a primary and a standby") as pair:
         yield pair
-    finally:
-        pair.stop()
 
 
 async def _create_database(url: str, name: str) -> None:

@@ -24,7 +24,7 @@ import pytest
 
 from flowdecision.ledger.postgres import PostgresLedger
 from flowdecision.sinks import OutboxSink
-from tests.postgres_server import PostgresServer
+from tests.postgres_server import PostgresServer, running
 from tests.service_process import ServiceProcess, decision
 
 DOWN_S = 3.5
@@ -32,16 +32,8 @@ DOWN_S = 3.5
 
 @pytest.fixture
 def pg_server() -> Iterator[PostgresServer]:
-    server = PostgresServer(fast=True)
-    try:
-        server.start()
-    except Exception as error:
-        server.stop()
-        pytest.fail(f"cannot start a throwaway PostgreSQL server: {error}", pytrace=False)
-    try:
+    with running(PostgresServer(fast=True), "a throwaway PostgreSQL server") as server:
         yield server
-    finally:
-        server.stop()
 
 
 async def _migrate(url: str) -> None:
