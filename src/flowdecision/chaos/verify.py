@@ -284,7 +284,8 @@ def check_acknowledged(ev: Evidence) -> tuple[Check, int, int]:
     for key, owners in ev.acked.items():
         record = ev.records.get(key)
         if record is None or record.status is not ClaimStatus.COMPLETED:
-            lost.append(f"{key}: acknowledged to {owners[0]}, but {record and record.status.value}")
+            state = "missing" if record is None else record.status.value
+            lost.append(f"{key}: acknowledged to {owners[0]}, but {state} on the survivor")
             continue
         others = [owner for owner in owners if owner != record.owner_id]
         if others or len(owners) > 1:
