@@ -301,11 +301,15 @@ async def _load(
 
 async def _sample_once(server: Server, metrics: Connection, t_s: float) -> Sample:
     rss, fds = _rss_and_fds(server.pids())
-    try:
-        _, text = await metrics.request("GET", "/metrics")
+    series = -1
+    for _ in range(2):  # the server closes a keep-alive connection idle past 5 s: reconnect
+        try:
+            _, text = await metrics.request("GET", "/metrics")
+        except (OSError, asyncio.IncompleteReadError):
+            metrics.writer = None
+            continue
         series = sum(1 for line in text.decode().splitlines() if line and not line.startswith("#"))
-    except (OSError, asyncio.IncompleteReadError):
-        series = -1
+        break
     ledger, outbox = await asyncio.to_thread(_rows, server.db)
     return Sample(
         t_s=round(t_s, 1),
