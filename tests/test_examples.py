@@ -15,11 +15,13 @@ from tests.service_process import ROOT
 EXAMPLES = ROOT / "examples"
 
 
-def _run(name: str, *args: str, cwd: Path) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWDECISION_")}
-    env["PYTHONPATH"] = str(ROOT / "src")
+def _example(
+    name: str, args: list[str], *, cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """``python examples/NAME ARGS`` (relative to ``cwd`` when it is the checkout)."""
+    script = f"examples/{name}" if cwd == ROOT else str(EXAMPLES / name)
     done = subprocess.run(
-        [sys.executable, str(EXAMPLES / name), *args],
+        [sys.executable, script, *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -28,7 +30,13 @@ def _run(name: str, *args: str, cwd: Path) -> list[str]:
         check=False,
     )
     assert done.returncode == 0, f"{name} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout.splitlines()
+    return done
+
+
+def _run(name: str, *args: str, cwd: Path) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWDECISION_")}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    return _example(name, list(args), cwd=cwd, env=env).stdout.splitlines()
 
 
 def test_every_example_is_listed() -> None:
@@ -105,16 +113,7 @@ def test_every_example_runs_from_an_empty_store_as_its_readme_says(
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWDECISION_")}
     env.pop("PYTHONPATH", None)
     env["TMPDIR"] = str(tmp_path)  # the examples' default directories land here
-    done = subprocess.run(
-        [sys.executable, f"examples/{name}", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, f"{name} failed:\n{done.stdout}\n{done.stderr}"
+    done = _example(name, args, cwd=ROOT, env=env)
     assert "Traceback" not in done.stderr and "never retrieved" not in done.stderr, done.stderr
     lines = done.stdout.splitlines()
     assert name in LAST_LINES, f"say what {name} prints when it works"

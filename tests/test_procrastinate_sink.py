@@ -65,6 +65,20 @@ def engine_url(engine: str, store_url: str, **params: str) -> str:
     return f"{engine}+{store_url}{separator}{urlencode(params)}"
 
 
+async def post_through_the_service(
+    db: str, tmp_path: Path, sent: DecisionRequest, *, times: int
+) -> list[httpx.Response]:
+    """POST ``sent`` ``times`` times to a real service whose sink is procrastinate on ``db``."""
+    url = engine_url("procrastinate", db, task=TASK)
+    with ServiceProcess(
+        tmp_path, "--ledger", f"sqlite:///{tmp_path / 'ledger.db'}", "--sink", url
+    ) as service:
+        async with httpx.AsyncClient(base_url=service.url, headers=service.headers) as client:
+            return [
+                await client.post("/v1/decisions", content=sent.to_json()) for _ in range(times)
+            ]
+
+
 def runs_of(decision_id: str) -> int:
     return sum(1 for run in RUNS if run[0] == decision_id)
 
@@ -313,14 +327,7 @@ async def test_serve_with_a_procrastinate_sink_url(
     app: procrastinate.App, db: str, tmp_path: Path
 ) -> None:
     """The real service (uvicorn subprocess) submitting into procrastinate."""
-    url = engine_url("procrastinate", db, task=TASK)
-    sent = decision("d-serve")
-    with ServiceProcess(
-        tmp_path, "--ledger", f"sqlite:///{tmp_path / 'ledger.db'}", "--sink", url
-    ) as service:
-        async with httpx.AsyncClient(base_url=service.url, headers=service.headers) as client:
-            first = await client.post("/v1/decisions", content=sent.to_json())
-            again = await client.post("/v1/decisions", content=sent.to_json())
+    first, again = await post_through_the_service(db, tmp_path, decision("d-serve"), times=2)
     assert (first.status_code, again.status_code) == (201, 200), first.text
     await run_worker(app)
     assert runs_of("d-serve") == 1
@@ -347,13 +354,7 @@ async def test_a_procrastinate_conflict_is_a_permanent_409_not_a_retryable_502(
     assert caught.value.code == "sink_conflict" and caught.value.decision_id == "d-c"
     assert isinstance(caught.value.__cause__, ProcrastinateConflictError)
 
-    url = engine_url("procrastinate", db, task=TASK)
-    sent = decision("d-c")
-    with ServiceProcess(
-        tmp_path, "--ledger", f"sqlite:///{tmp_path / 'ledger.db'}", "--sink", url
-    ) as service:
-        async with httpx.AsyncClient(base_url=service.url, headers=service.headers) as client:
-            answers = [await client.post("/v1/decisions", content=sent.to_json()) for _ in "ab"]
+    answers = await post_through_the_service(db, tmp_path, decision("d-c"), times=2)
     for answer in answers:
         assert answer.status_code == 409, answer.text
         error = answer.json()["error"]

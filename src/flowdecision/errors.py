@@ -350,6 +350,17 @@ class SinkContentConflictError(FlowDecisionError):
     """
 
     code: ClassVar[str] = "sink_content_conflict"
+    #: What the sink did with the id before, as the message says it.
+    held: ClassVar[str] = "sink already holds"
+
+    def __init__(self, decision_id: str, stored_hash: str, offered_hash: str) -> None:
+        super().__init__(
+            f"{self.held} decision `{decision_id}` with request hash {stored_hash}; "
+            f"refusing different content with hash {offered_hash}"
+        )
+        self.decision_id = decision_id
+        self.stored_hash = stored_hash
+        self.offered_hash = offered_hash
 
 
 # -- the wire format and the request model -------------------------------------
@@ -518,15 +529,7 @@ class OutboxConflictError(OutboxError, SinkContentConflictError):
     """A delivery reused a decision id whose stored row has different content."""
 
     code: ClassVar[str] = "outbox_conflict"
-
-    def __init__(self, decision_id: str, stored_hash: str, offered_hash: str) -> None:
-        super().__init__(
-            f"outbox already holds decision `{decision_id}` with request hash {stored_hash}; "
-            f"refusing different content with hash {offered_hash}"
-        )
-        self.decision_id = decision_id
-        self.stored_hash = stored_hash
-        self.offered_hash = offered_hash
+    held: ClassVar[str] = "outbox already holds"
 
 
 class OutboxCursorLeasedError(OutboxError):
@@ -587,15 +590,7 @@ class ProcrastinateConflictError(ProcrastinateSinkError, SinkContentConflictErro
     """A decision id that was deferred before came back with different content."""
 
     code: ClassVar[str] = "procrastinate_conflict"
-
-    def __init__(self, decision_id: str, stored_hash: str, offered_hash: str) -> None:
-        super().__init__(
-            f"procrastinate sink already deferred decision `{decision_id}` with request hash "
-            f"{stored_hash}; refusing different content with hash {offered_hash}"
-        )
-        self.decision_id = decision_id
-        self.stored_hash = stored_hash
-        self.offered_hash = offered_hash
+    held: ClassVar[str] = "procrastinate sink already deferred"
 
 
 class TemporalSinkError(FlowDecisionError):
