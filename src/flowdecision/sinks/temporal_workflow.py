@@ -108,6 +108,9 @@ class DecisionRunWorkflow:
         self._in_this_run = 0
         self._end: Complete | Fail | None = None
         self._closing = False
+        # Set once run_decisions restored the carried memory; an update delivered in
+        # the run's first workflow task would otherwise run before it.
+        self._restored = False
 
     # ---- hooks: override what you need
 
@@ -133,6 +136,7 @@ class DecisionRunWorkflow:
         """Receive decisions until the run ends; call it from your ``@workflow.run``."""
         for ack in (state.acks if state else [])[-self.remembered :]:
             self._acks[ack.decision_id] = ack
+        self._restored = True
         await workflow.wait_condition(lambda: self._end is not None or self._should_continue())
         # No new decision is accepted from here on (the validator checks _closing).
         self._closing = True
@@ -152,6 +156,7 @@ class DecisionRunWorkflow:
     @workflow.update(name=DECISION_UPDATE)
     async def receive_decision(self, delivery: DecisionDelivery) -> DecisionAck:
         """The update the sink sends; answers the first attempt that delivered it."""
+        await workflow.wait_condition(lambda: self._restored)
         known = self._acks.get(delivery.decision_id)
         if known is not None:
             return DecisionAck(known.decision_id, known.attempt, known.request_hash, False)
