@@ -80,6 +80,11 @@ async def handle(ctx: Context, body: dict[str, Any]) -> dict[str, Any]:
     delivery = DecisionDelivery.from_dict(body)
     delivery.request()
     line = f"{delivery.decision_id} {delivery.attempt} {delivery.kind}"
+    # With tracing on, the sink sends the decision's W3C trace context (traceparent):
+    # a traced handler continues that trace; this one records it.
+    traceparent = ctx.request().headers.get("traceparent")
+    if traceparent:
+        line += f" traceparent={traceparent}"
     await ctx.run_typed("record", _record, restate.RunOptions(), line)
     return {"decision_id": delivery.decision_id, "attempt": delivery.attempt}
 

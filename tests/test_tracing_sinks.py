@@ -26,15 +26,17 @@ from flowdecision import DecisionRequest, Dispatcher, tracing
 from flowdecision.ledger import MemoryLedger, SqliteLedger
 from flowdecision.sinks import OutboxSink
 from flowdecision.sinks.dbos import DBOSSink
+from flowdecision.sinks.loader import close_sink, open_sink
 from flowdecision.sinks.procrastinate import ProcrastinateSink
 from flowdecision.sinks.relay import OutboxRelay
 from flowdecision.sinks.temporal import open_temporal_url
 from flowdecision.sinks.webhook import WebhookSink
 from tests.dbos_workflows import record_decision
 from tests.engine_fixtures import TEMPORAL_QUEUE
-from tests.engine_servers import TemporalServer
+from tests.engine_servers import RestateServer, TemporalServer
 from tests.helpers import request
 from tests.otel_support import hex_ids, named, spans_fixture, traceparent  # noqa: F401
+from tests.service_process import wait_for
 from tests.webhook_receiver import WebhookReceiver
 
 TASK = "flowdecision_test.traced_decision"
@@ -225,3 +227,30 @@ async def test_the_temporal_sink_carries_the_trace_in_temporals_headers(
     assert temporal, [s.name for s in finished]
     assert all(hex_ids(s)[0] == hex_ids(submit)[0] for s in temporal)
     assert any("Workflow" in s.name or "Update" in s.name for s in temporal)
+
+
+@pytest.mark.usefixtures("restate_deployment")
+async def test_a_restate_handler_receives_the_sink_spans_traceparent(
+    restate_server: RestateServer, restate_effects: Path, spans: InMemorySpanExporter
+) -> None:
+    sink = await open_sink(restate_server.url("Decisions", "handle"))
+    decision = request(decision_id=f"dec-{uuid.uuid4().hex[:10]}")
+    try:
+        assert (await Dispatcher("production", sink, MemoryLedger()).dispatch(decision)).submitted
+    finally:
+        await close_sink(sink)
+
+    def lines() -> list[str]:
+        if not restate_effects.exists():
+            return []
+        return [
+            line
+            for line in restate_effects.read_text().splitlines()
+            if line.split()[0] == decision.decision_id
+        ]
+
+    await asyncio.to_thread(wait_for, lines)
+    [submit] = named(spans.get_finished_spans(), "flowdecision.sink.submit")
+    # The handler (examples/restate_service.py) read the header Restate passed on.
+    [line] = lines()
+    assert line.endswith(f" traceparent={traceparent(submit)}")
