@@ -443,7 +443,8 @@ async def test_postgres_newer_schema_is_refused(pg_empty_url: str) -> None:
 async def test_postgres_unreachable_server_is_unavailable(tmp_path: Path) -> None:
     url = f"postgresql://nobody@/db?host={tmp_path}"  # no socket there
     with pytest.raises(
-        LedgerUnavailableError, match=rf"cannot connect to PostgreSQL ledger {tmp_path}"
+        LedgerUnavailableError,
+        match=rf"cannot connect to PostgreSQL ledger nobody@{tmp_path}:5432/db: server unreachable",
     ):
         await PostgresLedger.connect(url, connect_timeout_s=2)
     with pytest.raises(LedgerUnavailableError, match=r"127\.0\.0\.1:1/db"):
