@@ -15,7 +15,12 @@ import pytest
 
 from flowdecision.errors import LedgerCorruptError, LedgerSchemaError, LedgerUnavailableError
 from flowdecision.ledger import AlreadyCompleted, Busy, Claimed, JsonFileLedger, Pending
-from flowdecision.ledger.jsonfile import DATA_FILE, LOCK_FILE, MAX_DECISION_LEDGER_BYTES
+from flowdecision.ledger.jsonfile import (
+    DATA_FILE,
+    LOCK_FILE,
+    MAX_DECISION_LEDGER_BYTES,
+    SIDE_FILE,
+)
 
 from .helpers import identity, receipt
 
@@ -178,7 +183,8 @@ def test_full_disk_leaves_the_original_and_no_temp_file(tmp_path: Path) -> None:
     message = queue.get(timeout=5)
     assert "write decision ledger" in message and str(_data(tmp_path)) in message
     assert _data(tmp_path).read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([DATA_FILE, LOCK_FILE])
+    # No temporary file is left; the operator side file beside the ledger was there before.
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([DATA_FILE, LOCK_FILE, SIDE_FILE])
     # Once the fault is gone the ledger works again.
     assert isinstance(
         asyncio.run(JsonFileLedger(tmp_path).claim("big", "h", "o", lease_ms=5, now_ms=1)),
