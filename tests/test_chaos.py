@@ -33,6 +33,7 @@ def _assert_passed(report: ChaosReport, decisions: int = 400) -> None:
         "outbox_one_row",
         "no_conflicting_content",
         "no_stale_completion",
+        "acknowledged_by_owner",
         "health_adds_up",
         "drained",
     }
