@@ -300,6 +300,11 @@ class ReplicatedPostgres:
     def _rebuild_standby(self) -> None:
         primary, standby = self.servers[self.primary], self.servers[self.standby]
         shutil.rmtree(standby.datadir, ignore_errors=True)
+        # The killed postmaster may linger as a zombie until init reaps it; its
+        # socket lock names that pid, and a pid that still exists (even a zombie)
+        # makes the restarted server refuse to start. It is dead: drop its locks.
+        for stale in standby.socket_dir.glob(".s.PGSQL.*"):
+            stale.unlink(missing_ok=True)
         if standby.os_user is not None:
             entry = pwd.getpwnam(standby.os_user)
             os.chown(standby.base, entry.pw_uid, entry.pw_gid)

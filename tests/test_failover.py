@@ -32,7 +32,7 @@ from tests.postgres_server import ReplicatedPostgres, running
 
 ROOT = Path(__file__).resolve().parent.parent
 FAILOVERS = 3
-DECISIONS = 400
+DECISIONS = 800
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_chaos_failover_with_a_synchronous_standby_loses_and_repeats_nothing(
             "--failover-command",
             command,
             "--failover-every-ms",
-            "2000",
+            "500",
             "--failovers",
             str(FAILOVERS),
             "--seed",
