@@ -9,7 +9,7 @@ from typing import TypeVar
 from flowdecision.errors import LedgerError
 from flowdecision.identity import ExecutionIdentity, ResultReceipt
 from flowdecision.ledger import Claimed, ClaimOutcome, DelegatingLedger, MemoryLedger
-from flowdecision.ledger.machine import Transition
+from flowdecision.ledger.machine import DecisionOrigin, Transition
 
 T = TypeVar("T")
 
@@ -48,6 +48,7 @@ class LeaseLosingLedger(_ScriptedLedger):
         lease_ms: int,
         now_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
+        origin: DecisionOrigin | None = None,
     ) -> ClaimOutcome:
         return Claimed(1)
 
