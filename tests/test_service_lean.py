@@ -95,7 +95,7 @@ CASES: dict[str, tuple[dict[str, Any], list[Request], list[int]]] = {
             ("HEAD", "/healthz", {}, b""),
             _get("/nope"),
             _get("/healthz/"),
-            _get("/v1/decisions"),
+            ("PATCH", "/v1/decisions", {}, b""),
         ],
         [405, 405, 200, 404, 307, 405],
     ),
@@ -161,7 +161,10 @@ def test_every_route_of_the_service_takes_the_lean_path() -> None:
     assert taken == {route.path for route in routes}
     assert stack._ordered
     assert "/v1/decisions" in stack.exact
-    assert [route.path for route in stack.patterned] == ["/v1/decisions/{decision_id:path}"]
+    assert {route.path for route in stack.patterned} == {
+        "/v1/decisions/{decision_id:path}",
+        "/v1/runs/{run_id:path}",
+    }
 
 
 async def test_a_route_the_lean_path_cannot_call_sends_everything_through_starlette() -> None:
