@@ -284,69 +284,59 @@ def _act(
         raise SystemExit(1)
 
 
-_actor_option = click.option("--actor", help="Who acts, for the audit trail (default: user@host).")
-_yes_option = click.option(
-    "--yes", is_flag=True, help="Act on every decision the query selects (else: count only)."
-)
+def _action_command(
+    name: str, reason_help: str, allowed: set[DecisionState], doc: str
+) -> click.Command:
+    """The ``release`` or ``forget`` command: the same options, one operator action."""
+
+    @click.command(name, help=doc)
+    @ledger_option
+    @click.argument("decision_ids", nargs=-1)
+    @query_options
+    @click.option("--actor", help="Who acts, for the audit trail (default: user@host).")
+    @click.option("--reason", required=True, help=reason_help)
+    @click.option(
+        "--yes", is_flag=True, help="Act on every decision the query selects (else: count only)."
+    )
+    @json_option
+    def command(
+        ledger_url: str,
+        decision_ids: tuple[str, ...],
+        run_id: str | None,
+        state: str | None,
+        after: str | None,
+        before: str | None,
+        actor: str | None,
+        reason: str,
+        yes: bool,
+        as_json: bool,
+    ) -> None:
+        filters = (run_id, state, after, before)
+        _act(name, ledger_url, decision_ids, filters, actor, reason, yes, as_json, allowed)
+
+    return command
 
 
-@click.command("release")
-@ledger_option
-@click.argument("decision_ids", nargs=-1)
-@query_options
-@_actor_option
-@click.option("--reason", required=True, help="Why, for the audit trail.")
-@_yes_option
-@json_option
-def release_cmd(
-    ledger_url: str,
-    decision_ids: tuple[str, ...],
-    run_id: str | None,
-    state: str | None,
-    after: str | None,
-    before: str | None,
-    actor: str | None,
-    reason: str,
-    yes: bool,
-    as_json: bool,
-) -> None:
+release_cmd = _action_command(
+    "release",
+    "Why, for the audit trail.",
+    {DecisionState.PENDING_LIVE, DecisionState.PENDING_EXPIRED},
     """Release pending claims (live or expired) so the next caller takes them now.
 
     Fenced: the attempt count (the fencing token) is bumped, so the old owner
     can never complete. Each release is audited (``flowdecision audit``).
-    """
-    pending = {DecisionState.PENDING_LIVE, DecisionState.PENDING_EXPIRED}
-    filters = (run_id, state, after, before)
-    _act("release", ledger_url, decision_ids, filters, actor, reason, yes, as_json, pending)
+    """,
+)
 
-
-@click.command("forget")
-@ledger_option
-@click.argument("decision_ids", nargs=-1)
-@query_options
-@_actor_option
-@click.option("--reason", required=True, help="Why the id may be used again (audited).")
-@_yes_option
-@json_option
-def forget_cmd(
-    ledger_url: str,
-    decision_ids: tuple[str, ...],
-    run_id: str | None,
-    state: str | None,
-    after: str | None,
-    before: str | None,
-    actor: str | None,
-    reason: str,
-    yes: bool,
-    as_json: bool,
-) -> None:
+forget_cmd = _action_command(
+    "forget",
+    "Why the id may be used again (audited).",
+    {DecisionState.COMPLETED, DecisionState.TOMBSTONED},
     """Delete completed decisions or tombstones so their ids can be submitted again.
 
     Pending claims are refused (release them first). Each one is audited.
-    """
-    finished = {DecisionState.COMPLETED, DecisionState.TOMBSTONED}
-    filters = (run_id, state, after, before)
-    _act("forget", ledger_url, decision_ids, filters, actor, reason, yes, as_json, finished)
+    """,
+)
 
 
 @click.command("audit")

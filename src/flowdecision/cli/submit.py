@@ -226,7 +226,8 @@ def submit_cmd(
     with contextlib.ExitStack() as tracing_on:
         if trace:
             tracing_on.enter_context(_root_span())
-        _submit_all(source, url, token_file, as_json, progress, wait_s, timeout, retries)
+        client = _open_client(url, token_file, timeout, retries, wait_s)
+        _submit_all(source, client, as_json, progress)
 
 
 @contextlib.contextmanager
@@ -248,16 +249,9 @@ def _root_span() -> Iterator[None]:
 
 
 def _submit_all(
-    source: IO[bytes],
-    url: str,
-    token_file: str | None,
-    as_json: bool,
-    progress: bool | None,
-    wait_s: float | None,
-    timeout: float,
-    retries: int,
+    source: IO[bytes], client: SyncDecisionClient, as_json: bool, progress: bool | None
 ) -> None:
-    client = _open_client(url, token_file, timeout, retries, wait_s)
+    """Submit every decision of ``source`` with ``client``, then close it."""
     total = _count_lines(source)
     show = progress if progress is not None else sys.stderr.isatty()
     number = 0

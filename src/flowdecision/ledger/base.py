@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 from typing import TypeVar
 
 from ..errors import LedgerError
@@ -38,7 +39,16 @@ from ..store.joint import JointWrite
 from . import machine
 from .machine import ClaimRecord, DecisionOrigin, Transition, check_u64
 from .protocol import Ledger, LedgerEntry, PruneProgress
-from .query import AuditPage, AuditQuery, DecisionPage, DecisionQuery
+from .query import (
+    AuditPage,
+    AuditQuery,
+    DecisionPage,
+    DecisionQuery,
+    StoredDecision,
+    scan_audit,
+    scan_count,
+    scan_page,
+)
 from .states import AuditEntry, ClaimOutcome, ClaimState, JointOutcome
 
 __all__ = [
@@ -48,6 +58,7 @@ __all__ = [
     "Operation",
     "PruneMode",
     "PruneProgress",
+    "ScanningLedger",
     "StoredLedger",
     "wall_clock_ms",
 ]
@@ -243,19 +254,7 @@ class StoredLedger(Ledger):
             rule: _LeaseRule[ClaimOutcome] = machine.claim
         else:
             _check_origin(origin)
-
-            def rule(
-                record: ClaimRecord | None,
-                request_hash: str,
-                identity: ExecutionIdentity | None,
-                owner_id: str,
-                now_ms: int,
-                lease_ms: int,
-            ) -> Transition[ClaimOutcome]:
-                return machine.claim(
-                    record, request_hash, identity, owner_id, now_ms, lease_ms, origin
-                )
-
+            rule = partial(machine.claim, origin=origin)
         return await self._leased(
             rule, decision_id, request_hash, owner_id, lease_ms, now_ms, identity
         )
@@ -469,6 +468,32 @@ class StoredLedger(Ledger):
 
     async def audit(self, query: AuditQuery) -> AuditPage:
         return await self._audit(query)
+
+
+class ScanningLedger(StoredLedger):
+    """A :class:`StoredLedger` with no index: the operator queries scan every record.
+
+    Subclasses supply the records and the audit trail as snapshots
+    (:meth:`_scanned`, :meth:`_trail`); :func:`~.query.scan_page` and its
+    siblings answer from them (the memory and JSON file ledgers).
+    """
+
+    @abc.abstractmethod
+    async def _scanned(self) -> list[StoredDecision]:
+        """Every record (tombstones included) with its creation, as of now."""
+
+    @abc.abstractmethod
+    async def _trail(self) -> list[AuditEntry]:
+        """The whole audit trail, oldest first."""
+
+    async def _list(self, query: DecisionQuery, now_ms: int) -> DecisionPage:
+        return scan_page(await self._scanned(), query, now_ms)
+
+    async def _count(self, query: DecisionQuery, now_ms: int) -> int:
+        return scan_count(await self._scanned(), query, now_ms)
+
+    async def _audit(self, query: AuditQuery) -> AuditPage:
+        return scan_audit(await self._trail(), query)
 
 
 def _check_origin(origin: DecisionOrigin) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -39,18 +40,9 @@ from ..errors import (
 )
 from ..jsonwire import encode_json
 from ..limits import JSON_LEDGER_MAX_BYTES
-from .base import Operation, PruneMode, PruneProgress, StoredLedger
+from .base import Operation, PruneMode, PruneProgress, ScanningLedger
 from .machine import ClaimRecord, ClaimStatus, Creation, DecisionOrigin, tombstone_of
-from .query import (
-    AuditPage,
-    AuditQuery,
-    DecisionPage,
-    DecisionQuery,
-    StoredDecision,
-    scan_audit,
-    scan_count,
-    scan_page,
-)
+from .query import StoredDecision
 from .states import AuditEntry
 
 __all__ = [
@@ -171,7 +163,7 @@ def encode_ledger(records: dict[str, ClaimRecord]) -> bytes:
     return encode_json({"schema_version": SCHEMA_VERSION, "records": body})
 
 
-class JsonFileLedger(StoredLedger):
+class JsonFileLedger(ScanningLedger):
     """Seed-compatible file ledger, safe across processes on one host.
 
     Each mutation holds an exclusive ``flock`` on ``root/.flow-decisions.lock``
@@ -255,18 +247,8 @@ class JsonFileLedger(StoredLedger):
             in_file = decision_id in records
             record = records.get(decision_id) or side.tombstones.get(decision_id)
             transition = op(record, self.now_ms())
-            entry = transition.result
             trail = self._read_audit()
-            entry = AuditEntry(
-                trail[-1].seq + 1 if trail else 1,
-                entry.at_ms,
-                entry.action,
-                entry.decision_id,
-                entry.actor,
-                entry.reason,
-                entry.state_before,
-                entry.attempts,
-            )
+            entry = dataclasses.replace(transition.result, seq=trail[-1].seq + 1 if trail else 1)
             # The audit line first (appended, fsynced): a crash after it leaves a line
             # for a change the ledger never got, never a change without its line.
             self._append_audit(entry)
@@ -297,14 +279,11 @@ class JsonFileLedger(StoredLedger):
             StoredDecision(key, record, side.created.get(key)) for key, record in merged.items()
         ]
 
-    async def _list(self, query: DecisionQuery, now_ms: int) -> DecisionPage:
-        return scan_page(await asyncio.to_thread(self._stored), query, now_ms)
+    async def _scanned(self) -> list[StoredDecision]:
+        return await asyncio.to_thread(self._stored)
 
-    async def _count(self, query: DecisionQuery, now_ms: int) -> int:
-        return scan_count(await asyncio.to_thread(self._stored), query, now_ms)
-
-    async def _audit(self, query: AuditQuery) -> AuditPage:
-        return scan_audit(await asyncio.to_thread(self._read_audit), query)
+    async def _trail(self) -> list[AuditEntry]:
+        return await asyncio.to_thread(self._read_audit)
 
     async def records(self) -> dict[str, ClaimRecord]:
         """Every record in the file (for operators and tests)."""

@@ -9,18 +9,9 @@ import dataclasses
 import threading
 from typing import TypeVar
 
-from .base import Operation, PruneMode, PruneProgress, StoredLedger
+from .base import Operation, PruneMode, PruneProgress, ScanningLedger
 from .machine import ClaimRecord, Creation, tombstone_of
-from .query import (
-    AuditPage,
-    AuditQuery,
-    DecisionPage,
-    DecisionQuery,
-    StoredDecision,
-    scan_audit,
-    scan_count,
-    scan_page,
-)
+from .query import StoredDecision
 from .states import AuditEntry
 
 __all__ = ["MemoryLedger"]
@@ -28,7 +19,7 @@ __all__ = ["MemoryLedger"]
 T = TypeVar("T")
 
 
-class MemoryLedger(StoredLedger):
+class MemoryLedger(ScanningLedger):
     """Records in a dict; nothing survives the process.
 
     Operations never await, so they are atomic within one event loop; the lock
@@ -80,23 +71,16 @@ class MemoryLedger(StoredLedger):
             self._audit_trail.append(entry)
             return entry
 
-    def _stored(self) -> list[StoredDecision]:
+    async def _scanned(self) -> list[StoredDecision]:
         with self._lock:
             return [
                 StoredDecision(key, record, self._created.get(key))
                 for key, record in self._records.items()
             ]
 
-    async def _list(self, query: DecisionQuery, now_ms: int) -> DecisionPage:
-        return scan_page(self._stored(), query, now_ms)
-
-    async def _count(self, query: DecisionQuery, now_ms: int) -> int:
-        return scan_count(self._stored(), query, now_ms)
-
-    async def _audit(self, query: AuditQuery) -> AuditPage:
+    async def _trail(self) -> list[AuditEntry]:
         with self._lock:
-            trail = list(self._audit_trail)
-        return scan_audit(trail, query)
+            return list(self._audit_trail)
 
     def __len__(self) -> int:
         return len(self._records)

@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..defaults import (
@@ -702,35 +703,45 @@ class PostgresLedger(StoredLedger):
 
     async def _apply_locked(self, decision_id: str, op: Operation[T]) -> T:
         """The pessimistic path: one transaction holding the row lock."""
+
+        async def attempt(conn: Any) -> T:
+            while True:
+                record, clock = await self._load_locked(conn, decision_id)
+                self._clock_offset_ms = clock - wall_clock_ms()
+                transition = op(record, clock)
+                if not transition.changed or transition.record is None:
+                    return transition.result
+                values = encode_row(decision_id, transition.record, index_max=None)
+                if record is not None:
+                    await conn.execute(_UPDATE_SQL, *values)
+                    self._decoded.remember(decision_id, values[3], transition.record)
+                    return transition.result
+                origin = creation_values(transition.created, clock)
+                status = await conn.execute(_INSERT_SQL, *values, *origin)
+                if status.endswith(" 1"):
+                    self._decoded.remember(decision_id, values[3], transition.record)
+                    return transition.result
+                # Another host inserted this id after our read and has
+                # committed (ON CONFLICT waited for it): re-read under
+                # lock and apply the transition to its row instead.
+
+        return await self._locked(decision_id, attempt)
+
+    async def _load_locked(self, conn: Any, decision_id: str) -> tuple[ClaimRecord | None, int]:
+        """Lock ``decision_id``'s row (if any), then read it and the database clock."""
+        row = await conn.fetchrow(_LOAD_SQL, decision_id)
+        text, clock = row["record"], int(row["now_ms"])
+        if text is None:
+            return None, clock
+        return self._decoded.decode(decision_id, text, row["traceparent"]), clock
+
+    async def _locked(self, decision_id: str, attempt: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``attempt(conn)`` in a transaction, again after a serialization failure."""
         pool = await self._pg.ready()
         for _ in range(_MAX_RETRIES):
             try:
                 async with pool.acquire() as conn, conn.transaction():
-                    while True:
-                        row = await conn.fetchrow(_LOAD_SQL, decision_id)
-                        text, clock = row["record"], int(row["now_ms"])
-                        self._clock_offset_ms = clock - wall_clock_ms()
-                        record = (
-                            None
-                            if text is None
-                            else self._decoded.decode(decision_id, text, row["traceparent"])
-                        )
-                        transition = op(record, clock)
-                        if not transition.changed or transition.record is None:
-                            return transition.result
-                        values = encode_row(decision_id, transition.record, index_max=None)
-                        if record is not None:
-                            await conn.execute(_UPDATE_SQL, *values)
-                            self._decoded.remember(decision_id, values[3], transition.record)
-                            return transition.result
-                        origin = creation_values(transition.created, clock)
-                        status = await conn.execute(_INSERT_SQL, *values, *origin)
-                        if status.endswith(" 1"):
-                            self._decoded.remember(decision_id, values[3], transition.record)
-                            return transition.result
-                        # Another host inserted this id after our read and has
-                        # committed (ON CONFLICT waited for it): re-read under
-                        # lock and apply the transition to its row instead.
+                    return await attempt(conn)
             except LedgerError:
                 raise
             except Exception as error:
@@ -786,38 +797,19 @@ class PostgresLedger(StoredLedger):
     # -- operator actions and queries -------------------------------------------------
 
     async def _act(self, decision_id: str, op: Operation[AuditEntry]) -> AuditEntry:
-        pool = await self._pg.ready()
-        for _ in range(_MAX_RETRIES):
-            try:
-                async with pool.acquire() as conn, conn.transaction():
-                    row = await conn.fetchrow(_LOAD_SQL, decision_id)
-                    text, clock = row["record"], int(row["now_ms"])
-                    record = (
-                        None
-                        if text is None
-                        else self._decoded.decode(decision_id, text, row["traceparent"])
-                    )
-                    transition = op(record, clock)
-                    if transition.record is None:
-                        await conn.execute(
-                            f"DELETE FROM {_TABLE} WHERE decision_id = $1", decision_id
-                        )
-                    else:
-                        values = encode_row(decision_id, transition.record, index_max=None)
-                        await conn.execute(_UPDATE_SQL, *values)
-                    entry = transition.result
-                    seq = await conn.fetchval(_AUDIT_INSERT_SQL, *audit_values(entry))
-                return dataclasses.replace(entry, seq=int(seq))
-            except LedgerError:
-                raise
-            except Exception as error:
-                if retryable(error):
-                    continue
-                raise self._pg.translate(error) from error
-        raise LedgerUnavailableError(
-            f"PostgreSQL ledger {self.where}: decision `{decision_id}` kept hitting "
-            f"serialization failures ({_MAX_RETRIES} attempts)"
-        )
+        async def attempt(conn: Any) -> AuditEntry:
+            record, clock = await self._load_locked(conn, decision_id)
+            transition = op(record, clock)
+            if transition.record is None:
+                await conn.execute(f"DELETE FROM {_TABLE} WHERE decision_id = $1", decision_id)
+            else:
+                values = encode_row(decision_id, transition.record, index_max=None)
+                await conn.execute(_UPDATE_SQL, *values)
+            entry = transition.result
+            seq = await conn.fetchval(_AUDIT_INSERT_SQL, *audit_values(entry))
+            return dataclasses.replace(entry, seq=int(seq))
+
+        return await self._locked(decision_id, attempt)
 
     async def _query_clock(self) -> int:
         return await self.db_now_ms()

@@ -307,8 +307,9 @@ class DelegatingLedger(Ledger):
     :meth:`around` sees it with its decision id; any method can be overridden
     as well. Closing it closes ``inner``.
 
-    The mutations forward their arguments as given (``inner`` checks them), so
-    their signatures are written once, on :class:`Ledger`.
+    The mutations, :meth:`inspect` and :meth:`prune_completed` forward their
+    arguments as given (``inner`` checks them), so their signatures are written
+    once, on :class:`Ledger`.
     """
 
     def __init__(self, inner: Ledger) -> None:
@@ -349,14 +350,8 @@ class DelegatingLedger(Ledger):
         call = self.inner.joint_commit(decision_id, *args, **kwargs)
         return await self.around("joint_commit", decision_id, call)
 
-    async def inspect(
-        self,
-        decision_id: str,
-        request_hash: str,
-        *,
-        identity: ExecutionIdentity | None = None,
-    ) -> ClaimState:
-        return await self.inner.inspect(decision_id, request_hash, identity=identity)
+    async def inspect(self, *args: Any, **kwargs: Any) -> ClaimState:
+        return await self.inner.inspect(*args, **kwargs)
 
     async def lookup(self, decision_id: str) -> LedgerEntry | None:
         return await self.inner.lookup(decision_id)
@@ -367,16 +362,8 @@ class DelegatingLedger(Ledger):
     async def completed_receipt(self, decision_id: str) -> ResultReceipt | None:
         return await self.inner.completed_receipt(decision_id)
 
-    async def prune_completed(
-        self,
-        before_ms: int,
-        *,
-        progress: PruneProgress | None = None,
-        keep_tombstones: bool | None = None,
-    ) -> int:
-        return await self.inner.prune_completed(
-            before_ms, progress=progress, keep_tombstones=keep_tombstones
-        )
+    async def prune_completed(self, *args: Any, **kwargs: Any) -> int:
+        return await self.inner.prune_completed(*args, **kwargs)
 
     async def prune_tombstones(
         self, before_ms: int, *, progress: PruneProgress | None = None
