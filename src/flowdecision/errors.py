@@ -84,100 +84,81 @@ class FlowDecisionError(Exception):
     #: Stable machine-readable code: metric label, HTTP error code, log field.
     code: ClassVar[str] = "error"
 
+    def __init_subclass__(cls, *, code: str | None = None, **kwargs: Any) -> None:
+        # A subclass names its code in its header: ``class X(Base, code="x")``;
+        # without one it shares its parent's.
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
 
-class InvalidArgumentError(FlowDecisionError, ValueError):
+
+class InvalidArgumentError(FlowDecisionError, ValueError, code="invalid_argument"):
     """An argument passed to a flowdecision function or constructor is out of range.
 
     It is a :class:`ValueError` too, so ``except ValueError`` keeps catching it.
     Nothing was started, sent or stored.
     """
 
-    code: ClassVar[str] = "invalid_argument"
 
-
-class InvalidArgumentTypeError(FlowDecisionError, TypeError):
+class InvalidArgumentTypeError(FlowDecisionError, TypeError, code="invalid_argument_type"):
     """An argument passed to a flowdecision function has a type it does not take.
 
     It is a :class:`TypeError` too, so ``except TypeError`` keeps catching it.
     """
 
-    code: ClassVar[str] = "invalid_argument_type"
 
-
-class HarnessError(FlowDecisionError, RuntimeError):
+class HarnessError(FlowDecisionError, RuntimeError, code="harness_failed"):
     """The crash-test harness (:mod:`flowdecision.chaos`) cannot go on, e.g. a worker
     keeps crashing. It is a :class:`RuntimeError` too; no verdict was reached."""
 
-    code: ClassVar[str] = "harness_failed"
 
-
-class LedgerError(FlowDecisionError):
+class LedgerError(FlowDecisionError, code="ledger_error"):
     """A ledger operation failed: a rule was violated or the store misbehaved."""
 
-    code: ClassVar[str] = "ledger_error"
 
-
-class LedgerCorruptError(LedgerError):
+class LedgerCorruptError(LedgerError, code="ledger_corrupt"):
     """The stored ledger data cannot be decoded or violates its invariants.
 
     The store is left untouched; an operator must inspect it.
     """
 
-    code: ClassVar[str] = "ledger_corrupt"
 
-
-class LedgerSchemaError(LedgerError):
+class LedgerSchemaError(LedgerError, code="ledger_schema"):
     """The store was written by a newer (or older, unmigrated) schema."""
 
-    code: ClassVar[str] = "ledger_schema"
 
-
-class LedgerUnavailableError(LedgerError):
+class LedgerUnavailableError(LedgerError, code="ledger_unavailable"):
     """The store cannot be reached, opened or written (I/O, network, permissions)."""
 
-    code: ClassVar[str] = "ledger_unavailable"
 
-
-class StoreFullError(LedgerUnavailableError):
+class StoreFullError(LedgerUnavailableError, code="store_full"):
     """The store's disk (SQLite ``SQLITE_FULL``) or the database server's
     (PostgreSQL SQLSTATE 53100 ``disk_full``) is full: nothing was written.
 
     Transient: once space is freed the same request succeeds, with no restart.
     """
 
-    code: ClassVar[str] = "store_full"
 
-
-class ActionRefusedError(LedgerError):
+class ActionRefusedError(LedgerError, code="action_refused"):
     """An operator action (release, forget) does not apply to the decision's state,
     e.g. releasing a completed decision or forgetting a pending one. Nothing changed."""
 
-    code: ClassVar[str] = "action_refused"
 
-
-class UnknownDecisionError(ActionRefusedError):
+class UnknownDecisionError(ActionRefusedError, code="not_found"):
     """An operator action named a decision the ledger holds no record of."""
 
-    code: ClassVar[str] = "not_found"
 
-
-class StoreMissingError(LedgerError):
+class StoreMissingError(LedgerError, code="store_missing"):
     """The store does not exist (or holds no flowdecision data) and was opened with
     ``create=False``: nothing was created or changed."""
 
-    code: ClassVar[str] = "store_missing"
 
-
-class DispatchError(FlowDecisionError):
+class DispatchError(FlowDecisionError, code="dispatch_failed"):
     """Base class of the errors :meth:`Dispatcher.dispatch` raises."""
 
-    code: ClassVar[str] = "dispatch_failed"
 
-
-class UnauthorizedBranchError(DispatchError):
+class UnauthorizedBranchError(DispatchError, code="forbidden_branch"):
     """The request came from a branch other than the production branch (a fork)."""
-
-    code: ClassVar[str] = "forbidden_branch"
 
     def __init__(self, expected: str, actual: str) -> None:
         super().__init__(
@@ -188,14 +169,12 @@ class UnauthorizedBranchError(DispatchError):
         self.actual = actual
 
 
-class InvalidIdentityError(DispatchError):
+class InvalidIdentityError(DispatchError, code="invalid_request"):
     """`decision_id` or `causation_event_id` is empty after trimming.
 
     ``field`` names the empty one and ``problem`` says what is wrong; the
     message stays the seed's.
     """
-
-    code: ClassVar[str] = "invalid_request"
 
     def __init__(self, field: str = "decision_id") -> None:
         super().__init__("decision_id and causation_event_id must be non-empty")
@@ -203,7 +182,7 @@ class InvalidIdentityError(DispatchError):
         self.problem = "must be non-empty (after trimming whitespace)"
 
 
-class InvalidIdentifierError(DispatchError, LedgerError):
+class InvalidIdentifierError(DispatchError, LedgerError, code="invalid_identifier"):
     """An identifier breaks the identifier rules (see :mod:`flowdecision.limits`).
 
     ``field`` names it (``decision_id``, ``run_id``, ``authority_branch_id``,
@@ -214,8 +193,6 @@ class InvalidIdentifierError(DispatchError, LedgerError):
     too. Nothing was stored either way.
     """
 
-    code: ClassVar[str] = "invalid_identifier"
-
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"invalid identifier: `{field}` {problem}")
         self.field = field
@@ -225,10 +202,8 @@ class InvalidIdentifierError(DispatchError, LedgerError):
         return (type(self), (self.field, self.problem))
 
 
-class DecisionConflictError(DispatchError):
+class DecisionConflictError(DispatchError, code="conflict"):
     """The decision id is already bound to different content."""
-
-    code: ClassVar[str] = "conflict"
 
     def __init__(self, decision_id: str) -> None:
         super().__init__(
@@ -237,10 +212,8 @@ class DecisionConflictError(DispatchError):
         self.decision_id = decision_id
 
 
-class DecisionBusyError(DispatchError):
+class DecisionBusyError(DispatchError, code="busy"):
     """Another dispatcher holds a live lease on the decision."""
-
-    code: ClassVar[str] = "busy"
 
     def __init__(self, lease_expires_at_ms: int) -> None:
         super().__init__(
@@ -249,25 +222,21 @@ class DecisionBusyError(DispatchError):
         self.lease_expires_at_ms = lease_expires_at_ms
 
 
-class LeaseLostError(DispatchError):
+class LeaseLostError(DispatchError, code="lease_lost"):
     """The lease could not be renewed while the sink ran; the submission was cancelled."""
-
-    code: ClassVar[str] = "lease_lost"
 
     def __init__(self, decision_id: str) -> None:
         super().__init__(f"Flow decision `{decision_id}` lost its lease while the sink was running")
         self.decision_id = decision_id
 
 
-class DispatchLedgerError(DispatchError):
+class DispatchLedgerError(DispatchError, code="ledger_unavailable"):
     """The ledger failed; the original :class:`LedgerError` is chained as ``__cause__``.
 
     This class itself means a transient failure (retrying may succeed); the
     permanent ones are its subclasses :class:`DispatchLedgerCorruptError` and
     :class:`DispatchLedgerSchemaError`. :meth:`wrap` picks the right one.
     """
-
-    code: ClassVar[str] = "ledger_unavailable"
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"Flow decision ledger failed: {detail}")
@@ -292,35 +261,27 @@ class DispatchLedgerError(DispatchError):
         return wrapped
 
 
-class DispatchLedgerCorruptError(DispatchLedgerError):
+class DispatchLedgerCorruptError(DispatchLedgerError, code="ledger_corrupt"):
     """The ledger's stored data is corrupt: permanent until an operator repairs it."""
 
-    code: ClassVar[str] = "ledger_corrupt"
 
-
-class DispatchLedgerSchemaError(DispatchLedgerError):
+class DispatchLedgerSchemaError(DispatchLedgerError, code="ledger_schema"):
     """The ledger's schema is newer (or older) than this version: permanent."""
 
-    code: ClassVar[str] = "ledger_schema"
 
-
-class DispatchStoreFullError(DispatchLedgerError):
+class DispatchStoreFullError(DispatchLedgerError, code="store_full"):
     """The ledger's store is out of disk space (:class:`StoreFullError`): transient."""
 
-    code: ClassVar[str] = "store_full"
 
-
-class SinkError(DispatchError):
+class SinkError(DispatchError, code="sink_failed"):
     """The sink raised; its exception is chained as ``__cause__``."""
-
-    code: ClassVar[str] = "sink_failed"
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"Flow decision sink failed: {detail}")
         self.detail = detail
 
 
-class SinkConflictError(SinkError):
+class SinkConflictError(SinkError, code="sink_conflict"):
     """The sink holds different content under this decision id and refuses it: permanent.
 
     Raised by the dispatcher when the sink raised a
@@ -328,8 +289,6 @@ class SinkConflictError(SinkError):
     sink failures a retry can never succeed; the service answers 409
     ``sink_conflict`` without ``Retry-After``.
     """
-
-    code: ClassVar[str] = "sink_conflict"
 
     def __init__(self, decision_id: str, detail: str) -> None:
         DispatchError.__init__(
@@ -341,7 +300,7 @@ class SinkConflictError(SinkError):
         self.detail = detail
 
 
-class SinkContentConflictError(FlowDecisionError):
+class SinkContentConflictError(FlowDecisionError, code="sink_content_conflict"):
     """Base of a sink's own "this id already holds different content" refusal.
 
     The outbox's and procrastinate's conflicts derive from it; a custom sink may
@@ -349,7 +308,6 @@ class SinkContentConflictError(FlowDecisionError):
     (permanent), never as a retryable :class:`SinkError`.
     """
 
-    code: ClassVar[str] = "sink_content_conflict"
     #: What the sink did with the id before, as the message says it.
     held: ClassVar[str] = "sink already holds"
 
@@ -366,14 +324,12 @@ class SinkContentConflictError(FlowDecisionError):
 # -- the wire format and the request model -------------------------------------
 
 
-class JsonWireError(FlowDecisionError, ValueError):
+class JsonWireError(FlowDecisionError, ValueError, code="invalid_json"):
     """JSON text or value that serde_json would reject (or could not produce).
 
     ``message`` is the bare problem; ``line``/``column`` (1-based) locate it in
     the input text when known.
     """
-
-    code: ClassVar[str] = "invalid_json"
 
     def __init__(
         self,
@@ -394,7 +350,7 @@ class JsonWireError(FlowDecisionError, ValueError):
         super().__init__(f"{message}{where}")
 
 
-class InexactNumberError(JsonWireError):
+class InexactNumberError(JsonWireError, code="inexact_number"):
     """``exact_numbers``: numbers that would not be kept exactly.
 
     ``path`` and the message name the first; :attr:`inexact` lists every one
@@ -402,22 +358,18 @@ class InexactNumberError(JsonWireError):
     of the document (unknown members) can tell whether any of them matters.
     """
 
-    code: ClassVar[str] = "inexact_number"
-
     def __init__(self, problem: str, path: str | None, inexact: list[tuple[str, str]]) -> None:
         super().__init__(problem, path=path)
         self.inexact = inexact
 
 
-class InvalidRequestError(FlowDecisionError, ValueError):
+class InvalidRequestError(FlowDecisionError, ValueError, code="invalid_request"):
     """A decision request that the Rust original would refuse to deserialize.
 
     ``field`` is a dotted path such as ``decision.steps[1].retry.max_attempts``
     (``""`` when the problem is the JSON text itself or the top-level value);
     ``problem`` describes what is wrong.
     """
-
-    code: ClassVar[str] = "invalid_request"
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
@@ -429,40 +381,30 @@ class InvalidRequestError(FlowDecisionError, ValueError):
         return (type(self), (self.field, self.problem))
 
 
-class RetryPolicyError(FlowDecisionError, ValueError):
+class RetryPolicyError(FlowDecisionError, ValueError, code="invalid_retry_policy"):
     """A retry policy that breaks A3S Flow's rules (see :meth:`RetryPolicy.validate`)."""
-
-    code: ClassVar[str] = "invalid_retry_policy"
 
 
 # -- execution identities and result receipts ----------------------------------
 
 
-class ExecutionContractError(FlowDecisionError, ValueError):
+class ExecutionContractError(FlowDecisionError, ValueError, code="execution_contract"):
     """Base class of identity and receipt errors."""
 
-    code: ClassVar[str] = "execution_contract"
 
-
-class ExecutionIdentityError(ExecutionContractError):
+class ExecutionIdentityError(ExecutionContractError, code="invalid_execution_identity"):
     """An execution identity that is malformed or cannot be derived."""
 
-    code: ClassVar[str] = "invalid_execution_identity"
 
-
-class ResultReceiptError(ExecutionContractError):
+class ResultReceiptError(ExecutionContractError, code="invalid_result_receipt"):
     """A result receipt that is malformed or breaks the receipt rules."""
 
-    code: ClassVar[str] = "invalid_result_receipt"
 
-
-class DecisionTooLargeError(DispatchError, ValueError):
+class DecisionTooLargeError(DispatchError, ValueError, code="decision_too_large"):
     """A decision whose JSON exceeds :data:`RESULT_RECEIPT_MAX_BYTES` (raised before claiming).
 
     The dispatcher raises it as it is: a client error, counted as rejected.
     """
-
-    code: ClassVar[str] = "decision_too_large"
 
     def __init__(self, decision_id: str, size: int, limit: int | None = None) -> None:
         if limit is None:
@@ -482,60 +424,45 @@ class DecisionTooLargeError(DispatchError, ValueError):
 # -- stores --------------------------------------------------------------------
 
 
-class MigrationError(FlowDecisionError, ValueError):
+class MigrationError(FlowDecisionError, ValueError, code="migration_invalid"):
     """The shipped migrations are malformed (a packaging bug, not user data)."""
 
-    code: ClassVar[str] = "migration_invalid"
 
-
-class WalUnavailableError(FlowDecisionError, sqlite3.OperationalError):
+class WalUnavailableError(FlowDecisionError, sqlite3.OperationalError, code="wal_unavailable"):
     """The database refused WAL mode (e.g. an in-memory or read-only database).
 
     Still a :class:`sqlite3.OperationalError`, so callers translating SQLite
     errors into their own see it as one.
     """
 
-    code: ClassVar[str] = "wal_unavailable"
-
 
 # -- sinks ---------------------------------------------------------------------
 
 
-class InvalidSinkError(FlowDecisionError, TypeError):
+class InvalidSinkError(FlowDecisionError, TypeError, code="invalid_sink"):
     """An object handed in as a sink has no ``async def submit(request, attempt)``."""
 
-    code: ClassVar[str] = "invalid_sink"
 
-
-class OutboxError(FlowDecisionError):
+class OutboxError(FlowDecisionError, code="outbox_error"):
     """The outbox store failed (cannot open, read or write); the message names the store."""
 
-    code: ClassVar[str] = "outbox_error"
 
-
-class OutboxSchemaError(OutboxError):
+class OutboxSchemaError(OutboxError, code="outbox_schema"):
     """The outbox store has a schema this version cannot use."""
 
-    code: ClassVar[str] = "outbox_schema"
 
-
-class OutboxMissingError(OutboxError, StoreMissingError):
+class OutboxMissingError(OutboxError, StoreMissingError, code="outbox_missing"):
     """Opened with ``create=False``, the store does not exist or holds no outbox."""
 
-    code: ClassVar[str] = "outbox_missing"
 
-
-class OutboxConflictError(OutboxError, SinkContentConflictError):
+class OutboxConflictError(OutboxError, SinkContentConflictError, code="outbox_conflict"):
     """A delivery reused a decision id whose stored row has different content."""
 
-    code: ClassVar[str] = "outbox_conflict"
     held: ClassVar[str] = "outbox already holds"
 
 
-class OutboxCursorLeasedError(OutboxError):
+class OutboxCursorLeasedError(OutboxError, code="outbox_cursor_leased"):
     """A relay cursor cannot be moved: a running relay holds its lease."""
-
-    code: ClassVar[str] = "outbox_cursor_leased"
 
     def __init__(self, name: str, owner: str) -> None:
         super().__init__(
@@ -545,22 +472,16 @@ class OutboxCursorLeasedError(OutboxError):
         self.owner = owner
 
 
-class RelayError(FlowDecisionError):
+class RelayError(FlowDecisionError, code="relay_error"):
     """An outbox relay is misconfigured or was used after it closed."""
 
-    code: ClassVar[str] = "relay_error"
 
-
-class SinkConfigError(FlowDecisionError):
+class SinkConfigError(FlowDecisionError, code="sink_config"):
     """The sink URL is malformed, names an unknown scheme, or loads something unusable."""
 
-    code: ClassVar[str] = "sink_config"
 
-
-class WebhookError(FlowDecisionError):
+class WebhookError(FlowDecisionError, code="webhook_failed"):
     """The webhook did not accept the decision; ``tries`` says how many POSTs were made."""
-
-    code: ClassVar[str] = "webhook_failed"
 
     def __init__(self, message: str, *, status: int | None = None, tries: int = 1) -> None:
         super().__init__(message)
@@ -568,39 +489,32 @@ class WebhookError(FlowDecisionError):
         self.tries = tries
 
 
-class WebhookRejectedError(WebhookError):
+class WebhookRejectedError(WebhookError, code="webhook_rejected"):
     """The receiver answered with a non-retryable status (3xx or 4xx other than 429)."""
 
-    code: ClassVar[str] = "webhook_rejected"
 
-
-class DBOSSinkError(FlowDecisionError):
+class DBOSSinkError(FlowDecisionError, code="dbos_sink"):
     """The DBOS sink is misconfigured, or DBOS refused to start the workflow."""
 
-    code: ClassVar[str] = "dbos_sink"
 
-
-class ProcrastinateSinkError(FlowDecisionError):
+class ProcrastinateSinkError(FlowDecisionError, code="procrastinate_sink"):
     """The procrastinate sink is misconfigured or its database failed."""
 
-    code: ClassVar[str] = "procrastinate_sink"
 
-
-class ProcrastinateConflictError(ProcrastinateSinkError, SinkContentConflictError):
+class ProcrastinateConflictError(
+    ProcrastinateSinkError, SinkContentConflictError, code="procrastinate_conflict"
+):
     """A decision id that was deferred before came back with different content."""
 
-    code: ClassVar[str] = "procrastinate_conflict"
     held: ClassVar[str] = "procrastinate sink already deferred"
 
 
-class TemporalSinkError(FlowDecisionError):
+class TemporalSinkError(FlowDecisionError, code="temporal_sink"):
     """Temporal did not take the decision (unreachable, no worker in time, the update
     was rejected or failed), or the sink is misconfigured."""
 
-    code: ClassVar[str] = "temporal_sink"
 
-
-class TemporalRunClosedError(TemporalSinkError):
+class TemporalRunClosedError(TemporalSinkError, code="temporal_run_closed"):
     """Run mode: a new decision for a run whose workflow has already closed.
 
     Temporal refuses to start the run's workflow id again (reuse policy
@@ -608,29 +522,21 @@ class TemporalRunClosedError(TemporalSinkError):
     not help; the run is over.
     """
 
-    code: ClassVar[str] = "temporal_run_closed"
 
-
-class RestateSinkError(FlowDecisionError):
+class RestateSinkError(FlowDecisionError, code="restate_sink"):
     """Restate's ingress answered something the sink cannot read as an acceptance."""
 
-    code: ClassVar[str] = "restate_sink"
 
-
-class DeliveryError(FlowDecisionError):
+class DeliveryError(FlowDecisionError, code="invalid_delivery"):
     """A delivery payload that does not hold together (a field missing or mistyped,
     or a request whose hash or ids differ from the envelope's)."""
-
-    code: ClassVar[str] = "invalid_delivery"
 
 
 # -- the service ---------------------------------------------------------------
 
 
-class ConfigError(FlowDecisionError):
+class ConfigError(FlowDecisionError, code="config_invalid"):
     """A setting is missing, malformed or inconsistent; the message names it."""
-
-    code: ClassVar[str] = "config_invalid"
 
 
 # -- classifying errors ---------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 
@@ -69,10 +69,8 @@ class ErrorAnswer:
         return self.code == "busy" or self.status in (429, 503)
 
 
-class ServiceError(FlowDecisionError):
+class ServiceError(FlowDecisionError, code="service_error"):
     """The service answered with an error. Base of every error answer, known code or not."""
-
-    code: ClassVar[str] = "service_error"
 
     def __init__(self, answer: ErrorAnswer) -> None:
         # The library bases' __init__ build their own messages from local
@@ -119,16 +117,12 @@ def _describe(answer: ErrorAnswer) -> str:
     return f"{answer.message} ({where})"
 
 
-class ServiceAuthError(ServiceError):
+class ServiceAuthError(ServiceError, code="unauthorized"):
     """401: the token is missing or not accepted. Never retried."""
 
-    code: ClassVar[str] = "unauthorized"
 
-
-class ServiceBranchError(UnauthorizedBranchError, ServiceError):
+class ServiceBranchError(UnauthorizedBranchError, ServiceError, code="forbidden_branch"):
     """403 ``forbidden_branch``: the request came from a branch other than production."""
-
-    code: ClassVar[str] = "forbidden_branch"
 
     def __init__(self, answer: ErrorAnswer) -> None:
         ServiceError.__init__(self, answer)
@@ -136,21 +130,17 @@ class ServiceBranchError(UnauthorizedBranchError, ServiceError):
         self.actual = str(answer.details.get("branch", ""))
 
 
-class ServiceConflictError(DecisionConflictError, ServiceError):
+class ServiceConflictError(DecisionConflictError, ServiceError, code="conflict"):
     """409 ``conflict`` (or ``sink_conflict``: the sink, not the ledger, holds the id
     with different content): the id is bound to other content. Never retried."""
-
-    code: ClassVar[str] = "conflict"
 
     def __init__(self, answer: ErrorAnswer) -> None:
         ServiceError.__init__(self, answer)
         self.decision_id = str(answer.details.get("decision_id", ""))
 
 
-class ServiceBusyError(DecisionBusyError, ServiceError):
+class ServiceBusyError(DecisionBusyError, ServiceError, code="busy"):
     """409 ``busy``: another replica holds a live lease (raised once retries are exhausted)."""
-
-    code: ClassVar[str] = "busy"
 
     def __init__(self, answer: ErrorAnswer) -> None:
         ServiceError.__init__(self, answer)
@@ -158,10 +148,8 @@ class ServiceBusyError(DecisionBusyError, ServiceError):
         self.lease_expires_at_ms = expires if isinstance(expires, int) else 0
 
 
-class ServiceInvalidRequestError(ServiceError):
+class ServiceInvalidRequestError(ServiceError, code="invalid_request"):
     """422: the body, an identifier or a parameter is not valid; ``field`` names it."""
-
-    code: ClassVar[str] = "invalid_request"
 
     def __init__(self, answer: ErrorAnswer) -> None:
         super().__init__(answer)
@@ -169,10 +157,8 @@ class ServiceInvalidRequestError(ServiceError):
         self.problem = str(answer.details.get("problem", ""))
 
 
-class ServiceTooLargeError(ServiceError):
+class ServiceTooLargeError(ServiceError, code="payload_too_large"):
     """413: the body or the decision is over the service's limit (``limit_bytes``)."""
-
-    code: ClassVar[str] = "payload_too_large"
 
     def __init__(self, answer: ErrorAnswer) -> None:
         super().__init__(answer)
@@ -180,30 +166,24 @@ class ServiceTooLargeError(ServiceError):
         self.limit_bytes = limit if isinstance(limit, int) else None
 
 
-class ServiceSinkError(SinkError, ServiceError):
+class ServiceSinkError(SinkError, ServiceError, code="sink_failed"):
     """502 ``sink_failed``: the sink raised; the claim was released, a later retry is safe."""
-
-    code: ClassVar[str] = "sink_failed"
 
     def __init__(self, answer: ErrorAnswer) -> None:
         ServiceError.__init__(self, answer)
         self.detail = answer.message
 
 
-class ServiceLeaseLostError(LeaseLostError, ServiceError):
+class ServiceLeaseLostError(LeaseLostError, ServiceError, code="lease_lost"):
     """503 ``lease_lost``: the lease was lost while the sink ran (raised once retries are out)."""
-
-    code: ClassVar[str] = "lease_lost"
 
     def __init__(self, answer: ErrorAnswer) -> None:
         ServiceError.__init__(self, answer)
         self.decision_id = str(answer.details.get("decision_id", ""))
 
 
-class ServiceLedgerError(DispatchLedgerError, ServiceError):
+class ServiceLedgerError(DispatchLedgerError, ServiceError, code="ledger_unavailable"):
     """503 ``ledger_unavailable`` (transient), ``ledger_corrupt``/``ledger_schema`` (permanent)."""
-
-    code: ClassVar[str] = "ledger_unavailable"
 
     def __init__(self, answer: ErrorAnswer) -> None:
         ServiceError.__init__(self, answer)
@@ -215,27 +195,21 @@ class ServiceLedgerError(DispatchLedgerError, ServiceError):
         return self.error_code in PERMANENT_CODES
 
 
-class ServiceUnavailableError(ServiceError):
+class ServiceUnavailableError(ServiceError, code="unavailable"):
     """503 other than a ledger failure (e.g. ``shutting_down``), or a 429 from a proxy."""
 
-    code: ClassVar[str] = "unavailable"
 
-
-class UnexpectedResponseError(ServiceError):
+class UnexpectedResponseError(ServiceError, code="unexpected_response"):
     """The answer is not the documented shape (not JSON, a member missing or mistyped)."""
 
-    code: ClassVar[str] = "unexpected_response"
 
-
-class ServiceConnectionError(FlowDecisionError):
+class ServiceConnectionError(FlowDecisionError, code="connection_failed"):
     """No HTTP answer: the connection failed or timed out. The transport error is ``__cause__``.
 
     ``request_sent`` is False when the service cannot have seen the request
     (connect failures), True when it may have (a read timeout): a decision may
     then be in, and resubmitting it tells.
     """
-
-    code: ClassVar[str] = "connection_failed"
 
     def __init__(self, message: str, *, request_sent: bool, tries: int) -> None:
         super().__init__(message)
