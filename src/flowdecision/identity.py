@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Self
 
 from flowdecision.bodies import IdentityBody, ReceiptBody
 from flowdecision.jsonwire import JsonWireError, duplicate_keys, encode_json, parse_json
@@ -113,18 +113,15 @@ def digest_bytes(domain: str, data: bytes | bytearray | memoryview) -> str:
 # -------------------------------------------------------------------- parse helpers
 
 
-def _object(obj: object, what: str, error: type[ExecutionContractError]) -> Mapping[str, Any]:
-    if not isinstance(obj, Mapping):
-        raise error(f"invalid {what}: expected a JSON object, got {type(obj).__qualname__}")
-    return obj
-
-
-def _check_fields(
-    obj: Mapping[str, Any],
+def _members(
+    obj: object,
     what: str,
     fields: tuple[str, ...],
     error: type[ExecutionContractError],
-) -> None:
+) -> Mapping[str, Any]:
+    """``obj`` as a JSON object holding no member but ``fields``, each at most once."""
+    if not isinstance(obj, Mapping):
+        raise error(f"invalid {what}: expected a JSON object, got {type(obj).__qualname__}")
     # Both Rust types use deny_unknown_fields.
     for key in obj:
         if key not in fields:
@@ -132,6 +129,7 @@ def _check_fields(
             raise error(f"invalid {what}: unknown field `{key}`, expected one of {expected}")
     for key in sorted(duplicate_keys(obj)):
         raise error(f"invalid {what}: duplicate field `{key}`")
+    return obj
 
 
 def _field(obj: Mapping[str, Any], key: str, what: str, error: type[ExecutionContractError]) -> Any:
@@ -149,11 +147,45 @@ def _string(value: object, key: str, what: str, error: type[ExecutionContractErr
     return str.__str__(value)
 
 
+def _text(obj: Mapping[str, Any], key: str, what: str, error: type[ExecutionContractError]) -> str:
+    """The string member ``key`` of ``obj`` (missing or not a string: ``error``)."""
+    return _string(_field(obj, key, what, error), key, what, error)
+
+
+class _JsonForm:
+    """``to_json``/``from_json`` for a wire type with ``to_dict``/``from_dict``."""
+
+    __slots__ = ()
+    #: The type as error messages name it, and the error they raise.
+    _what: ClassVar[str]
+    _error: ClassVar[type[ExecutionContractError]]
+
+    def to_dict(self) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> Self:
+        raise NotImplementedError
+
+    def to_json(self) -> bytes:
+        """``serde_json::to_vec`` of the value."""
+        return encode_json(self.to_dict())
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Self:
+        """Parse JSON text, then :meth:`from_dict`."""
+        try:
+            value = parse_json(data)
+        except JsonWireError as exc:
+            raise cls._error(f"invalid {cls._what}: {exc}") from exc
+        return cls.from_dict(value)
+
+
 # ---------------------------------------------------------------- ExecutionIdentity
 
 
 @dataclass(frozen=True, slots=True)
-class ExecutionIdentity:
+class ExecutionIdentity(_JsonForm):
     """``ExecutionIdentityV1``: what an execution is, as a domain-separated digest.
 
     Fields are in Rust order (``schema``, ``domain``, ``digest``); ``schema`` is
@@ -166,6 +198,8 @@ class ExecutionIdentity:
     digest: str
     # Set once validate() has passed; the instance is immutable, so it stays valid.
     _valid: bool = field(default=False, init=False, repr=False, compare=False)
+    _what: ClassVar[str] = "execution identity"
+    _error: ClassVar[type[ExecutionContractError]] = ExecutionIdentityError
 
     def __post_init__(self) -> None:
         for name in _IDENTITY_FIELDS:
@@ -225,30 +259,13 @@ class ExecutionIdentity:
         """Wire form in Rust field order."""
         return {"schema": self.schema, "domain": self.domain, "digest": self.digest}
 
-    def to_json(self) -> bytes:
-        """``serde_json::to_vec`` of the identity."""
-        return encode_json(self.to_dict())
-
     @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> ExecutionIdentity:
+    def from_dict(cls, obj: Mapping[str, Any]) -> Self:
         """Deserialize (unknown or missing fields rejected); does not :meth:`validate`."""
-        what = "execution identity"
-        m = _object(obj, what, ExecutionIdentityError)
-        _check_fields(m, what, _IDENTITY_FIELDS, ExecutionIdentityError)
-        schema, domain, digest = (
-            _string(_field(m, key, what, ExecutionIdentityError), key, what, ExecutionIdentityError)
-            for key in _IDENTITY_FIELDS
-        )
+        what, error = cls._what, cls._error
+        m = _members(obj, what, _IDENTITY_FIELDS, error)
+        schema, domain, digest = (_text(m, key, what, error) for key in _IDENTITY_FIELDS)
         return cls(schema=schema, domain=domain, digest=digest)
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> ExecutionIdentity:
-        """Parse JSON text, then :meth:`from_dict`."""
-        try:
-            value = parse_json(data)
-        except JsonWireError as exc:
-            raise ExecutionIdentityError(f"invalid execution identity: {exc}") from exc
-        return cls.from_dict(value)
 
 
 # -------------------------------------------------------------------- ResultReceipt
@@ -277,7 +294,7 @@ def _outcome(value: object, what: str) -> ResultOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class ResultReceipt:
+class ResultReceipt(_JsonForm):
     """``ExecutionResultReceiptV1``: proof of how an identified execution ended.
 
     Fields are in Rust order.  Every instance is valid: construction checks
@@ -291,6 +308,8 @@ class ResultReceipt:
     outcome: ResultOutcome
     result_digest: str | None
     result_bytes: int
+    _what: ClassVar[str] = "execution result receipt"
+    _error: ClassVar[type[ExecutionContractError]] = ResultReceiptError
 
     def __post_init__(self) -> None:
         what = "execution result receipt"
@@ -404,26 +423,14 @@ class ResultReceipt:
             "result_bytes": self.result_bytes,
         }
 
-    def to_json(self) -> bytes:
-        """``serde_json::to_vec`` of the receipt."""
-        return encode_json(self.to_dict())
-
     @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> ResultReceipt:
+    def from_dict(cls, obj: Mapping[str, Any]) -> Self:
         """Deserialize and validate; unknown fields are rejected, ``result_digest`` may be null."""
-        what = "execution result receipt"
-        m = _object(obj, what, ResultReceiptError)
-        _check_fields(m, what, _RECEIPT_FIELDS, ResultReceiptError)
-        schema = _string(
-            _field(m, "schema", what, ResultReceiptError), "schema", what, ResultReceiptError
-        )
+        what = cls._what
+        m = _members(obj, what, _RECEIPT_FIELDS, ResultReceiptError)
+        schema = _text(m, "schema", what, ResultReceiptError)
         identity = ExecutionIdentity.from_dict(_field(m, "identity", what, ResultReceiptError))
-        evidence = _string(
-            _field(m, "evidence_digest", what, ResultReceiptError),
-            "evidence_digest",
-            what,
-            ResultReceiptError,
-        )
+        evidence = _text(m, "evidence_digest", what, ResultReceiptError)
         outcome = _outcome(_field(m, "outcome", what, ResultReceiptError), what)
         result_digest = m.get("result_digest")
         if result_digest is not None:
@@ -434,15 +441,6 @@ class ResultReceipt:
                 f"invalid {what}: field `result_bytes`: expected u64, got {size!r}"
             )
         return cls(schema, identity, evidence, outcome, result_digest, size)
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> ResultReceipt:
-        """Parse JSON text, then :meth:`from_dict`."""
-        try:
-            value = parse_json(data)
-        except JsonWireError as exc:
-            raise ResultReceiptError(f"invalid execution result receipt: {exc}") from exc
-        return cls.from_dict(value)
 
 
 # ---------------------------------------------------------------- dispatcher helper
