@@ -229,39 +229,30 @@ class ServiceProtocol:
             raise InvalidArgumentError(
                 f"need after >= 0 and limit >= 1, got after={after} limit={limit}"
             )
-        response, _tries = yield from self._exchange(
-            "GET",
-            "/v1/outbox",
-            headers=self.headers(request_id),
-            params={"after": after, "limit": limit},
-            accept=lambda r: r.status_code == 200,
-        )
-        return outbox_page(response)
+        params = {"after": after, "limit": limit}
+        return outbox_page((yield from self._read("/v1/outbox", params, request_id)))
 
     def decisions(
         self, path: str, params: Mapping[str, str | int], *, request_id: str | None
     ) -> Exchange[DecisionPage]:
         """``GET /v1/decisions`` or ``GET /v1/runs/{run_id}``: one page."""
-        response, _tries = yield from self._exchange(
-            "GET",
-            path,
-            headers=self.headers(request_id),
-            params=params,
-            accept=lambda r: r.status_code == 200,
-        )
+        response = yield from self._read(path, params, request_id)
         return DecisionPage.from_dict(response.json())
 
     def audit(
         self, params: Mapping[str, str | int], *, request_id: str | None
     ) -> Exchange[AuditPage]:
-        response, _tries = yield from self._exchange(
-            "GET",
-            "/v1/audit",
-            headers=self.headers(request_id),
-            params=params,
-            accept=lambda r: r.status_code == 200,
-        )
+        response = yield from self._read("/v1/audit", params, request_id)
         return AuditPage.from_dict(response.json())
+
+    def _read(
+        self, path: str, params: Mapping[str, str | int], request_id: str | None
+    ) -> Exchange[httpx.Response]:
+        """``GET path?params`` whose one good answer is a 200 (retried like every read)."""
+        response, _tries = yield from self._exchange(
+            "GET", path, headers=self.headers(request_id), params=params, accept=_is_200
+        )
+        return response
 
     def action(
         self,
@@ -286,7 +277,7 @@ class ServiceProtocol:
             content=body.encode("utf-8"),
             # Not idempotent (a release bumps the fencing token): never resent blindly.
             resend_ok=False,
-            accept=lambda r: r.status_code == 200,
+            accept=_is_200,
         )
         return AuditEntry.from_dict(response.json())
 
@@ -368,6 +359,10 @@ def encode_request(request: DecisionRequest | bytes | Mapping[str, Any]) -> byte
     raise InvalidArgumentTypeError(
         f"submit() takes a DecisionRequest, JSON bytes or a dict, not {type(request).__name__}"
     )
+
+
+def _is_200(response: httpx.Response) -> bool:
+    return response.status_code == 200
 
 
 def decision_path(decision_id: str) -> str:
