@@ -79,20 +79,9 @@ from .base import (
     Operation,
     PruneMode,
     PruneProgress,
-    StoredLedger,
     wall_clock_ms,
 )
 from .machine import ClaimRecord, Creation, tombstone_of
-from .query import (
-    AuditPage,
-    AuditQuery,
-    DecisionPage,
-    DecisionQuery,
-    DecisionRow,
-    StoredDecision,
-    audit_page_of,
-    page_of,
-)
 from .rows import (
     AUDIT_INSERTED,
     AUDIT_TABLE,
@@ -100,16 +89,16 @@ from .rows import (
     TABLE,
     DecodedRecords,
     audit_values,
-    creation_of,
     creation_values,
     encode_row,
 )
-from .sqlgen import audit_sql, decision_sql
+from .sqlgen import SqlLedger
 from .states import AuditEntry, Claimed, JointOutcome
 
 __all__ = ["SCHEMA_VERSION", "PostgresLedger", "describe_dsn"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 SCHEMA_VERSION = LEDGER.newest("postgres")
 
@@ -227,7 +216,7 @@ _AUDIT_INSERT_SQL = (
 )
 
 
-class PostgresLedger(StoredLedger):
+class PostgresLedger(SqlLedger):
     """Claim ledger in PostgreSQL, shared by any number of hosts.
 
     ``PostgresLedger(dsn)`` does no I/O: the pool is created, and the schema
@@ -235,6 +224,8 @@ class PostgresLedger(StoredLedger):
     ``await PostgresLedger.connect(dsn)``. :meth:`migrate` creates or upgrades
     the schema (it needs no prior :meth:`start`).
     """
+
+    _style = "$"
 
     def __init__(
         self,
@@ -814,32 +805,13 @@ class PostgresLedger(StoredLedger):
     async def _query_clock(self) -> int:
         return await self.db_now_ms()
 
-    async def _fetch(self, sql: str, params: list[Any]) -> list[Any]:
+    async def _select(self, sql: str, params: list[Any], convert: Callable[[Any], R]) -> list[R]:
         pool = await self._pg.ready()
         try:
-            return list(await pool.fetch(sql, *params))
+            found = await pool.fetch(sql, *params)
         except Exception as error:
             raise self._pg.translate(error) from error
-
-    async def _list(self, query: DecisionQuery, now_ms: int) -> DecisionPage:
-        sql, params = decision_sql(query, now_ms, "$", count=False)
-        rows = [
-            DecisionRow.of(
-                StoredDecision(key, self._decoded.decode(key, text), creation_of(at, run, cause)),
-                now_ms,
-            )
-            for key, text, at, run, cause in await self._fetch(sql, params)
-        ]
-        return page_of(rows, query.limit)
-
-    async def _count(self, query: DecisionQuery, now_ms: int) -> int:
-        sql, params = decision_sql(query, now_ms, "$", count=True)
-        return int((await self._fetch(sql, params))[0][0])
-
-    async def _audit(self, query: AuditQuery) -> AuditPage:
-        sql, params = audit_sql(query, "$")
-        entries = [AuditEntry(*row) for row in await self._fetch(sql, params)]
-        return audit_page_of(entries, query.limit)
+        return [convert(row) for row in found]
 
 
 class _WriterFailed(Exception):

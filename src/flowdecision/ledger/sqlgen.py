@@ -13,13 +13,27 @@ which its indexes are built with.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import abc
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal, TypeVar
 
-from .query import AuditQuery, DecisionQuery
-from .rows import AUDIT_COLUMNS, AUDIT_TABLE, I64_MAX, TABLE
-from .states import DecisionState
+from .base import StoredLedger
+from .query import (
+    AuditPage,
+    AuditQuery,
+    DecisionPage,
+    DecisionQuery,
+    DecisionRow,
+    StoredDecision,
+    audit_page_of,
+    page_of,
+)
+from .rows import AUDIT_COLUMNS, AUDIT_TABLE, I64_MAX, TABLE, DecodedRecords, creation_of
+from .states import AuditEntry, DecisionState
 
-__all__ = ["audit_sql", "decision_sql"]
+__all__ = ["SqlLedger", "audit_sql", "decision_sql"]
+
+R = TypeVar("R")
 
 Style = Literal["?", "$"]
 
@@ -104,3 +118,44 @@ def audit_sql(query: AuditQuery, style: Style) -> tuple[str, list[Any]]:
         f"ORDER BY seq LIMIT {param(query.limit + 1, '::bigint')}"
     )
     return sql, param.values
+
+
+class SqlLedger(StoredLedger):
+    """A :class:`~.base.StoredLedger` in a SQL store: the operator queries are this
+    module's, run by the backend (SQLite and PostgreSQL).
+
+    A backend names its parameter :data:`Style`, keeps its :class:`DecodedRecords`
+    in ``_decoded`` and runs a query with :meth:`_select`.
+    """
+
+    _style: ClassVar[Style]
+    _decoded: DecodedRecords
+
+    @abc.abstractmethod
+    async def _select(self, sql: str, params: list[Any], convert: Callable[[Any], R]) -> list[R]:
+        """The rows of ``sql``, each passed through ``convert`` where the backend reads them."""
+
+    async def _list(self, query: DecisionQuery, now_ms: int) -> DecisionPage:
+        sql, params = decision_sql(query, now_ms, self._style, count=False)
+        decode = self._decoded.decode
+
+        def row(found: Sequence[Any]) -> DecisionRow:
+            key, text, at, run, cause = found
+            return DecisionRow.of(
+                StoredDecision(key, decode(key, text), creation_of(at, run, cause)), now_ms
+            )
+
+        return page_of(await self._select(sql, params, row), query.limit)
+
+    async def _count(self, query: DecisionQuery, now_ms: int) -> int:
+        sql, params = decision_sql(query, now_ms, self._style, count=True)
+        return int((await self._select(sql, params, _first))[0])
+
+    async def _audit(self, query: AuditQuery) -> AuditPage:
+        sql, params = audit_sql(query, self._style)
+        entries = await self._select(sql, params, lambda found: AuditEntry(*found))
+        return audit_page_of(entries, query.limit)
+
+
+def _first(found: Sequence[Any]) -> Any:
+    return found[0]

@@ -45,18 +45,8 @@ from ..store.lifecycle import check_group_commit, started
 from ..store.migrations import sqlite_schema_version
 from ..store.sqlite import SqliteOpener, sqlite_transaction
 from ..store.sqlite_thread import Job, SqliteThread
-from .base import JointOperation, Operation, PruneMode, PruneProgress, StoredLedger
+from .base import JointOperation, Operation, PruneMode, PruneProgress
 from .machine import ClaimRecord, Creation, Transition, tombstone_of
-from .query import (
-    AuditPage,
-    AuditQuery,
-    DecisionPage,
-    DecisionQuery,
-    DecisionRow,
-    StoredDecision,
-    audit_page_of,
-    page_of,
-)
 from .rows import (
     AUDIT_INSERTED,
     AUDIT_TABLE,
@@ -65,11 +55,10 @@ from .rows import (
     TABLE,
     DecodedRecords,
     audit_values,
-    creation_of,
     creation_values,
     encode_row,
 )
-from .sqlgen import audit_sql, decision_sql
+from .sqlgen import SqlLedger
 from .states import AuditEntry, Claimed, JointOutcome
 
 __all__ = [
@@ -80,6 +69,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 #: The one-file layout's store (``flowdecision.defaults.DEFAULT_STORE_PATH``).
 #: ``SqliteLedger()`` without a path resolves :func:`~flowdecision.defaults.default_ledger_path`
@@ -130,7 +120,7 @@ class _Slot:
         self.created: Creation | None = None
 
 
-class SqliteLedger(StoredLedger):
+class SqliteLedger(SqlLedger):
     """Claim ledger in one SQLite file (``serve``'s default: ``./.flowdecision/flowdecision.db``,
     which also holds the outbox).
 
@@ -164,6 +154,8 @@ class SqliteLedger(StoredLedger):
 
     ``keep_tombstones``: what :meth:`prune_completed` does when not told.
     """
+
+    _style = "?"
 
     def __init__(
         self,
@@ -373,31 +365,11 @@ class SqliteLedger(StoredLedger):
 
         return await self._thread.run(work)
 
-    async def _list(self, query: DecisionQuery, now_ms: int) -> DecisionPage:
-        sql, params = decision_sql(query, now_ms, "?", count=False)
+    async def _select(self, sql: str, params: list[Any], convert: Callable[[Any], R]) -> list[R]:
+        def work(conn: sqlite3.Connection) -> list[R]:
+            return [convert(found) for found in conn.execute(sql, params).fetchall()]
 
-        def work(conn: sqlite3.Connection) -> list[DecisionRow]:
-            return [
-                DecisionRow.of(
-                    StoredDecision(key, self._decoded.decode(key, text), creation_of(*extra)),
-                    now_ms,
-                )
-                for key, text, *extra in conn.execute(sql, params).fetchall()
-            ]
-
-        return page_of(await self._thread.run(work), query.limit)
-
-    async def _count(self, query: DecisionQuery, now_ms: int) -> int:
-        sql, params = decision_sql(query, now_ms, "?", count=True)
-        return int(await self._thread.run(lambda conn: conn.execute(sql, params).fetchone()[0]))
-
-    async def _audit(self, query: AuditQuery) -> AuditPage:
-        sql, params = audit_sql(query, "?")
-
-        def work(conn: sqlite3.Connection) -> list[AuditEntry]:
-            return [AuditEntry(*row) for row in conn.execute(sql, params).fetchall()]
-
-        return audit_page_of(await self._thread.run(work), query.limit)
+        return await self._thread.run(work)
 
     # -- group commit (on the connection thread) -----------------------------------
 
