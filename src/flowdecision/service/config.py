@@ -139,36 +139,16 @@ class Settings:
 
         Several lines let an operator rotate tokens without downtime.
         """
-        found: list[bytes] = []
-        if self.token:
-            found.append(self.token.strip().encode("utf-8"))
-        if self.token_file:
-            try:
-                text = Path(self.token_file).read_text(encoding="utf-8")
-            except OSError as error:
-                raise ConfigError(f"cannot read token_file `{self.token_file}`: {error}") from None
-            found += [line.strip().encode("utf-8") for line in text.splitlines() if line.strip()]
-            if not found:
-                raise ConfigError(f"token_file `{self.token_file}` holds no token")
-        return tuple(token for token in found if token)
+        return _bearer_tokens(self.token, self.token_file, "token_file", need_one=True)
 
     def admin_tokens(self) -> tuple[bytes, ...]:
         """The accepted admin tokens (``admin_token`` and ``admin_token_file``'s lines).
 
         An admin token that is also a submit token is refused by :meth:`validate`.
         """
-        found: list[bytes] = []
-        if self.admin_token:
-            found.append(self.admin_token.strip().encode("utf-8"))
-        if self.admin_token_file:
-            try:
-                text = Path(self.admin_token_file).read_text(encoding="utf-8")
-            except OSError as error:
-                raise ConfigError(
-                    f"cannot read admin_token_file `{self.admin_token_file}`: {error}"
-                ) from None
-            found += [line.strip().encode("utf-8") for line in text.splitlines() if line.strip()]
-        return tuple(token for token in found if token)
+        return _bearer_tokens(
+            self.admin_token, self.admin_token_file, "admin_token_file", need_one=False
+        )
 
     def validate(self) -> Settings:
         """Check ranges and the auth rule; return self."""
@@ -506,3 +486,24 @@ def _default_stores(merged: dict[str, Any]) -> None:
                 "the outbox into the ledger's store (docs/OPERATIONS.md, 'Store layout')"
             )
         merged["sink"] = ledger if shared and not legacy_outbox_exists() else LEGACY_SINK_URL
+
+
+def _bearer_tokens(
+    token: str | None, token_file: str | None, setting: str, *, need_one: bool
+) -> tuple[bytes, ...]:
+    """``token`` plus every non-empty line of ``token_file`` (named ``setting`` in errors).
+
+    ``need_one``: a file that leaves no token at all is an error.
+    """
+    found: list[bytes] = []
+    if token:
+        found.append(token.strip().encode("utf-8"))
+    if token_file:
+        try:
+            text = Path(token_file).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ConfigError(f"cannot read {setting} `{token_file}`: {error}") from None
+        found += [line.strip().encode("utf-8") for line in text.splitlines() if line.strip()]
+        if need_one and not found:
+            raise ConfigError(f"{setting} `{token_file}` holds no token")
+    return tuple(value for value in found if value)
