@@ -230,22 +230,22 @@ class ServiceProtocol:
                 f"need after >= 0 and limit >= 1, got after={after} limit={limit}"
             )
         params = {"after": after, "limit": limit}
-        return outbox_page((yield from self._read("/v1/outbox", params, request_id)))
+        return outbox_page((yield from self._get_ok("/v1/outbox", params, request_id)))
 
     def decisions(
         self, path: str, params: Mapping[str, str | int], *, request_id: str | None
     ) -> Exchange[DecisionPage]:
         """``GET /v1/decisions`` or ``GET /v1/runs/{run_id}``: one page."""
-        response = yield from self._read(path, params, request_id)
+        response = yield from self._get_ok(path, params, request_id)
         return DecisionPage.from_dict(response.json())
 
     def audit(
         self, params: Mapping[str, str | int], *, request_id: str | None
     ) -> Exchange[AuditPage]:
-        response = yield from self._read("/v1/audit", params, request_id)
+        response = yield from self._get_ok("/v1/audit", params, request_id)
         return AuditPage.from_dict(response.json())
 
-    def _read(
+    def _get_ok(
         self, path: str, params: Mapping[str, str | int], request_id: str | None
     ) -> Exchange[httpx.Response]:
         """``GET path?params`` whose one good answer is a 200 (retried like every read)."""
