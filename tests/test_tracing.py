@@ -3,7 +3,7 @@
 Each test asserts the exact span tree of one outcome (submitted, duplicate,
 conflict, busy, lease lost, sink failure, takeover), the attributes, the span
 links (a duplicate to the dispatch that completed the original; a decision's
-span and its group-commit batch, both ways) and the trace context stored as
+span to its group-commit batch) and the trace context stored as
 side data in the ledger and the outbox row.
 """
 
@@ -44,6 +44,8 @@ from tests.otel_support import (
 
 T = TypeVar("T")
 KINDS = ["sqlite", "postgresql"]
+#: A group-commit batch in a span forest: a root span of its own, no children.
+COMMIT = ("flowdecision.ledger.commit", "unset", [], [])
 
 
 class Store:
@@ -132,7 +134,7 @@ async def _stored_traceparent(store: Store, decision_id: str) -> str | None:
 # -- submitted ---------------------------------------------------------------------------
 
 
-async def test_submitted_on_the_default_layout_is_one_joint_span(
+async def test_submitted_on_the_default_layout_is_one_dispatch_span(
     store: Store, spans: InMemorySpanExporter
 ) -> None:
     ledger = await store.ledger()
@@ -143,14 +145,10 @@ async def test_submitted_on_the_default_layout_is_one_joint_span(
     assert (await dispatcher.dispatch(request(decision_id="dec-1"))).submitted
 
     finished = spans.get_finished_spans()
-    assert tree(finished) == [
-        (
-            "flowdecision.dispatch",
-            "unset",
-            [],
-            [("flowdecision.joint_commit", "unset", [], [])],
-        )
-    ]
+    # The whole forest: the dispatch span is the joint transaction's one span; the
+    # group-commit batch is a root span of its own.
+    assert tree(finished, commits=True) == [("flowdecision.dispatch", "unset", [], []), COMMIT]
+    assert tree(finished) == [("flowdecision.dispatch", "unset", [], [])]
     [dispatch] = named(finished, "flowdecision.dispatch")
     assert _attributes(dispatch) == {
         "flowdecision.decision_id": "dec-1",
@@ -160,19 +158,16 @@ async def test_submitted_on_the_default_layout_is_one_joint_span(
         "flowdecision.outcome": "submitted",
         "flowdecision.attempt": 1,
     }
-    # Side data: the ledger keeps the dispatch's context, the outbox row the joint span's.
-    [joint] = named(finished, "flowdecision.joint_commit")
+    # Side data: the ledger and the outbox row both keep the dispatch's context.
     assert await _stored_traceparent(store, "dec-1") == traceparent(dispatch)
     entry = await outbox.get("dec-1")
-    assert entry is not None and entry.traceparent == traceparent(joint)
-    assert entry.to_dict()["traceparent"] == traceparent(joint)
-    # The group-commit batch: its own root span, linked both ways with the decision's.
+    assert entry is not None and entry.traceparent == traceparent(dispatch)
+    assert entry.to_dict()["traceparent"] == traceparent(dispatch)
+    # The group-commit batch: its own root span, linked from the decision's span.
     [commit] = named(finished, "flowdecision.ledger.commit")
-    assert commit.parent is None
-    assert hex_ids(joint) in linked_to(commit)
-    assert hex_ids(commit) in linked_to(joint)
-    assert _attributes(commit)["db.system.name"] == store.kind
-    assert _attributes(commit)["flowdecision.batch.size"] >= 1
+    assert commit.parent is None and not commit.links
+    assert linked_to(dispatch) == {hex_ids(commit)}
+    assert _attributes(commit) == {"db.system.name": store.kind, "flowdecision.batch.size": 1}
 
 
 async def test_submitted_with_a_separate_sink_is_claim_submit_complete(
@@ -204,12 +199,16 @@ async def test_submitted_with_a_separate_sink_is_claim_submit_complete(
     assert sink.seen == [traceparent(submit)]
     assert _attributes(submit)["flowdecision.attempt"] == 1
     assert await _stored_traceparent(store, "dec-1") == traceparent(dispatch)
-    # One batch span per group commit (claim, then complete), each linked to its step.
-    commits = named(finished, "flowdecision.ledger.commit")
+    # One batch span per group commit (claim, then complete), each linked from its step.
+    first, second = sorted(
+        named(finished, "flowdecision.ledger.commit"), key=lambda c: c.start_time or 0
+    )
+    assert tree(finished, commits=True)[1:] == [COMMIT, COMMIT]
     [claim] = named(finished, "flowdecision.claim")
     [complete] = named(finished, "flowdecision.complete")
-    linked = set().union(*(linked_to(c) for c in commits))
-    assert {hex_ids(claim), hex_ids(complete)} <= linked
+    assert linked_to(claim) == {hex_ids(first)}
+    assert linked_to(complete) == {hex_ids(second)}
+    assert not first.links and not second.links
 
 
 # -- duplicate and conflict: linked to the submission that counted ------------------------
@@ -227,18 +226,16 @@ async def test_a_duplicate_links_to_the_dispatch_that_completed_the_original(
 
     assert not outcome.submitted
     finished = spans.get_finished_spans()
-    assert tree(finished) == [
-        (
-            "flowdecision.dispatch",
-            "unset",
-            [],
-            [("flowdecision.joint_commit", "unset", [], [])],
-        )
+    assert tree(finished, commits=True) == [
+        ("flowdecision.dispatch", "unset", [], []),
+        COMMIT,
     ]
     [duplicate] = named(finished, "flowdecision.dispatch")
     assert _attributes(duplicate)["flowdecision.outcome"] == "duplicate"
-    assert linked_to(duplicate) == {hex_ids(original)}
-    [link] = duplicate.links
+    # Two links: to the dispatch that completed the original, and to this claim's batch.
+    [commit] = named(finished, "flowdecision.ledger.commit")
+    assert linked_to(duplicate) == {hex_ids(original), hex_ids(commit)}
+    [link] = [x for x in duplicate.links if x.context.span_id == original.context.span_id]
     assert dict(link.attributes or {}) == {"flowdecision.link": "completed_original"}
 
 
@@ -255,18 +252,15 @@ async def test_a_conflict_is_an_error_event_and_links_to_the_original(
         await dispatcher.dispatch(other)
 
     finished = spans.get_finished_spans()
-    assert tree(finished) == [
-        (
-            "flowdecision.dispatch",
-            "error:conflict",
-            ["flowdecision.conflict"],
-            [("flowdecision.joint_commit", "unset", [], [])],
-        )
+    assert tree(finished, commits=True) == [
+        ("flowdecision.dispatch", "error:conflict", ["flowdecision.conflict"], []),
+        COMMIT,
     ]
     [conflict] = named(finished, "flowdecision.dispatch")
     assert _attributes(conflict)["flowdecision.outcome"] == "conflict"
     assert _attributes(conflict)["error.type"] == "conflict"
-    assert linked_to(conflict) == {hex_ids(original)}
+    [commit] = named(finished, "flowdecision.ledger.commit")
+    assert linked_to(conflict) == {hex_ids(original), hex_ids(commit)}
 
 
 # -- busy, takeover ---------------------------------------------------------------------
@@ -282,13 +276,9 @@ async def test_busy_is_an_error_with_an_event(store: Store, spans: InMemorySpanE
         await dispatcher.dispatch(decision)
 
     finished = spans.get_finished_spans()
-    assert tree(finished) == [
-        (
-            "flowdecision.dispatch",
-            "error:busy",
-            ["flowdecision.busy"],
-            [("flowdecision.joint_commit", "unset", [], [])],
-        )
+    assert tree(finished, commits=True) == [
+        ("flowdecision.dispatch", "error:busy", ["flowdecision.busy"], []),
+        COMMIT,
     ]
     [dispatch] = named(finished, "flowdecision.dispatch")
     [event] = [e for e in dispatch.events if e.name == "flowdecision.busy"]
@@ -309,13 +299,9 @@ async def test_a_takeover_is_an_event_with_the_new_attempt(
 
     assert outcome.submitted and outcome.attempt == 2
     finished = spans.get_finished_spans()
-    assert tree(finished) == [
-        (
-            "flowdecision.dispatch",
-            "unset",
-            ["flowdecision.takeover"],
-            [("flowdecision.joint_commit", "unset", [], [])],
-        )
+    assert tree(finished, commits=True) == [
+        ("flowdecision.dispatch", "unset", ["flowdecision.takeover"], []),
+        COMMIT,
     ]
     [dispatch] = named(finished, "flowdecision.dispatch")
     assert _attributes(dispatch)["flowdecision.attempt"] == 2

@@ -74,7 +74,6 @@ def test_a_post_traced_over_otlp_and_its_duplicate_after_a_restart(
         assert answer.status_code == 201, answer.text
         server = _one(receiver, "POST /v1/decisions", CALLER_TRACE)
         dispatch = _one(receiver, "flowdecision.dispatch", CALLER_TRACE)
-        joint = _one(receiver, "flowdecision.joint_commit", CALLER_TRACE)
         log = first.log_text()
     # The caller's span is the server span's parent; the tree hangs below it.
     assert server.parent_span_id == CALLER_SPAN
@@ -84,12 +83,18 @@ def test_a_post_traced_over_otlp_and_its_duplicate_after_a_restart(
     assert server.attributes["http.response.status_code"] == 201
     assert server.attributes["http.route"] == "/v1/decisions"
     assert dispatch.parent_span_id == server.span_id
-    assert joint.parent_span_id == dispatch.span_id
     assert dispatch.attributes["flowdecision.outcome"] == "submitted"
     assert dispatch.attributes["flowdecision.decision_id"] == request.decision_id
     assert dispatch.attributes["flowdecision.ledger.backend"] == "sqlite"
-    commit = [s for s in receiver.named("flowdecision.ledger.commit") if s.links]
-    assert any((CALLER_TRACE, joint.span_id) in s.links for s in commit)
+    # The request's whole trace: the server span and the dispatch span (the joint
+    # transaction's one span), which links to its group-commit batch (a trace of its own).
+    assert sorted(s.name for s in receiver.spans if s.trace_id == CALLER_TRACE) == [
+        "POST /v1/decisions",
+        "flowdecision.dispatch",
+    ]
+    [batch] = dispatch.links
+    [commit] = [s for s in receiver.named("flowdecision.ledger.commit") if s.span_id == batch[1]]
+    assert (commit.trace_id, commit.parent_span_id, commit.links) == (batch[0], "", [])
     # The JSON access-log line carries the ids of the request's server span.
     [line] = [
         json.loads(text)

@@ -5,6 +5,11 @@ the receiving side sees the trace of the dispatch that submitted the decision.
 * procrastinate: a ``traceparent`` job argument, read by a real worker's task;
 * DBOS: the workflow is started inside DBOS's ``PropagateOtelContext``: DBOS's
   own workflow span is a child of the dispatch's ``flowdecision.sink.submit``;
+* Temporal: Temporal's ``TracingInterceptor`` writes the context into the call's
+  Temporal headers; a worker with the same interceptor (a real Temporal server,
+  a worker in this process) runs the workflow in the decision's trace and links
+  each update handler to its decision's;
+* Restate: the ingress call's ``traceparent`` header, read by the handler;
 * the outbox: the row's ``traceparent`` (covered in tests/test_tracing.py), from
   which :func:`flowdecision.tracing.context_of` continues the trace.
 """
@@ -15,6 +20,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import procrastinate
 import pytest
@@ -24,18 +30,24 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from flowdecision import DecisionRequest, Dispatcher, tracing
 from flowdecision.ledger import MemoryLedger, SqliteLedger
+from flowdecision.model import DecisionStep, ScheduleSteps
 from flowdecision.sinks import OutboxSink
 from flowdecision.sinks.dbos import DBOSSink
 from flowdecision.sinks.loader import close_sink, open_sink
 from flowdecision.sinks.procrastinate import ProcrastinateSink
 from flowdecision.sinks.relay import OutboxRelay
-from flowdecision.sinks.temporal import open_temporal_url
+from flowdecision.sinks.temporal import DECISION_UPDATE, open_temporal_url
 from flowdecision.sinks.webhook import WebhookSink
 from tests.dbos_workflows import record_decision
-from tests.engine_fixtures import TEMPORAL_QUEUE
 from tests.engine_servers import RestateServer, TemporalServer
 from tests.helpers import request
-from tests.otel_support import hex_ids, named, spans_fixture, traceparent  # noqa: F401
+from tests.otel_support import (  # noqa: F401 (the `spans` fixture)
+    hex_ids,
+    linked_to,
+    named,
+    spans_fixture,
+    traceparent,
+)
 from tests.service_process import wait_for
 from tests.webhook_receiver import WebhookReceiver
 
@@ -176,10 +188,10 @@ async def test_an_outbox_consumer_continues_the_trace_from_the_row(
     parent = tracing.context_of(entry.traceparent)
     with trace.get_tracer("consumer").start_as_current_span("consume", context=parent):
         pass
-    [joint] = named(spans.get_finished_spans(), "flowdecision.joint_commit")
+    [dispatch] = named(spans.get_finished_spans(), "flowdecision.dispatch")
     [consumed] = named(spans.get_finished_spans(), "consume")
-    assert hex_ids(consumed)[0] == hex_ids(joint)[0]
-    assert consumed.parent is not None and consumed.parent.span_id == joint.context.span_id
+    assert hex_ids(consumed)[0] == hex_ids(dispatch)[0]
+    assert consumed.parent is not None and consumed.parent.span_id == dispatch.context.span_id
 
 
 async def test_the_relay_continues_the_trace_from_the_row_into_the_engine(
@@ -190,11 +202,11 @@ async def test_the_relay_continues_the_trace_from_the_row_into_the_engine(
             assert await relay.drain() == 1
         [(_, headers, _)] = receiver.requests
     finished = spans.get_finished_spans()
-    [joint] = named(finished, "flowdecision.joint_commit")
+    [dispatch] = named(finished, "flowdecision.dispatch")
     [deliver] = named(finished, "flowdecision.relay.deliver")
     # The relay's span continues the dispatch's trace from the row's traceparent ...
-    assert deliver.parent is not None and deliver.parent.span_id == joint.context.span_id
-    assert hex_ids(deliver)[0] == hex_ids(joint)[0]
+    assert deliver.parent is not None and deliver.parent.span_id == dispatch.context.span_id
+    assert hex_ids(deliver)[0] == hex_ids(dispatch)[0]
     attributes = dict(deliver.attributes or {})
     assert attributes["flowdecision.outbox.seq"] == 1
     assert attributes["flowdecision.relay.name"] == "traced"
@@ -202,31 +214,71 @@ async def test_the_relay_continues_the_trace_from_the_row_into_the_engine(
     assert headers["traceparent"] == traceparent(deliver)
 
 
-@pytest.mark.usefixtures("temporal_worker")
-async def test_the_temporal_sink_carries_the_trace_in_temporals_headers(
+@pytest.fixture
+async def traced_temporal_worker(
     temporal_server: TemporalServer, spans: InMemorySpanExporter
+) -> AsyncIterator[str]:
+    """A worker in this process, on a task queue of its own, whose client has Temporal's
+    ``TracingInterceptor`` (so has the worker): what the docs tell a user to run. Its
+    spans go to the test's in-memory exporter. Yields the task queue."""
+    from temporalio.client import Client
+    from temporalio.contrib.opentelemetry import TracingInterceptor
+
+    from flowdecision.sinks.temporal_workflow import decision_worker
+    from tests.temporal_workflows import WORKFLOWS
+
+    queue = f"traced-{uuid.uuid4().hex[:10]}"
+    client = await Client.connect(temporal_server.address, interceptors=[TracingInterceptor()])
+    async with decision_worker(client, queue, WORKFLOWS, graceful_shutdown_s=1):
+        yield queue
+
+
+async def test_a_temporal_worker_continues_each_decisions_trace(
+    temporal_server: TemporalServer, traced_temporal_worker: str, spans: InMemorySpanExporter
 ) -> None:
     url = (
-        f"temporal://{temporal_server.address}/default?task_queue={TEMPORAL_QUEUE}"
-        "&workflow=FlowRun&timeout=30"
+        f"temporal://{temporal_server.address}/default?task_queue={traced_temporal_worker}"
+        "&workflow=FlowRun&timeout=30&wait=completed"
     )
     sink = await open_temporal_url(url)
+    run_id = f"run-{uuid.uuid4().hex[:10]}"
+    steps = ScheduleSteps(steps=[DecisionStep(step_id="a", step_name="fetch", input=1)])
+    first = request(decision_id=f"dec-1-{run_id}", run_id=run_id, decision=steps)
+    second = request(decision_id=f"dec-2-{run_id}", run_id=run_id)  # completes the run
     try:
-        run_id = f"run-{uuid.uuid4().hex[:10]}"
-        decision = request(decision_id=f"dec-{uuid.uuid4().hex[:10]}", run_id=run_id)
-        assert (await Dispatcher("production", sink, MemoryLedger()).dispatch(decision)).submitted
+        dispatcher = Dispatcher("production", sink, MemoryLedger())
+        assert (await dispatcher.dispatch(first)).submitted  # starts the run's workflow
+        assert (await dispatcher.dispatch(second)).submitted  # an update of the running one
     finally:
         await sink.close()
     finished = spans.get_finished_spans()
-    [submit] = named(finished, "flowdecision.sink.submit")
-    # Temporal's TracingInterceptor recorded the client call as a child of the sink span
-    # and wrote its context into the call's headers, where a traced worker picks it up.
-    temporal = [
-        s for s in finished if s.parent is not None and s.parent.span_id == submit.context.span_id
-    ]
-    assert temporal, [s.name for s in finished]
-    assert all(hex_ids(s)[0] == hex_ids(submit)[0] for s in temporal)
-    assert any("Workflow" in s.name or "Update" in s.name for s in temporal)
+    submit_1, submit_2 = named(finished, "flowdecision.sink.submit")
+
+    def client_span(submit: Any) -> Any:
+        # Temporal's TracingInterceptor recorded the client call as a child of the sink
+        # span and wrote its context into the call's Temporal headers.
+        [call] = [
+            s
+            for s in finished
+            if s.parent is not None and s.parent.span_id == submit.context.span_id
+        ]
+        assert call.name == "StartUpdateWithStartWorkflow:FlowRun"
+        assert hex_ids(call)[0] == hex_ids(submit)[0]
+        return call
+
+    call_1, call_2 = client_span(submit_1), client_span(submit_2)
+    # The worker side, from the headers: the workflow run is a child of the first
+    # decision's call, in its trace ...
+    [run] = named(finished, "RunWorkflow:FlowRun")
+    assert hex_ids(run)[0] == hex_ids(submit_1)[0]
+    assert run.parent is not None and run.parent.span_id == call_1.context.span_id
+    # ... and each decision's update handler links to that decision's call: the
+    # worker sees the trace id of every decision it applies.
+    handled = named(finished, f"HandleUpdate:{DECISION_UPDATE}")
+    assert len(handled) == 2
+    linked = [link for span in handled for link in linked_to(span)]
+    assert sorted(linked) == sorted([hex_ids(call_1), hex_ids(call_2)])
+    assert all(hex_ids(span)[0] == hex_ids(run)[0] for span in handled)
 
 
 @pytest.mark.usefixtures("restate_deployment")

@@ -26,7 +26,6 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -188,7 +187,6 @@ _EVENT_CODES = {
     "lease_lost": "flowdecision.lease_lost",
 }
 _NULL_STEP = contextlib.nullcontext()
-_Step = Callable[..., AbstractContextManager[Any]]
 
 
 def _untraced(name: str, **_: Any) -> AbstractContextManager[Any]:
@@ -346,6 +344,8 @@ class Dispatcher:
         self._gates: dict[str, _IdGate] = {}
         #: The joint path: the sink writes inside the ledger's transaction (one store).
         self.joint = is_joint(self.sink, self.ledger)
+        #: Tracing: the span's ``ledger.backend`` and ``sink.kind`` (set at the first span).
+        self._span_labels: tuple[str, str] | None = None
 
     @property
     def transactional(self) -> bool:
@@ -373,11 +373,14 @@ class Dispatcher:
         return await self._counted(request)
 
     async def _traced(self, request: DecisionRequest) -> DispatchOutcome:
+        labels = self._span_labels
+        if labels is None:  # fixed for the dispatcher's life: worked out once
+            labels = self._span_labels = (_ledger_backend(self.ledger), _sink_kind(self.sink))
         attributes: dict[str, str | int] = {
             "flowdecision.decision_id": request.decision_id,
             "flowdecision.run_id": request.run_id,
-            "flowdecision.ledger.backend": _ledger_backend(self.ledger),
-            "flowdecision.sink.kind": _sink_kind(self.sink),
+            "flowdecision.ledger.backend": labels[0],
+            "flowdecision.sink.kind": labels[1],
         }
         with _tracing.span("flowdecision.dispatch", attributes=attributes) as span:
             try:
@@ -393,9 +396,12 @@ class Dispatcher:
                         details["flowdecision.lease_expires_at_ms"] = error.lease_expires_at_ms
                     span.add_event(_EVENT_CODES[code], details)
                 raise
-            span.set_attribute("flowdecision.outcome", outcome.outcome)
-            if outcome.attempt is not None:
-                span.set_attribute("flowdecision.attempt", outcome.attempt)
+            if outcome.attempt is None:
+                span.set_attribute("flowdecision.outcome", outcome.outcome)
+            else:  # one call, one lock
+                ended: dict[str, str | int] = {"flowdecision.outcome": outcome.outcome}
+                ended["flowdecision.attempt"] = outcome.attempt
+                span.set_attributes(ended)
             return outcome
 
     async def _counted(self, request: DecisionRequest) -> DispatchOutcome:
@@ -530,12 +536,12 @@ class Dispatcher:
     ) -> DispatchOutcome:
         # Tracing: one check per dispatch; the steps use a shared null context when off.
         traced = _tracing.active()
-        step = _tracing.span if traced else _untraced
         # The dispatch span's context is stored with the completion (ledger side data):
         # a later duplicate links to it.
         trace = _tracing.current_traceparent() if traced else None
         if self.joint:
-            return await self._joint_commit(request, hash_, identity, receipt, step, trace)
+            return await self._joint_commit(request, hash_, identity, receipt, trace)
+        step = _tracing.span if traced else _untraced
         decision_id = request.decision_id
         ledger = self.ledger
         try:
@@ -581,27 +587,29 @@ class Dispatcher:
         hash_: str,
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
-        step: _Step,
         trace: str | None,
     ) -> DispatchOutcome:
-        """The joint path: claim, the sink's row and completion in one commit."""
+        """The joint path: claim, the sink's row and completion in one commit.
+
+        Traced, the commit is no span of its own: the dispatch span is the one
+        span of the joint transaction, whose context the sink's row takes (the
+        outbox stores it) and which links to the group-commit batch.
+        """
         decision_id = request.decision_id
         sink = cast(JointSink, self.sink)
         try:
-            with step("flowdecision.joint_commit"):
-                # The sink's row takes this span's context (the outbox stores it).
-                write = await sink.prepare(request)
-                done = await self.ledger.joint_commit(
-                    decision_id,
-                    hash_,
-                    self.owner_id,
-                    lease_ms=self.lease_ms,
-                    identity=identity,
-                    receipt=receipt,
-                    write=write,
-                    traceparent=trace,
-                    origin=DecisionOrigin(request.run_id, request.causation_event_id),
-                )
+            write = await sink.prepare(request)
+            done = await self.ledger.joint_commit(
+                decision_id,
+                hash_,
+                self.owner_id,
+                lease_ms=self.lease_ms,
+                identity=identity,
+                receipt=receipt,
+                write=write,
+                traceparent=trace,
+                origin=DecisionOrigin(request.run_id, request.causation_event_id),
+            )
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
         except Exception as error:  # the sink refused its row (e.g. different content)

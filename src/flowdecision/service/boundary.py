@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -142,32 +141,32 @@ class BoundaryMiddleware:
             request_id_var.reset(token)
 
 
-def _start_server_span(scope: Scope, request_id: str) -> contextlib.ExitStack:
+def _start_server_span(scope: Scope, request_id: str) -> _tracing.SpanScope:
     """Open and make current the request's server span (ended by :func:`_end_server_span`)."""
     method = scope["method"]
-    stack = contextlib.ExitStack()
-    stack.enter_context(
-        _tracing.span(
-            method,  # renamed to "METHOD route" once the route is known
-            kind=_tracing.SERVER,
-            parent=_tracing.extract(scope.get("headers") or ()),
-            attributes={
-                "http.request.method": method,
-                "url.path": scope["path"],
-                "url.scheme": scope.get("scheme", "http"),
-                "flowdecision.request_id": request_id,
-            },
-        )
+    headers = scope.get("headers")
+    server = _tracing.span(
+        method,  # renamed to "METHOD route" once the route is known
+        kind=_tracing.SERVER,
+        parent=_tracing.extract(headers) if headers else None,
+        attributes={
+            "http.request.method": method,
+            "url.path": scope["path"],
+            "url.scheme": scope.get("scheme", "http"),
+            "flowdecision.request_id": request_id,
+        },
     )
-    return stack
+    server.open()
+    return server
 
 
-def _end_server_span(stack: contextlib.ExitStack, scope: Scope, route: str, status: int) -> None:
-    current = _tracing.current_span()
+def _end_server_span(server: _tracing.SpanScope, scope: Scope, route: str, status: int) -> None:
+    current = server.span
     if route != "<unmatched>":
         current.update_name(f"{scope['method']} {route}")
-        current.set_attribute("http.route", route)
-    current.set_attribute("http.response.status_code", status)
+        current.set_attributes({"http.route": route, "http.response.status_code": status})
+    else:
+        current.set_attribute("http.response.status_code", status)
     if status >= 500:
         _tracing.fail_status(current, str(status))
-    stack.close()
+    server.close()
