@@ -86,8 +86,13 @@ class Receiver:
     """An OTLP/HTTP endpoint on localhost that reads every export and answers 200."""
 
     def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
         self.exports = 0
         self.bytes = 0
+        self.spans = 0
         receiver = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -97,6 +102,11 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 receiver.exports += 1
                 receiver.bytes += len(body)
+                # Counted, so that spans the batch processor dropped (a full queue) show.
+                export = ExportTraceServiceRequest.FromString(body)
+                receiver.spans += sum(
+                    len(scope.spans) for res in export.resource_spans for scope in res.scope_spans
+                )
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
@@ -153,21 +163,26 @@ class Sample:
     p99_ms: float
     bad: int
     load: float
+    #: Spans the receiver got per request served (warm-up included): a batch processor
+    #: that dropped spans (queue full) would show fewer than the span tree has.
+    spans_per_request: float = 0.0
 
 
 def run_once(target: str, round_: int, args: argparse.Namespace, template: Path) -> Sample:
     receiver = Receiver()
     try:
         with serving(target, receiver) as server:
-            wrk(POST, server.url, args.clients, args.warmup, template)
+            warm, _ = wrk(POST, server.url, args.clients, args.warmup, template)
             load = load_average()
             cpu_before = process_tree_cpu_s(server.proc.pid)
             data, _ = wrk(POST, server.url, args.clients, args.seconds, template)
             cpu_s = process_tree_cpu_s(server.proc.pid) - cpu_before
+        # The server stopped cleanly: its batch processor exported what it still held.
     finally:
-        exports = receiver.exports
+        exports, spans = receiver.exports, receiver.spans
         receiver.stop()
     ok = data["ok"]
+    served = ok + warm["ok"] + warm["bad"] + data["bad"]
     sample = Sample(
         target=target,
         round=round_,
@@ -177,13 +192,18 @@ def run_once(target: str, round_: int, args: argparse.Namespace, template: Path)
         p99_ms=data["p99_us"] / 1000,
         bad=data["bad"] + data["timeouts"] + data["connect_errors"] + data["read_errors"],
         load=load,
+        spans_per_request=spans / served if served else 0.0,
     )
     if target.startswith("on") and exports == 0:
         raise RuntimeError("tracing on, but the receiver got no export")
     print(
         f"  round {round_} {target:<16} {sample.rate:8,.0f}/s  cpu {sample.cpu_ms:.3f} ms/req  "
         f"p50 {sample.p50_ms:.1f}  p99 {sample.p99_ms:.1f} ms  load {load:.1f}"
-        + (f"  exports {exports}" if target.startswith("on") else ""),
+        + (
+            f"  exports {exports}, {sample.spans_per_request:.2f} spans/request"
+            if target.startswith("on")
+            else ""
+        ),
         flush=True,
     )
     return sample
@@ -195,7 +215,8 @@ def report(samples: list[Sample], args: argparse.Namespace) -> str:
     off_cpu = statistics.median(s.cpu_ms for s in by["installed, off"])
     lines = [
         f"`python bench/tracing_bench.py --rounds {args.rounds} --seconds {args.seconds} "
-        f"--clients {args.clients}` ({datetime.date.today()}, {machine_description()}; "
+        f"--warmup {args.warmup} --clients {args.clients}` "
+        f"({datetime.date.today()}, {machine_description()}; "
         f"median 1-min load average {statistics.median(s.load for s in samples):.1f}):",
         "",
         "| target | requests/s (median, min–max) | vs off | CPU ms/request | vs off "
@@ -212,6 +233,14 @@ def report(samples: list[Sample], args: argparse.Namespace) -> str:
             f"| {cpu / off_cpu:.3f}× | {statistics.median(s.p50_ms for s in group):.1f} "
             f"| {statistics.median(s.p99_ms for s in group):.1f} | {sum(s.bad for s in group)} |"
         )
+    traced = by[TARGETS[2]]
+    lines += [
+        "",
+        f"Spans the receiver got per request served, on: "
+        f"{statistics.median(s.spans_per_request for s in traced):.2f} (median; "
+        f"{min(s.spans_per_request for s in traced):.2f}–"
+        f"{max(s.spans_per_request for s in traced):.2f}).",
+    ]
     return "\n".join(lines)
 
 
