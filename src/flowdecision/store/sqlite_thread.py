@@ -65,8 +65,8 @@ class Job:
         self.work = work
         self.result: Any = None
         self.error: BaseException | None = None
-        #: Tracing on: the caller's span (the batch span links to it), and the
-        #: batch span's context once committed (the caller's span links back).
+        #: Tracing on: the caller's span, and the batch span's context once
+        #: committed (the caller's span links to it).
         self.trace: Any = None
         self.batch: Any = None
 
