@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/tracing_bench.py                 # 5 rounds x 15 s, 50 clients
     .venv/bin/python bench/tracing_bench.py --rounds 3 --seconds 10 --write-docs
+    .venv/bin/python bench/tracing_bench.py --without-on --rounds 8 --seconds 5 --warmup 2
 
 Targets (``flowdecision serve`` with its default layout: ledger and outbox in one
 SQLite file, ``synchronous=FULL``, access log on; ``POST /v1/decisions`` with a
@@ -22,6 +23,9 @@ its min-max), server CPU ms per request (user + system of the server process,
 less sensitive than rates to the shared machine), p50/p99 latency, and the
 ratio of each median rate to ``installed, off``. Raw samples go to
 ``bench/results/tracing.json``; ``--write-docs`` updates docs/BENCHMARKS.md.
+``--without-on`` runs only the two untraced targets, their order flipping
+every round (more pairs in the same time, for the 2% question); its samples go
+to ``bench/results/tracing-without-on.json`` and its table to a block of its own.
 
 The targets in the issue: ``not installed`` vs ``installed, off`` within 2%;
 ``on`` at least 0.80x of ``off``.
@@ -64,8 +68,6 @@ from service_bench import (  # noqa: E402
 
 RESULTS = HERE / "results" / "tracing.json"
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
-BEGIN = "<!-- tracing-bench:begin -->"
-END = "<!-- tracing-bench:end -->"
 POST = Target("post sqlite", "flowdecision", "post", "/v1/decisions", 201, "sqlite")
 TARGETS = ("not installed", "installed, off", "on (ratio 1.0)")
 
@@ -210,12 +212,14 @@ def run_once(target: str, round_: int, args: argparse.Namespace, template: Path)
 
 
 def report(samples: list[Sample], args: argparse.Namespace) -> str:
-    by: dict[str, list[Sample]] = {t: [s for s in samples if s.target == t] for t in TARGETS}
+    targets = _targets(args)
+    by: dict[str, list[Sample]] = {t: [s for s in samples if s.target == t] for t in targets}
     off = statistics.median(s.rate for s in by["installed, off"])
     off_cpu = statistics.median(s.cpu_ms for s in by["installed, off"])
     lines = [
         f"`python bench/tracing_bench.py --rounds {args.rounds} --seconds {args.seconds} "
-        f"--warmup {args.warmup} --clients {args.clients}` "
+        f"--warmup {args.warmup} --clients {args.clients}"
+        f"{' --without-on' if args.without_on else ''}` "
         f"({datetime.date.today()}, {machine_description()}; "
         f"median 1-min load average {statistics.median(s.load for s in samples):.1f}):",
         "",
@@ -223,7 +227,7 @@ def report(samples: list[Sample], args: argparse.Namespace) -> str:
         "| p50 ms | p99 ms | failed |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for target in TARGETS:
+    for target in targets:
         group = by[target]
         rate = statistics.median(s.rate for s in group)
         cpu = statistics.median(s.cpu_ms for s in group)
@@ -233,7 +237,9 @@ def report(samples: list[Sample], args: argparse.Namespace) -> str:
             f"| {cpu / off_cpu:.3f}× | {statistics.median(s.p50_ms for s in group):.1f} "
             f"| {statistics.median(s.p99_ms for s in group):.1f} | {sum(s.bad for s in group)} |"
         )
-    traced = by[TARGETS[2]]
+    traced = by.get(TARGETS[2])
+    if not traced:
+        return "\n".join(lines)
     lines += [
         "",
         f"Spans the receiver got per request served, on: "
@@ -244,12 +250,18 @@ def report(samples: list[Sample], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def write_docs(text: str) -> None:
+def _targets(args: argparse.Namespace) -> tuple[str, ...]:
+    return TARGETS[:2] if args.without_on else TARGETS
+
+
+def write_docs(text: str, name: str) -> None:
+    """Replace the docs block ``name`` (``tracing-bench``, ``tracing-bench-off``)."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     docs = DOCS.read_text(encoding="utf-8")
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in docs:
-        start, end = docs.index(BEGIN), docs.index(END) + len(END)
-        docs = docs[:start] + block + docs[end:]
+    block = f"{begin}\n{text}\n{end}"
+    if begin in docs:
+        start, stop = docs.index(begin), docs.index(end) + len(end)
+        docs = docs[:start] + block + docs[stop:]
     else:
         docs = docs.rstrip("\n") + "\n\n## Tracing overhead\n\n" + block + "\n"
     DOCS.write_text(docs, encoding="utf-8")
@@ -261,24 +273,31 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument(
+        "--without-on",
+        action="store_true",
+        help="only `not installed` and `installed, off` (their order flips every round)",
+    )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     template = body_template()
     samples: list[Sample] = []
     try:
+        targets = _targets(args)
         for round_ in range(1, args.rounds + 1):
-            shift = (round_ - 1) % len(TARGETS)
-            for target in TARGETS[shift:] + TARGETS[:shift]:
+            shift = (round_ - 1) % len(targets)
+            for target in targets[shift:] + targets[:shift]:
                 samples.append(run_once(target, round_, args, template))
     finally:
         template.unlink(missing_ok=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps([asdict(s) for s in samples], indent=1) + "\n")
+    results = RESULTS.with_name("tracing-without-on.json") if args.without_on else RESULTS
+    results.write_text(json.dumps([asdict(s) for s in samples], indent=1) + "\n")
     text = report(samples, args)
     print()
     print(text)
     if args.write_docs:
-        write_docs(text)
+        write_docs(text, "tracing-bench-off" if args.without_on else "tracing-bench")
 
 
 if __name__ == "__main__":
