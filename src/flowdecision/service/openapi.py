@@ -340,60 +340,51 @@ def _operation_paths(schemas: _Schemas, paths: dict[str, Any]) -> None:
         {"$ref": "#/components/parameters/X-Request-Id"},
     ]
     read_codes = [*_common(True), "invalid_parameter", *ledger_codes]
-
-    def read(
-        operation_id: str,
-        summary: str,
-        parameters: list[dict[str, Any]],
-        page: dict[str, Any],
-        description: str | None = None,
-    ) -> dict[str, Any]:
-        """A query's GET: its parameters, one page as the answer, the read error codes."""
-        operation: dict[str, Any] = {"operationId": operation_id, "summary": summary}
-        if description is not None:
-            operation["description"] = description
-        operation["security"] = _AUTH
-        operation["parameters"] = parameters
-        operation["responses"] = _responses(read_codes, {"200": _json_answer("A page.", page)})
-        return operation
-
-    paths["/v1/decisions"]["get"] = read(
-        "listDecisions",
-        "Decisions by run, state and age, a keyset page at a time",
-        [_query_param("run_id", "Only this run's decisions.", {"type": "string"}), *common],
-        page,
-        "In the order the decisions were first claimed, then by id. The "
+    paths["/v1/decisions"]["get"] = {
+        "operationId": "listDecisions",
+        "summary": "Decisions by run, state and age, a keyset page at a time",
+        "description": "In the order the decisions were first claimed, then by id. The "
         "cursor is a position, never an offset: decisions inserted while paging neither "
         "repeat nor shift what is still to come.",
-    )
-    run_id = {
-        "name": "run_id",
-        "in": "path",
-        "required": True,
-        "description": "The run id (may hold `/`).",
-        "schema": {"type": "string", "minLength": 1},
+        "security": _AUTH,
+        "parameters": [
+            _query_param("run_id", "Only this run's decisions.", {"type": "string"}),
+            *common,
+        ],
+        "responses": _responses(read_codes, {"200": _json_answer("A page.", page)}),
     }
     paths["/v1/runs/{run_id}"] = {
-        "get": read(
-            "getRun",
-            "One run's decisions, in the order they were first claimed",
-            [run_id, *common],
-            page,
-        )
+        "get": {
+            "operationId": "getRun",
+            "summary": "One run's decisions, in the order they were first claimed",
+            "security": _AUTH,
+            "parameters": [
+                {
+                    "name": "run_id",
+                    "in": "path",
+                    "required": True,
+                    "description": "The run id (may hold `/`).",
+                    "schema": {"type": "string", "minLength": 1},
+                },
+                *common,
+            ],
+            "responses": _responses(read_codes, {"200": _json_answer("A page.", page)}),
+        }
     }
     paths["/v1/audit"] = {
-        "get": read(
-            "getAudit",
-            "The audit trail of operator actions, oldest first",
-            [
+        "get": {
+            "operationId": "getAudit",
+            "summary": "The audit trail of operator actions, oldest first",
+            "security": _AUTH,
+            "parameters": [
                 _query_param("decision_id", "Only this decision's entries.", {"type": "string"}),
                 _query_param("after", "At or after this time (Unix ms).", time),
                 _query_param("before", "Before this time (Unix ms).", time),
                 *common[3:5],
                 {"$ref": "#/components/parameters/X-Request-Id"},
             ],
-            audit,
-        )
+            "responses": _responses(read_codes, {"200": _json_answer("A page.", audit)}),
+        }
     }
     for name, summary in (
         ("release", "Release a pending claim, fenced: the old owner can never complete"),
