@@ -22,6 +22,7 @@ from ..bodies import (
     outbox_entry_body,
 )
 from ..identity import ExecutionIdentity, ResultReceipt
+from ..ledger.protocol import decision_state_body
 from ..model import DecisionRequest
 
 __all__ = [
@@ -91,16 +92,14 @@ class DecisionState:
 
     def to_dict(self) -> DecisionStateBody:
         """The service's answer body (``LedgerEntry.to_dict()``'s shape)."""
-        body: DecisionStateBody = {
-            "decision_id": self.decision_id,
-            "state": self.state,
-            "attempts": self.attempts,
-            "request_hash": self.request_hash,
-            "execution_identity": (
-                self.execution_identity.to_dict() if self.execution_identity else None
-            ),
-            "receipt": self.receipt.to_dict() if self.receipt else None,
-        }
+        body = decision_state_body(
+            self.decision_id,
+            self.state,
+            self.attempts,
+            self.request_hash,
+            self.execution_identity,
+            self.receipt,
+        )
         if self.lease_expires_at_ms is not None:
             body["lease_expires_at_ms"] = self.lease_expires_at_ms
         if self.completed:

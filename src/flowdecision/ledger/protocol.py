@@ -25,7 +25,14 @@ from .machine import ClaimRecord, DecisionOrigin
 from .query import AuditPage, AuditQuery, DecisionPage, DecisionQuery
 from .states import AuditEntry, ClaimOutcome, ClaimState, Completed, JointOutcome, Pending
 
-__all__ = ["ClaimKey", "DelegatingLedger", "Ledger", "LedgerEntry", "PruneProgress"]
+__all__ = [
+    "ClaimKey",
+    "DelegatingLedger",
+    "Ledger",
+    "LedgerEntry",
+    "PruneProgress",
+    "decision_state_body",
+]
 
 T = TypeVar("T")
 
@@ -49,21 +56,40 @@ class LedgerEntry:
         body, ``flowdecision inspect --json``'s output and the client's
         ``DecisionState.to_dict()`` (the receipt is ``receipt``)."""
         state = self.state
-        body: DecisionStateBody = {
-            "decision_id": self.decision_id,
-            "state": state.kind,
-            "attempts": self.attempts,
-            "request_hash": self.request_hash,
-            "execution_identity": (
-                self.execution_identity.to_dict() if self.execution_identity else None
-            ),
-            "receipt": self.result_receipt.to_dict() if self.result_receipt else None,
-        }
+        body = decision_state_body(
+            self.decision_id,
+            state.kind,
+            self.attempts,
+            self.request_hash,
+            self.execution_identity,
+            self.result_receipt,
+        )
         if isinstance(state, Pending):
             body["lease_expires_at_ms"] = state.lease_expires_at_ms
         if isinstance(state, Completed):
             body["completed_at_ms"] = state.completed_at_ms
         return body
+
+
+def decision_state_body(
+    decision_id: str,
+    state: str,
+    attempts: int,
+    request_hash: str,
+    identity: ExecutionIdentity | None,
+    receipt: ResultReceipt | None,
+) -> DecisionStateBody:
+    """A looked-up decision's JSON members that every state has (the caller adds
+    ``lease_expires_at_ms`` or ``completed_at_ms``): :meth:`LedgerEntry.to_dict`'s
+    and the client's ``DecisionState.to_dict()``'s one shape."""
+    return {
+        "decision_id": decision_id,
+        "state": state,
+        "attempts": attempts,
+        "request_hash": request_hash,
+        "execution_identity": identity.to_dict() if identity else None,
+        "receipt": receipt.to_dict() if receipt else None,
+    }
 
 
 class ClaimKey(NamedTuple):
