@@ -188,8 +188,13 @@ def preload_file(root: Path, count: int) -> None:
 # -- workers (one OS process each) ---------------------------------------------------
 
 
-async def _ledger_loop(kind: str, target: str, worker: int, seconds: float, tag: str = "") -> int:
+async def _ledger_loop(
+    kind: str, target: str, worker: int, seconds: float, tag: str = "", runs: bool = False
+) -> int:
+    """Claim -> complete for ``seconds``; ``runs``: each claim names a run and causing event
+    (as a service POST does, so the run index is written too)."""
     from flowdecision.ledger import Claimed, Ledger
+    from flowdecision.ledger.machine import DecisionOrigin
 
     ledger: Ledger
     if kind == "sqlite":
@@ -212,8 +217,11 @@ async def _ledger_loop(kind: str, target: str, worker: int, seconds: float, tag:
     try:
         while time.perf_counter() < deadline:
             decision_id = f"w{tag}{worker}-{os.getpid()}-{cycles}"
+            origin = None
+            if runs:
+                origin = DecisionOrigin(f"run-{worker}-{os.getpid()}-{cycles // 10}", decision_id)
             outcome = await ledger.claim(
-                decision_id, "h" * 64, owner, lease_ms=LEASE_MS, identity=ident
+                decision_id, "h" * 64, owner, lease_ms=LEASE_MS, identity=ident, origin=origin
             )
             assert isinstance(outcome, Claimed), outcome
             await ledger.complete(decision_id, "h" * 64, owner, identity=ident, receipt=receipt)
@@ -281,7 +289,14 @@ async def _raw_postgres_loop(target: str, worker: int, seconds: float, tag: str 
 
 
 def _worker(
-    kind: str, target: str, worker: int, seconds: float, sync: str, barrier: Any, queue: Any
+    kind: str,
+    target: str,
+    worker: int,
+    seconds: float,
+    sync: str,
+    barrier: Any,
+    queue: Any,
+    runs: bool = False,
 ) -> None:
     try:
         barrier.wait(120)
@@ -290,7 +305,7 @@ def _worker(
         elif kind == "raw-postgres":
             cycles = asyncio.run(_raw_postgres_loop(target, worker, seconds))
         else:
-            cycles = asyncio.run(_ledger_loop(kind, target, worker, seconds))
+            cycles = asyncio.run(_ledger_loop(kind, target, worker, seconds, runs=runs))
         queue.put(cycles)
     except BaseException as error:
         queue.put(f"{type(error).__name__}: {error}")
@@ -351,12 +366,21 @@ def run_rounds(
     }
 
 
-def run_cell(kind: str, target: str, processes: int, seconds: float, sync: str = "FULL") -> float:
+def run_cell(
+    kind: str,
+    target: str,
+    processes: int,
+    seconds: float,
+    sync: str = "FULL",
+    *,
+    runs: bool = False,
+) -> float:
+    """Cycles/s of ``processes`` processes (``runs``: claims name a run, see _ledger_loop)."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(processes)
     queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker, args=(kind, target, i, seconds, sync, barrier, queue))
+        ctx.Process(target=_worker, args=(kind, target, i, seconds, sync, barrier, queue, runs))
         for i in range(processes)
     ]
     for proc in procs:

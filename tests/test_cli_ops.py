@@ -145,3 +145,53 @@ def test_prune_keep_tombstones_then_the_horizon(ledger_url: str, tmp_path: Path)
     horizon = flowdecision("prune", "--ledger", ledger_url, "--tombstones-older-than", "0s")
     assert horizon.returncode == 0, horizon.stderr
     assert "removed 3 tombstone(s)" in horizon.stdout
+
+
+def test_list_and_forget_by_completion_time(tmp_path: Path) -> None:
+    """``--by completed``: --after/--before read the completion time, pages come in
+    completion order (not claim order), and bulk actions take the same filters."""
+    path = tmp_path / "ledger.db"
+
+    async def seed() -> None:
+        ledger = await SqliteLedger.open(path)
+        try:
+            for i, done_at in enumerate((9_000, 7_000, 8_000)):
+                await ledger.claim(f"x-{i}", "h", "o", lease_ms=10**12, now_ms=1_000 * (i + 1))
+                await ledger.complete(f"x-{i}", "h", "o", completed_at_ms=done_at)
+            await ledger.claim("p-0", "h", "o", lease_ms=1, now_ms=500)  # pending: no such time
+        finally:
+            await ledger.close()
+
+    asyncio.run(seed())
+    url = f"sqlite:///{path}"
+
+    def ids(*options: str) -> list[str]:
+        listed = flowdecision("list", "--ledger", url, "--json", *options)
+        assert listed.returncode == 0, listed.stderr
+        return [row["decision_id"] for row in json.loads(listed.stdout)["decisions"]]
+
+    assert ids() == ["p-0", "x-0", "x-1", "x-2"]  # first claimed first
+    assert ids("--by", "completed") == ["x-1", "x-2", "x-0"]
+    assert ids("--by", "completed", "--after", "7500", "--before", "9000") == ["x-2"]
+    assert ids("--by", "claimed", "--after", "2000") == ["x-1", "x-2"]
+    paged = flowdecision("list", "--ledger", url, "--by", "completed", "--limit", "2")
+    assert paged.returncode == 0, paged.stderr
+    assert [line.split()[0] for line in paged.stdout.splitlines()[2:4]] == ["x-1", "x-2"]
+    cursor = paged.stdout.splitlines()[-1].removeprefix("next page: --cursor ")
+    assert ids("--by", "completed", "--cursor", cursor) == ["x-0"]
+    refused = flowdecision("list", "--ledger", url, "--by", "completed", "--cursor", cursor[:-2])
+    assert refused.returncode == 2 and "cursor" in refused.stderr
+    pending = flowdecision("list", "--ledger", url, "--by", "completed", "--state", "pending_live")
+    assert pending.returncode == 2 and "`by` completed" in pending.stderr
+
+    preview = flowdecision(
+        "forget", "--ledger", url, "--by", "completed", "--before", "8500", "--reason", "replay"
+    )
+    assert preview.returncode == 2 and "2 decision(s) match" in preview.stdout
+    done = flowdecision(
+        "forget", "--ledger", url, "--by", "completed", "--before", "8500", "--reason",
+        "replay", "--yes", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [e["decision_id"] for e in json.loads(done.stdout)["audit"]] == ["x-1", "x-2"]
+    assert ids("--by", "completed") == ["x-0"]

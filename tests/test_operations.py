@@ -24,7 +24,7 @@ from flowdecision.ledger import MemoryLedger
 from flowdecision.ledger.jsonfile import DATA_FILE, JsonFileLedger, encode_ledger
 from flowdecision.ledger.machine import DecisionOrigin, receipt_digest
 from flowdecision.ledger.protocol import Ledger
-from flowdecision.ledger.query import MAX_PAGE_LIMIT, AuditQuery, DecisionQuery
+from flowdecision.ledger.query import MAX_PAGE_LIMIT, AuditQuery, DecisionQuery, TimeField
 from flowdecision.ledger.states import AlreadyCompleted, Claimed, Conflict, DecisionState
 
 from .helpers import identity, receipt
@@ -33,6 +33,7 @@ from .ledger_stores import LedgerStore
 NOW = 10_000  # the time every query judges leases at
 
 S = DecisionState
+T = TimeField
 
 
 async def _scenario(ledger: Ledger) -> None:
@@ -42,12 +43,14 @@ async def _scenario(ledger: Ledger) -> None:
         origin = None if run is None else DecisionOrigin(*run)
         # Two decisions share each creation time: the id breaks the tie.
         at = 1_000 + (i // 2) * 100
+        lease = {1: 50_000, 3: 10}.get(i % 4, 5_000)  # live, expired, or completed in time
         assert await ledger.claim(
-            f"d-{i:02d}", f"h{i}", "owner", lease_ms=50_000 if i % 4 == 1 else 10, now_ms=at,
-            origin=origin,
+            f"d-{i:02d}", f"h{i}", "owner", lease_ms=lease, now_ms=at, origin=origin
         ) == Claimed(1)  # fmt: skip
         if i % 4 in (0, 2):
-            await ledger.complete(f"d-{i:02d}", f"h{i}", "owner", completed_at_ms=at + 5)
+            # Completion order is not claim order: later from d-04 on, pairs tied.
+            done_at = at + 5 if i < 4 else 3_000 - (i // 4) * 100
+            await ledger.complete(f"d-{i:02d}", f"h{i}", "owner", completed_at_ms=done_at)
     # Completed before 1_200 (d-00, d-02): tombstones; then d-00 forgotten outright.
     await ledger.prune_completed(1_200, keep_tombstones=True)
     await ledger.forget("d-00", actor="ops", reason="reuse the id")
@@ -65,6 +68,13 @@ QUERIES = [
     DecisionQuery(after_ms=1_400),
     DecisionQuery(before_ms=1_400),
     DecisionQuery(after_ms=1_300, before_ms=1_900, state=S.PENDING_EXPIRED),
+    DecisionQuery(by=T.COMPLETED),
+    DecisionQuery(by=T.COMPLETED, after_ms=2_600),
+    DecisionQuery(by=T.COMPLETED, before_ms=2_700),
+    DecisionQuery(by=T.COMPLETED, after_ms=1_000, before_ms=2_800, state=S.COMPLETED),
+    DecisionQuery(by=T.COMPLETED, state=S.TOMBSTONED),
+    DecisionQuery(by=T.COMPLETED, run_id="run-0"),
+    DecisionQuery(by=T.CLAIMED, after_ms=1_400, state=S.COMPLETED),
 ]
 
 
@@ -73,12 +83,7 @@ async def _pages(ledger: Ledger, query: DecisionQuery, limit: int) -> list[list[
     pages: list[list[dict[str, Any]]] = []
     cursor: str | None = None
     while True:
-        page = await ledger.list_decisions(
-            DecisionQuery(
-                query.run_id, query.state, query.before_ms, query.after_ms, cursor, limit
-            ),
-            now_ms=NOW,
-        )
+        page = await ledger.list_decisions(query.next_page(cursor, limit), now_ms=NOW)
         pages.append([row.to_dict() for row in page.decisions])
         cursor = page.next_cursor
         if cursor is None:
@@ -130,6 +135,26 @@ async def test_the_reference_answers_are_the_documented_ones() -> None:
     assert await ids(DecisionQuery(state=S.COMPLETED)) == [f"d-{i:02d}" for i in range(4, 24, 2)]
     assert await ids(DecisionQuery(state=S.PENDING_EXPIRED, before_ms=1_400)) == ["d-03", "d-07"]
     assert await ledger.count_decisions(DecisionQuery(), now_ms=NOW) == 23
+    # By completion: completed and tombstoned decisions in the order they completed.
+    assert await ids(DecisionQuery(by=T.COMPLETED)) == [
+        "d-02", "d-20", "d-22", "d-16", "d-18", "d-12", "d-14", "d-08", "d-10", "d-04", "d-06",
+    ]  # fmt: skip
+    assert await ids(DecisionQuery(by=T.COMPLETED, after_ms=2_600, before_ms=2_900)) == [
+        "d-16", "d-18", "d-12", "d-14", "d-08", "d-10",
+    ]  # fmt: skip
+    assert await ids(DecisionQuery(by=T.COMPLETED, run_id="run-0")) == ["d-18", "d-12", "d-06"]
+    assert await ids(DecisionQuery(by=T.COMPLETED, before_ms=2_000)) == ["d-02"]
+    assert await ledger.count_decisions(DecisionQuery(by=T.COMPLETED), now_ms=NOW) == 11
+    pages = [await ledger.list_decisions(DecisionQuery(by=T.COMPLETED, limit=2), now_ms=NOW)]
+    while (cursor := pages[-1].next_cursor) is not None:
+        pages.append(
+            await ledger.list_decisions(
+                DecisionQuery(by=T.COMPLETED, cursor=cursor, limit=2), now_ms=NOW
+            )
+        )
+    assert [row.completed_at_ms for page in pages for row in page.decisions] == [
+        1_105, 2_500, 2_500, 2_600, 2_600, 2_700, 2_700, 2_800, 2_800, 2_900, 2_900,
+    ]  # fmt: skip
     first = await ledger.list_decisions(DecisionQuery(run_id="run-1", limit=1), now_ms=NOW)
     row = first.decisions[0].to_dict()
     assert row == {
@@ -190,6 +215,20 @@ async def test_page_limits_and_bad_queries_are_refused_clearly() -> None:
         DecisionQuery(before_ms=-1)
     with pytest.raises(InvalidArgumentError, match="cursor"):
         AuditQuery(cursor=DecisionQuery().cursor or "WzEsImEiXQ")
+    with pytest.raises(InvalidArgumentError, match=r"`by`.*claimed, completed"):
+        DecisionQuery(by="finished")  # type: ignore[arg-type]
+    for pending in (S.PENDING_LIVE, S.PENDING_EXPIRED):
+        with pytest.raises(InvalidArgumentError, match=rf"`by` completed.*{pending.value}"):
+            DecisionQuery(by=T.COMPLETED, state=pending)
+    # A cursor belongs to its order: one by claim time is refused by completion time
+    # and the other way round.
+    ledger = MemoryLedger()
+    await _scenario(ledger)
+    for mine, other in ((T.CLAIMED, T.COMPLETED), (T.COMPLETED, T.CLAIMED)):
+        page = await ledger.list_decisions(DecisionQuery(by=mine, limit=1), now_ms=NOW)
+        assert page.next_cursor is not None
+        with pytest.raises(InvalidArgumentError, match="cursor"):
+            DecisionQuery(by=other, cursor=page.next_cursor)
 
 
 # -- actions --------------------------------------------------------------------------

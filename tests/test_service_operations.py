@@ -6,6 +6,7 @@ submit token and an admin token, decisions POSTed over HTTP.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,6 +135,8 @@ async def test_the_async_client_lists_a_run_and_releases_with_the_admin_token(
         assert page.decisions[0].state is DecisionState.COMPLETED
         rest = await client.list(run_id="run-c", cursor=page.next_cursor)
         assert [row.decision_id for row in rest.decisions] == ["c-1"]
+        by_completion = await client.list(run_id="run-c", by="completed")
+        assert sorted(row.decision_id for row in by_completion.decisions) == ["c-0", "c-1"]
         with pytest.raises(ServiceError) as refused:  # the submit token is not an admin token
             await client.release("c-0", actor="ops", reason="r")
         assert refused.value.status == 403
@@ -154,3 +157,91 @@ def test_the_sync_client_does_the_same(service: ServiceProcess) -> None:
         assert client.list(run_id="run-s", state="completed").decisions == page.decisions
         entry = client.forget("s-0", actor="ops", reason="again", admin_token=ADMIN)
         assert entry.state_before == "completed"
+
+
+def test_decisions_by_completion_time_over_http_and_the_clients(service: ServiceProcess) -> None:
+    for i in range(3):
+        _submit(service, f"w-{i}", "run-w")
+
+    def get(**params: str) -> requests.Response:
+        return requests.get(
+            f"{service.url}/v1/decisions", params=params, headers=_auth(TOKEN), timeout=30
+        )
+
+    rows = get(run_id="run-w", by="completed").json()["decisions"]
+    assert {row["decision_id"] for row in rows} == {"w-0", "w-1", "w-2"}
+    order = [(row["completed_at_ms"], row["decision_id"]) for row in rows]
+    assert order == sorted(order)  # completion order, then id
+    cut = rows[1]["completed_at_ms"]
+    later = get(run_id="run-w", by="completed", after=str(cut), count="true").json()
+    expected = [row["decision_id"] for row in rows if row["completed_at_ms"] >= cut]
+    assert [row["decision_id"] for row in later["decisions"]] == expected
+    assert later["count"] == len(expected)
+    earlier = get(run_id="run-w", by="completed", before=str(cut)).json()["decisions"]
+    assert [row["decision_id"] for row in earlier] == [
+        row["decision_id"] for row in rows if row["completed_at_ms"] < cut
+    ]
+    first = get(run_id="run-w", by="completed", limit="1").json()
+    rest = get(run_id="run-w", by="completed", cursor=first["next_cursor"]).json()
+    assert [row["decision_id"] for row in first["decisions"] + rest["decisions"]] == [
+        row["decision_id"] for row in rows
+    ]
+    # A cursor of one order is not one of the other; bad or contradictory `by` is a 422.
+    for params in (
+        {"cursor": first["next_cursor"]},
+        {"by": "finished"},
+        {"by": "completed", "state": "pending_expired"},
+    ):
+        bad = get(**params)
+        assert bad.status_code == 422, (params, bad.text)
+        assert bad.json()["error"]["field"] == ("cursor" if "cursor" in params else "by")
+    with SyncDecisionClient(service.url, token=TOKEN) as client:
+        page = client.list(run_id="run-w", by="completed", after_ms=cut)
+        assert [row.decision_id for row in page.decisions] == expected
+
+
+def test_the_status_page_finds_decisions_and_shows_operator_actions(
+    service: ServiceProcess,
+) -> None:
+    """The four questions on the status page: a run's decisions (and by state or age)
+    through its "Find decisions" form, and who did what under "Operator actions"."""
+    for i in range(27):
+        _submit(service, f"f-{i:02d}", "run-f")
+
+    def section(html: str, name: str) -> str:
+        return html.split(f'<section id="{name}">', 1)[1].split("</section>", 1)[0]
+
+    def page(**params: str) -> str:
+        """The "Find decisions" section of the page for these form values."""
+        answer = requests.get(f"{service.url}/", params=params, headers=_auth(TOKEN), timeout=30)
+        assert answer.status_code == 200, answer.text
+        return section(answer.text, "find")
+
+    assert 'id="find-form"' in page() and 'id="find-results"' not in page()
+    first = page(run_id="run-f")
+    assert "27 decision(s) match" in first
+    assert "f-00" in first and "f-24" in first and "f-25" not in first
+    next_link = first.split('id="find-next" href="', 1)[1].split('"', 1)[0]
+    rest = section(
+        requests.get(
+            f"{service.url}/{next_link.replace('&amp;', '&')}", headers=_auth(TOKEN), timeout=30
+        ).text,
+        "find",
+    )
+    assert "f-25" in rest and "f-26" in rest and "f-00" not in rest
+    hour_ago = time.strftime("%Y-%m-%dT%H:%M", time.gmtime(time.time() - 3600))
+    done = page(run_id="run-f", by="completed", after=hour_ago, state="completed")
+    assert "27 decision(s) match" in done
+    assert "0 decision(s) match" in page(run_id="run-f", state="pending_live")
+    for name, value in (("state", "stuck"), ("after", "yesterday"), ("by", "finished")):
+        bad = page(**{name: value})
+        assert 'id="find-error"' in bad and f"`{name}`" in bad, bad
+
+    forgot = _post(
+        service, ACTIONS[1], {"decision_id": "f-00", "actor": "carol", "reason": "replay <f-00>"},
+        ADMIN,
+    )  # fmt: skip
+    assert forgot.status_code == 200, forgot.text
+    status = requests.get(f"{service.url}/", headers=_auth(TOKEN), timeout=30).text
+    actions = section(status, "actions")
+    assert "carol" in actions and "replay &lt;f-00&gt;" in actions and "forget" in actions

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from ..errors import FlowDecisionError
+from ..errors import FlowDecisionError, InvalidArgumentError
 from ..ledger import Ledger, open_ledger
 from ..ledger.query import (
     DEFAULT_PAGE_LIMIT,
@@ -25,6 +25,7 @@ from ..ledger.query import (
     DecisionPage,
     DecisionQuery,
     DecisionRow,
+    TimeField,
 )
 from ..ledger.states import AuditEntry, DecisionState
 from ..redact import printable
@@ -40,6 +41,7 @@ from .common import (
 )
 
 STATES = [state.value for state in DecisionState]
+TIME_FIELDS = [field.value for field in TimeField]
 
 
 def parse_time_ms(text: str | None, now_ms: int, name: str) -> int | None:
@@ -82,10 +84,20 @@ def query_options(function: Callable[..., Any]) -> Callable[..., Any]:
                 "--state", type=click.Choice(STATES), help="Only decisions in this state."
             ),
             click.option(
-                "--after", help="First claimed at or after this time (epoch ms, ISO-8601, or 1h)."
+                "--after",
+                help="At or after this time (epoch ms, ISO-8601, or 1h): first claimed, or "
+                "completed with --by completed.",
             ),
             click.option(
-                "--before", help="First claimed before this time (epoch ms, ISO-8601, or 1h)."
+                "--before",
+                help="Before this time (epoch ms, ISO-8601, or 1h): first claimed, or "
+                "completed with --by completed.",
+            ),
+            click.option(
+                "--by",
+                type=click.Choice(TIME_FIELDS),
+                help="The time --after/--before filter on and pages are ordered by: claimed "
+                "(first claimed; the default) or completed (completed and tombstoned only).",
             ),
         ]
     ):
@@ -99,18 +111,23 @@ def _query(
     state: str | None,
     after: str | None,
     before: str | None,
+    by: str | None,
     cursor: str | None = None,
     limit: int = DEFAULT_PAGE_LIMIT,
 ) -> DecisionQuery:
     now = ledger.now_ms()
-    return DecisionQuery(
-        run_id=run_id,
-        state=None if state is None else DecisionState(state),
-        after_ms=parse_time_ms(after, now, "after"),
-        before_ms=parse_time_ms(before, now, "before"),
-        cursor=cursor,
-        limit=limit,
-    )
+    try:
+        return DecisionQuery(
+            run_id=run_id,
+            state=None if state is None else DecisionState(state),
+            after_ms=parse_time_ms(after, now, "after"),
+            before_ms=parse_time_ms(before, now, "before"),
+            cursor=cursor,
+            limit=limit,
+            by=TimeField(by or TimeField.CLAIMED),
+        )
+    except InvalidArgumentError as error:
+        raise click.UsageError(str(error)) from None
 
 
 def _rows_table(rows: tuple[DecisionRow, ...]) -> str:
@@ -154,6 +171,7 @@ def list_cmd(
     state: str | None,
     after: str | None,
     before: str | None,
+    by: str | None,
     cursor: str | None,
     limit: int,
     with_count: bool,
@@ -161,14 +179,16 @@ def list_cmd(
 ) -> None:
     """List decisions by run, state and age, a page at a time (first claimed first).
 
-    A run's decisions come in the order they were first claimed. The last line
-    names the cursor of the next page. Reads only: a missing ledger exits 4.
+    A run's decisions come in the order they were first claimed; with ``--by
+    completed``, completed and tombstoned decisions in the order they completed.
+    The last line names the cursor of the next page. Reads only: a missing
+    ledger exits 4.
     """
 
     async def go() -> tuple[DecisionPage, int | None]:
         ledger = await open_ledger(ledger_url, create=False)
         try:
-            query = _query(ledger, run_id, state, after, before, cursor, limit)
+            query = _query(ledger, run_id, state, after, before, by, cursor, limit)
             page = await ledger.list_decisions(query)
             count = await ledger.count_decisions(query) if with_count else None
             return page, count
@@ -196,7 +216,7 @@ def _act(
     name: str,
     ledger_url: str,
     decision_ids: tuple[str, ...],
-    filters: tuple[str | None, str | None, str | None, str | None],
+    filters: tuple[str | None, str | None, str | None, str | None, str | None],
     actor: str | None,
     reason: str,
     yes: bool,
@@ -207,7 +227,7 @@ def _act(
     by_query = any(value is not None for value in filters)
     if decision_ids and by_query:
         fail(
-            "give decision ids or query options (--run/--state/--after/--before), not both",
+            "give decision ids or query options (--run/--state/--after/--before/--by), not both",
             EXIT_USAGE,
         )
     if not decision_ids and not by_query:
@@ -238,16 +258,12 @@ def _act(
             matching = await ledger.count_decisions(query)
             if not yes:
                 return matching
-            # Keyset order is by first-claim time, which actions never change: paging on
-            # while acting neither repeats nor skips a decision.
+            # Keyset order is by first-claim or completion time, which actions never
+            # change (forget deletes the row): paging on while acting neither repeats
+            # nor skips a decision.
             cursor = None
             while True:
-                page = await ledger.list_decisions(
-                    DecisionQuery(
-                        query.run_id, query.state, query.before_ms, query.after_ms, cursor,
-                        MAX_PAGE_LIMIT,
-                    )
-                )  # fmt: skip
+                page = await ledger.list_decisions(query.next_page(cursor))
                 for row in page.decisions:
                     if row.state in allowed:
                         await act(ledger, row.decision_id)
@@ -306,12 +322,13 @@ def _action_command(
         state: str | None,
         after: str | None,
         before: str | None,
+        by: str | None,
         actor: str | None,
         reason: str,
         yes: bool,
         as_json: bool,
     ) -> None:
-        filters = (run_id, state, after, before)
+        filters = (run_id, state, after, before, by)
         _act(name, ledger_url, decision_ids, filters, actor, reason, yes, as_json, allowed)
 
     return command

@@ -74,15 +74,19 @@ class DecisionClient(BaseClient[httpx.AsyncClient], Closable):
         state: str | None = None,
         before_ms: int | None = None,
         after_ms: int | None = None,
+        by: str | None = None,
         cursor: str | None = None,
         limit: int | None = None,
         request_id: str | None = None,
     ) -> DecisionPage:
-        """One keyset page of decisions by run, state and first-claim time (``GET /v1/decisions``).
+        """One keyset page of decisions by run, state and age (``GET /v1/decisions``).
 
-        Pass the page's ``next_cursor`` as ``cursor`` for the next one.
+        ``before_ms``/``after_ms`` filter on the time ``by`` names: ``"claimed"``
+        (first claimed, the default order) or ``"completed"`` (completion order;
+        completed and tombstoned decisions only). Pass the page's ``next_cursor``
+        as ``cursor`` for the next one.
         """
-        params = query_params(run_id, state, before_ms, after_ms, cursor, limit)
+        params = query_params(run_id, state, before_ms, after_ms, cursor, limit, by)
         return await self._drive(
             self._protocol.decisions("/v1/decisions", params, request_id=request_id)
         )

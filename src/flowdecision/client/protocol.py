@@ -81,11 +81,13 @@ def query_params(
     after_ms: int | None,
     cursor: str | None,
     limit: int | None,
+    by: str | None = None,
 ) -> dict[str, str | int]:
     """``GET /v1/decisions``'s query parameters (None: not sent)."""
     return _params(
-        run_id=run_id, state=state, before=before_ms, after=after_ms, cursor=cursor, limit=limit
-    )
+        run_id=run_id, state=state, before=before_ms, after=after_ms, by=by, cursor=cursor,
+        limit=limit,
+    )  # fmt: skip
 
 
 def audit_params(

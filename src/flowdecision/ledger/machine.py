@@ -121,11 +121,13 @@ class ClaimRecord:
         return out
 
     @classmethod
-    def from_dict(cls, decision_id: str, obj: Any) -> ClaimRecord:
+    def from_dict(cls, decision_id: str, obj: Any, *, summary: bool = False) -> ClaimRecord:
         """Decode and validate a stored record as the seed's ``read_records`` does.
 
         Unknown fields are ignored. Raises :class:`LedgerCorruptError` naming the
-        decision and the problem.
+        decision and the problem. ``summary``: leave out (neither decode nor
+        check) the execution identity and the result receipt, which cost most
+        of the decoding; for listings that show neither (operator queries).
         """
         if not isinstance(obj, dict):
             raise LedgerCorruptError(f"decision `{decision_id}` record is not an object")
@@ -163,7 +165,7 @@ class ClaimRecord:
         if completed_at is not None:
             _range(decision_id, "completed_at_ms", completed_at, U64_MAX)
         identity: ExecutionIdentity | None = None
-        raw_identity = obj.get("execution_identity")
+        raw_identity = None if summary else obj.get("execution_identity")
         if raw_identity is not None:
             try:
                 identity = ExecutionIdentity.from_dict(raw_identity)
@@ -173,7 +175,7 @@ class ClaimRecord:
                     f"validate identity for decision `{decision_id}`: {error}"
                 ) from error
         receipt: ResultReceipt | None = None
-        raw_receipt = obj.get("result_receipt")
+        raw_receipt = None if summary else obj.get("result_receipt")
         if raw_receipt is not None:
             try:
                 receipt = ResultReceipt.from_dict(raw_receipt)

@@ -5,7 +5,9 @@ the service (``GET /v1/decisions``, ``GET /v1/runs/{run_id}``, ``GET
 /v1/audit``), the CLI (``flowdecision list``, ``flowdecision audit``) and the
 status page. Pages are **keyset** pages: decisions come in the order they were
 first claimed (``created_at_ms``, then ``decision_id``), which for one run is
-the order its decisions were caused; the cursor is the last position shown,
+the order its decisions were caused, or, asked ``by`` :attr:`TimeField.COMPLETED`,
+in the order they completed (``completed_at_ms``, then ``decision_id``: only
+completed and tombstoned decisions have that time); the cursor is the last position shown,
 never an offset, so decisions inserted while an operator pages never shift or
 repeat what is still to come. A page holds at most :data:`MAX_PAGE_LIMIT`.
 
@@ -19,14 +21,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..limits import U64_MAX
-from .machine import ClaimRecord, Creation, decision_state
+from .machine import ClaimRecord, ClaimStatus, Creation, decision_state
 from .states import AuditEntry, DecisionState
 
 __all__ = [
@@ -38,6 +42,7 @@ __all__ = [
     "DecisionQuery",
     "DecisionRow",
     "StoredDecision",
+    "TimeField",
     "decode_cursor",
     "encode_cursor",
     "scan_audit",
@@ -92,16 +97,45 @@ def _check_limit(limit: int) -> int:
     return limit
 
 
+class TimeField(StrEnum):
+    """Which time a decision query's age filter reads and its pages are ordered by.
+
+    ``claimed``: when the decision was first claimed (every decision has one).
+    ``completed``: when it completed; only completed and tombstoned decisions
+    have a completion time, so only they are listed.
+    """
+
+    CLAIMED = "claimed"
+    COMPLETED = "completed"
+
+
+_PENDING = (DecisionState.PENDING_LIVE, DecisionState.PENDING_EXPIRED)
+
+
+def _choice(name: str, value: Any, kind: type[StrEnum]) -> Any:
+    if value is None or isinstance(value, kind):
+        return value
+    try:
+        return kind(str(value))
+    except ValueError:
+        names = ", ".join(member.value for member in kind)
+        raise InvalidArgumentError(f"`{name}` must be one of {names}, got {value!r}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class DecisionQuery:
     """Which decisions to list; every filter given must match.
 
     ``run_id``: the run's decisions. ``state``: a :class:`DecisionState` (or
-    its value). ``after_ms`` / ``before_ms``: first claimed at or after / before
-    that time (Unix ms); records written before the query migration carry
-    their completion time, or 0 when pending. ``cursor``: the
-    ``next_cursor`` of the previous page. ``limit``: 1..:data:`MAX_PAGE_LIMIT`.
-    Invalid values raise :class:`InvalidArgumentError` naming the field.
+    its value). ``after_ms`` / ``before_ms``: at or after / before that time
+    (Unix ms), the time ``by`` names. ``by``: :attr:`TimeField.CLAIMED` (the
+    default): first claimed, pages in first-claim order; records written
+    before the query migration carry their completion time, or 0 when pending.
+    :attr:`TimeField.COMPLETED`: completed, pages in completion order; lists
+    only completed and tombstoned decisions (a pending ``state`` is refused).
+    ``cursor``: the ``next_cursor`` of the previous page of the same query.
+    ``limit``: 1..:data:`MAX_PAGE_LIMIT`. Invalid values raise
+    :class:`InvalidArgumentError` naming the field.
     """
 
     run_id: str | None = None
@@ -110,33 +144,51 @@ class DecisionQuery:
     after_ms: int | None = None
     cursor: str | None = None
     limit: int = DEFAULT_PAGE_LIMIT
+    by: TimeField = TimeField.CLAIMED
 
     def __post_init__(self) -> None:
-        if self.state is not None and not isinstance(self.state, DecisionState):
-            try:
-                object.__setattr__(self, "state", DecisionState(str(self.state)))
-            except ValueError:
-                names = ", ".join(state.value for state in DecisionState)
-                raise InvalidArgumentError(
-                    f"`state` must be one of {names}, got {self.state!r}"
-                ) from None
+        object.__setattr__(self, "state", _choice("state", self.state, DecisionState))
+        object.__setattr__(self, "by", _choice("by", self.by, TimeField) or TimeField.CLAIMED)
         if self.run_id is not None and not isinstance(self.run_id, str):
             raise InvalidArgumentError(f"`run_id` must be a string, got {self.run_id!r}")
+        if self.by is TimeField.COMPLETED and self.state in _PENDING:
+            assert self.state is not None
+            raise InvalidArgumentError(
+                f"`by` completed lists completed and tombstoned decisions only; "
+                f"a `state` of {self.state.value} has no completion time"
+            )
         _check_time("before_ms", self.before_ms)
         _check_time("after_ms", self.after_ms)
         _check_limit(self.limit)
         self.position()
 
     def position(self) -> tuple[int, str] | None:
-        """The keyset position after which this page starts, from the cursor."""
+        """The keyset position after which this page starts, from the cursor.
+
+        ``(time, decision_id)``, the time being the one ``by`` names. A cursor
+        from a query ordered by the other time is refused.
+        """
         if self.cursor is None:
             return None
-        created, decision_id = decode_cursor(self.cursor, (int, str))
-        return created, decision_id
+        if self.by is TimeField.CLAIMED:
+            at, decision_id = decode_cursor(self.cursor, (int, str))
+        else:
+            at, decision_id, tag = decode_cursor(self.cursor, (int, str, str))
+            if tag != TimeField.COMPLETED.value:
+                raise InvalidArgumentError(
+                    f"`cursor` is not a cursor this query returned: {self.cursor!r}"
+                )
+        return at, decision_id
 
     def counting(self) -> DecisionQuery:
         """The same filters, without cursor (what :meth:`Ledger.count_decisions` counts)."""
-        return DecisionQuery(self.run_id, self.state, self.before_ms, self.after_ms)
+        return DecisionQuery(self.run_id, self.state, self.before_ms, self.after_ms, by=self.by)
+
+    def next_page(self, cursor: str | None, limit: int | None = None) -> DecisionQuery:
+        """The same filters from ``cursor`` on (``limit``: this query's unless given)."""
+        return dataclasses.replace(
+            self, cursor=cursor, limit=self.limit if limit is None else limit
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,13 +293,17 @@ class DecisionPage:
         )
 
 
-def page_of(rows: list[DecisionRow], limit: int) -> DecisionPage:
-    """A page from up to ``limit + 1`` rows in order (the extra one says "more")."""
+def page_of(rows: list[DecisionRow], limit: int, by: TimeField = TimeField.CLAIMED) -> DecisionPage:
+    """A page from up to ``limit + 1`` rows in ``by``'s order (the extra one says "more")."""
     if len(rows) <= limit:
         return DecisionPage(tuple(rows), None)
     shown = rows[:limit]
     last = shown[-1]
-    return DecisionPage(tuple(shown), encode_cursor([last.created_at_ms, last.decision_id]))
+    if by is TimeField.CLAIMED:
+        return DecisionPage(tuple(shown), encode_cursor([last.created_at_ms, last.decision_id]))
+    # Tagged, so that a cursor of one order is never taken for the other's.
+    position = [last.completed_at_ms, last.decision_id, TimeField.COMPLETED.value]
+    return DecisionPage(tuple(shown), encode_cursor(position))
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +371,17 @@ def created_at(stored: StoredDecision) -> int:
     return 0 if completed is None else completed
 
 
+def completed_at(stored: StoredDecision) -> int | None:
+    """When the decision completed (None: pending, or a seed record without the time)."""
+    if stored.record.status is ClaimStatus.PENDING:
+        return None
+    return stored.record.completed_at_ms
+
+
+def _time(query: DecisionQuery, stored: StoredDecision) -> int | None:
+    return created_at(stored) if query.by is TimeField.CLAIMED else completed_at(stored)
+
+
 def _matches(query: DecisionQuery, stored: StoredDecision, now_ms: int) -> bool:
     if query.run_id is not None:
         origin = None if stored.created is None else stored.created.origin
@@ -322,7 +389,9 @@ def _matches(query: DecisionQuery, stored: StoredDecision, now_ms: int) -> bool:
             return False
     if query.state is not None and decision_state(stored.record, now_ms) is not query.state:
         return False
-    at = created_at(stored)
+    at = _time(query, stored)
+    if at is None:
+        return False
     if query.after_ms is not None and at < query.after_ms:
         return False
     return query.before_ms is None or at < query.before_ms
@@ -333,15 +402,20 @@ def scan_page(
 ) -> DecisionPage:
     """Answer ``query`` by looking at every decision (memory and JSON-file ledgers)."""
     position = query.position()
+
+    def key(stored: StoredDecision) -> tuple[int, str]:
+        at = _time(query, stored)
+        assert at is not None  # _matches let only timed decisions through
+        return at, stored.decision_id
+
     found = [
         stored
         for stored in decisions
-        if _matches(query, stored, now_ms)
-        and (position is None or (created_at(stored), stored.decision_id) > position)
+        if _matches(query, stored, now_ms) and (position is None or key(stored) > position)
     ]
-    found.sort(key=lambda stored: (created_at(stored), stored.decision_id))
+    found.sort(key=key)
     rows = [DecisionRow.of(stored, now_ms) for stored in found[: query.limit + 1]]
-    return page_of(rows, query.limit)
+    return page_of(rows, query.limit, query.by)
 
 
 def scan_count(decisions: Iterable[StoredDecision], query: DecisionQuery, now_ms: int) -> int:

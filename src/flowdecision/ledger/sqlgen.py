@@ -1,8 +1,10 @@
 """The operator queries as SQL, written once for both dialects.
 
-Each query is one keyset range scan over an index of schema 2:
+Each query is one keyset range scan over an index of schema 3:
 ``(created_at_ms, decision_id)``, ``(status, created_at_ms, decision_id)`` or
-``(run_id, created_at_ms, decision_id)``, resumed after the cursor's position
+``(run_id, created_at_ms, decision_id)``, or, ordered by completion time, of
+schema 4: ``(completed_at_ms, decision_id)`` or ``(status, completed_at_ms,
+decision_id)`` (partial: completed rows only), resumed after the cursor's position
 with a row-value comparison (never OFFSET) and cut at ``limit + 1`` rows (the
 extra row only says that there is a next page). Live and expired pending
 claims differ by the lease in the record's JSON, a residual filter on the few
@@ -25,6 +27,7 @@ from .query import (
     DecisionQuery,
     DecisionRow,
     StoredDecision,
+    TimeField,
     audit_page_of,
     page_of,
 )
@@ -73,6 +76,21 @@ def decision_sql(
     param = _Params(style)
     ident = _ID[style]
     where: list[str] = []
+    top: int | None  # the largest time the column holds (None: every u64)
+    if query.by is TimeField.CLAIMED:
+        column = "created_at_ms"
+        # bigint in both dialects, clamped to i64 on the way in.
+        cast, top = "::bigint", I64_MAX
+    else:
+        column = "completed_at_ms"
+        # Named, so the partial indexes (completed rows only) apply without a time filter.
+        where.append("completed_at_ms IS NOT NULL")
+        # SQLite keeps it clamped to i64; PostgreSQL as NUMERIC(20, 0), every u64 exact.
+        cast, top = ("", I64_MAX) if style == "?" else ("::numeric", None)
+
+    def at(value: int) -> str:
+        return param(value if top is None else min(value, top), cast)
+
     if query.run_id is not None:
         where.append(f"run_id = {param(query.run_id)}")
     if query.state is not None:
@@ -82,23 +100,20 @@ def decision_sql(
         elif query.state is DecisionState.PENDING_EXPIRED:
             where.append(f"{_LEASE[style]} <= {param(now_ms, '::bigint')}")
     if query.after_ms is not None:
-        where.append(f"created_at_ms >= {param(min(query.after_ms, I64_MAX), '::bigint')}")
+        where.append(f"{column} >= {at(query.after_ms)}")
     if query.before_ms is not None:
-        where.append(f"created_at_ms < {param(min(query.before_ms, I64_MAX), '::bigint')}")
+        where.append(f"{column} < {at(query.before_ms)}")
     if count:
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         return f"SELECT count(*) FROM {TABLE}{clause}", param.values
     position = query.position()
     if position is not None:
-        created, after_id = position
-        where.append(
-            f"(created_at_ms, {ident}) > "
-            f"({param(min(created, I64_MAX), '::bigint')}, {param(after_id, '::text')})"
-        )
+        after_at, after_id = position
+        where.append(f"({column}, {ident}) > ({at(after_at)}, {param(after_id, '::text')})")
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     sql = (
         f"SELECT decision_id, record, created_at_ms, run_id, causation_event_id FROM {TABLE}"
-        f"{clause} ORDER BY created_at_ms, {ident} LIMIT {param(query.limit + 1, '::bigint')}"
+        f"{clause} ORDER BY {column}, {ident} LIMIT {param(query.limit + 1, '::bigint')}"
     )
     return sql, param.values
 
@@ -137,7 +152,8 @@ class SqlLedger(StoredLedger):
 
     async def _list(self, query: DecisionQuery, now_ms: int) -> DecisionPage:
         sql, params = decision_sql(query, now_ms, self._style, count=False)
-        decode = self._decoded.decode
+        # A summary: a listing shows neither identity nor receipt (see DecodedRecords).
+        decode = self._decoded.summary
 
         def row(found: Sequence[Any]) -> DecisionRow:
             key, text, at, run, cause = found
@@ -145,7 +161,7 @@ class SqlLedger(StoredLedger):
                 StoredDecision(key, decode(key, text), creation_of(at, run, cause)), now_ms
             )
 
-        return page_of(await self._select(sql, params, row), query.limit)
+        return page_of(await self._select(sql, params, row), query.limit, query.by)
 
     async def _count(self, query: DecisionQuery, now_ms: int) -> int:
         sql, params = decision_sql(query, now_ms, self._style, count=True)

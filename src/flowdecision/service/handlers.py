@@ -42,7 +42,7 @@ from .errors import (
 )
 from .logs import describe_cause
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
-from .operations import list_decisions, operation_routes
+from .operations import list_decisions, operation_routes, recent_actions, status_finder
 from .runtime import Service
 from .status import ATTENTION_FATES, Attention, RecentDecision, render_status_page
 
@@ -425,6 +425,8 @@ async def status_page(request: Request) -> Response:
     )
     html = render_status_page(
         attention=await _attention(service),
+        actions=await recent_actions(service),
+        finder=await status_finder(service, request),
         health=snapshot,
         recent=list(service.recent),
         ledger=context.ledger_shown,

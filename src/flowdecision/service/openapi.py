@@ -58,7 +58,7 @@ from ..identity import (
     RESULT_RECEIPT_MAX_BYTES,
     ResultOutcome,
 )
-from ..ledger.query import MAX_PAGE_LIMIT
+from ..ledger.query import MAX_PAGE_LIMIT, TimeField
 from ..ledger.states import DecisionState
 from ..limits import I64_MAX, IDENTIFIER_MAX_BYTES, U64_MAX
 from ..model import json_schemas
@@ -318,20 +318,31 @@ def _operation_paths(schemas: _Schemas, paths: dict[str, Any]) -> None:
     action = schemas.of(bodies.ActionBody)
     ledger_codes = _codes_of(LedgerError)
     time = {"type": "integer", "minimum": 0, "maximum": U64_MAX}
+    cursor = _query_param("cursor", "The `next_cursor` of the previous page.", {"type": "string"})
+    limit = _query_param(
+        "limit",
+        "Decisions per page.",
+        {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_LIMIT, "default": 100},
+    )
     common = [
         _query_param(
             "state",
             "Only decisions in this state (a released claim is `pending_expired`).",
             {"type": "string", "enum": [state.value for state in DecisionState]},
         ),
-        _query_param("after", "First claimed at or after this time (Unix ms).", time),
-        _query_param("before", "First claimed before this time (Unix ms).", time),
-        _query_param("cursor", "The `next_cursor` of the previous page.", {"type": "string"}),
         _query_param(
-            "limit",
-            "Decisions per page.",
-            {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_LIMIT, "default": 100},
+            "after", "At or after this time (Unix ms): first claimed, or completed (`by`).", time
         ),
+        _query_param("before", "Before this time (Unix ms): first claimed, or completed.", time),
+        _query_param(
+            "by",
+            "Which time `after`/`before` filter on and pages are ordered by: `claimed` (first "
+            "claimed, the default) or `completed` (only completed and tombstoned decisions; a "
+            "pending `state` is refused).",
+            {"type": "string", "enum": [field.value for field in TimeField], "default": "claimed"},
+        ),
+        cursor,
+        limit,
         _query_param(
             "count",
             "`true`: also count every decision the filters select.",
@@ -340,51 +351,61 @@ def _operation_paths(schemas: _Schemas, paths: dict[str, Any]) -> None:
         {"$ref": "#/components/parameters/X-Request-Id"},
     ]
     read_codes = [*_common(True), "invalid_parameter", *ledger_codes]
-    paths["/v1/decisions"]["get"] = {
-        "operationId": "listDecisions",
-        "summary": "Decisions by run, state and age, a keyset page at a time",
-        "description": "In the order the decisions were first claimed, then by id. The "
-        "cursor is a position, never an offset: decisions inserted while paging neither "
-        "repeat nor shift what is still to come.",
-        "security": _AUTH,
-        "parameters": [
-            _query_param("run_id", "Only this run's decisions.", {"type": "string"}),
-            *common,
-        ],
-        "responses": _responses(read_codes, {"200": _json_answer("A page.", page)}),
+
+    def read(
+        operation_id: str,
+        summary: str,
+        parameters: list[dict[str, Any]],
+        page: dict[str, Any],
+        description: str | None = None,
+    ) -> dict[str, Any]:
+        """A query's GET: its parameters, one page as the answer, the read error codes."""
+        operation: dict[str, Any] = {"operationId": operation_id, "summary": summary}
+        if description is not None:
+            operation["description"] = description
+        operation["security"] = _AUTH
+        operation["parameters"] = parameters
+        operation["responses"] = _responses(read_codes, {"200": _json_answer("A page.", page)})
+        return operation
+
+    paths["/v1/decisions"]["get"] = read(
+        "listDecisions",
+        "Decisions by run, state and age, a keyset page at a time",
+        [_query_param("run_id", "Only this run's decisions.", {"type": "string"}), *common],
+        page,
+        "In the order the decisions were first claimed (with `by=completed`: completed), then "
+        "by id. The cursor is a position, never an offset: decisions inserted while paging "
+        "neither repeat nor shift what is still to come.",
+    )
+    run_id = {
+        "name": "run_id",
+        "in": "path",
+        "required": True,
+        "description": "The run id (may hold `/`).",
+        "schema": {"type": "string", "minLength": 1},
     }
     paths["/v1/runs/{run_id}"] = {
-        "get": {
-            "operationId": "getRun",
-            "summary": "One run's decisions, in the order they were first claimed",
-            "security": _AUTH,
-            "parameters": [
-                {
-                    "name": "run_id",
-                    "in": "path",
-                    "required": True,
-                    "description": "The run id (may hold `/`).",
-                    "schema": {"type": "string", "minLength": 1},
-                },
-                *common,
-            ],
-            "responses": _responses(read_codes, {"200": _json_answer("A page.", page)}),
-        }
+        "get": read(
+            "getRun",
+            "One run's decisions, in the order they were first claimed",
+            [run_id, *common],
+            page,
+        )
     }
     paths["/v1/audit"] = {
-        "get": {
-            "operationId": "getAudit",
-            "summary": "The audit trail of operator actions, oldest first",
-            "security": _AUTH,
-            "parameters": [
+        "get": read(
+            "getAudit",
+            "The audit trail of operator actions, oldest first",
+            [
                 _query_param("decision_id", "Only this decision's entries.", {"type": "string"}),
                 _query_param("after", "At or after this time (Unix ms).", time),
                 _query_param("before", "Before this time (Unix ms).", time),
-                *common[3:5],
+                cursor,
+                limit,
                 {"$ref": "#/components/parameters/X-Request-Id"},
             ],
-            "responses": _responses(read_codes, {"200": _json_answer("A page.", audit)}),
-        }
+            audit,
+        )
     }
     for name, summary in (
         ("release", "Release a pending claim, fenced: the old owner can never complete"),
@@ -539,7 +560,7 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                     {
                         "name": "limit",
                         "in": "query",
-                        "description": "Entries per page.",
+                        "description": "Decisions per page.",
                         "schema": {
                             "type": "integer",
                             "minimum": 1,

@@ -1,8 +1,9 @@
 """Operator endpoints: decisions by run, state and age, the audit trail, and actions.
 
-* ``GET /v1/decisions?run_id=&state=&before=&after=&cursor=&limit=``: one keyset
-  page (:class:`~flowdecision.ledger.query.DecisionQuery`); ``count=true`` adds
-  how many match.
+* ``GET /v1/decisions?run_id=&state=&before=&after=&by=&cursor=&limit=``: one
+  keyset page (:class:`~flowdecision.ledger.query.DecisionQuery`); ``by=completed``
+  filters on and orders by completion time instead of first-claim time;
+  ``count=true`` adds how many match.
 * ``GET /v1/runs/{run_id}``: the run's decisions in the order they were first claimed.
 * ``GET /v1/audit?decision_id=&before=&after=&cursor=&limit=``: the audit trail.
 * ``POST /v1/actions/release`` and ``POST /v1/actions/forget`` with
@@ -14,6 +15,7 @@ Reads take the service's ordinary token (an admin token is accepted too).
 
 from __future__ import annotations
 
+import datetime
 import hmac
 import json
 from typing import Any
@@ -28,13 +30,15 @@ from ..ledger.query import (
     MAX_PAGE_LIMIT,
     AuditQuery,
     DecisionQuery,
+    TimeField,
 )
 from ..limits import U64_MAX
 from .auth import presented_token
 from .errors import error_response, response_for_error
 from .runtime import Service
+from .status import FIND_PARAMS, Finder, RecentActions
 
-__all__ = ["ADMIN_ROUTES", "operation_routes"]
+__all__ = ["ADMIN_ROUTES", "operation_routes", "recent_actions", "status_finder"]
 
 #: The routes that need an admin token.
 ADMIN_ROUTES = ("/v1/actions/release", "/v1/actions/forget")
@@ -101,6 +105,7 @@ async def _page(request: Request, run_id: str | None) -> Response:
             after_ms=_number(request, "after", 0, U64_MAX),
             cursor=_one(request, "cursor"),
             limit=_number(request, "limit", 1, MAX_PAGE_LIMIT) or DEFAULT_PAGE_LIMIT,
+            by=_one(request, "by") or TimeField.CLAIMED,  # type: ignore[arg-type]  # checked
         )
         count_text = _one(request, "count") or "false"
         if count_text not in ("true", "false"):
@@ -109,7 +114,7 @@ async def _page(request: Request, run_id: str | None) -> Response:
     except _BadParam as bad:
         return _bad(bad.name, bad.problem)
     except InvalidArgumentError as error:
-        name = next((n for n in ("state", "cursor") if f"`{n}`" in str(error)), "query")
+        name = next((n for n in ("by", "state", "cursor") if f"`{n}`" in str(error)), "query")
         return _bad(name, str(error))
     page = await _ledger_call(service, service.ledger.list_decisions(query))
     if isinstance(page, Response):
@@ -124,7 +129,7 @@ async def _page(request: Request, run_id: str | None) -> Response:
 
 
 async def list_decisions(request: Request) -> Response:
-    """A keyset page of decisions by run, state and first-claim time."""
+    """A keyset page of decisions by run, state and first-claim or completion time."""
     try:
         run_id = _one(request, "run_id")
     except _BadParam as bad:
@@ -221,6 +226,65 @@ async def post_release(request: Request) -> Response:
 async def post_forget(request: Request) -> Response:
     """Forget a completed decision or tombstone so its id can be used again; audited."""
     return await _action(request, "forget")
+
+
+# ------------------------------------------------------------------ the status page
+
+
+def _form_time(name: str, text: str) -> int | None:
+    """A form's time: Unix ms, or ISO-8601 (UTC unless it says otherwise)."""
+    if not text:
+        return None
+    if text.isascii() and text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"`{name}` must be Unix milliseconds or an ISO-8601 time, got {text[:40]!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return max(int(moment.timestamp() * 1000), 0)
+
+
+#: Decisions the status page's "Find decisions" shows per page.
+FINDER_PAGE = 25
+
+
+async def status_finder(service: Service, request: Request) -> Finder:
+    """The status page's "Find decisions": the form's query, answered when one is asked."""
+    params = {name: request.query_params.get(name, "")[:200] for name in FIND_PARAMS}
+    if not any(params.values()):
+        return Finder(params)
+    try:
+        query = DecisionQuery(
+            run_id=params["run_id"] or None,
+            state=params["state"] or None,  # type: ignore[arg-type]  # checked by the query
+            by=params["by"] or TimeField.CLAIMED,  # type: ignore[arg-type]
+            after_ms=_form_time("after", params["after"]),
+            before_ms=_form_time("before", params["before"]),
+            cursor=params["cursor"] or None,
+            limit=FINDER_PAGE,
+        )
+    except InvalidArgumentError as error:
+        return Finder(params, error=str(error))
+    try:
+        page = await service.ledger.list_decisions(query)
+        count = await service.ledger.count_decisions(query)
+    except LedgerError as error:
+        return Finder(params, error=f"the ledger could not be queried: {error}")
+    return Finder(params, page, count)
+
+
+async def recent_actions(service: Service) -> RecentActions:
+    """The status page's operator actions of the last 24 hours (oldest first, 20 at most)."""
+    query = AuditQuery(after_ms=max(service.ledger.now_ms() - 86_400_000, 0), limit=20)
+    try:
+        page = await service.ledger.audit(query)
+    except LedgerError as error:
+        return RecentActions((), error=str(error))
+    return RecentActions(page.entries, page.next_cursor is not None)
 
 
 def operation_routes() -> list[Route]:

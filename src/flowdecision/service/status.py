@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from html import escape
+from urllib.parse import urlencode
 
 from ..health import HealthSnapshot, HealthStatus
-from ..ledger.query import DecisionRow
+from ..ledger.query import DecisionPage, DecisionRow, TimeField
+from ..ledger.states import AuditEntry, DecisionState
 from ..redact import printable
 from ..sinks.cursor import CursorState
 from ..sinks.relay import RelayStatus
 from .metrics import HEALTH_COUNTERS
 
-__all__ = ["SHOWN_ID_MAX_CHARS", "RecentDecision", "render_status_page", "shown_text"]
+__all__ = [
+    "FIND_PARAMS",
+    "SHOWN_ID_MAX_CHARS",
+    "Finder",
+    "RecentActions",
+    "RecentDecision",
+    "render_status_page",
+    "shown_text",
+]
 
 #: Characters of an id the status page shows (and keeps); longer ones end in "…".
 SHOWN_ID_MAX_CHARS = 96
@@ -108,6 +118,132 @@ def _attention_html(attention: Attention | None) -> str:
     return "".join(parts)
 
 
+#: The status page's "Find decisions" form fields (``GET /?run_id=...``), as in
+#: ``GET /v1/decisions``, except that times may also be ISO-8601 (UTC).
+FIND_PARAMS = ("run_id", "state", "by", "after", "before", "cursor")
+
+
+@dataclass(frozen=True, slots=True)
+class Finder:
+    """The "Find decisions" form as submitted (echoed back) and its answer, if asked."""
+
+    params: Mapping[str, str] = field(default_factory=dict)
+    page: DecisionPage | None = None
+    count: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecentActions:
+    """Operator actions of the last day (the audit trail, oldest first)."""
+
+    entries: Sequence[AuditEntry]
+    more: bool = False
+    error: str | None = None
+
+
+def _options(name: str, values: Sequence[str], chosen: str, blank: str) -> str:
+    options = [f'<option value=""{" selected" if not chosen else ""}>{blank}</option>']
+    options += [
+        f"<option{' selected' if value == chosen else ''}>{escape(value)}</option>"
+        for value in values
+    ]
+    return f'<select name="{name}">{"".join(options)}</select>'
+
+
+def _table(headings: Sequence[str], rows: Iterable[Sequence[str]], table_id: str = "") -> str:
+    """A table of text cells (escaped here); a heading or cell starting with "#" is a
+    number (right-aligned), one starting with "`" is code."""
+
+    def cell(tag: str, text: str) -> str:
+        if text.startswith("#"):
+            return f'<{tag} class="num">{escape(text[1:])}</{tag}>'
+        if text.startswith("`"):
+            return f"<{tag}><code>{escape(text[1:])}</code></{tag}>"
+        return f"<{tag}>{escape(text)}</{tag}>"
+
+    head = "".join(cell("th", heading) for heading in headings)
+    body = "".join(f"<tr>{''.join(cell('td', text) for text in row)}</tr>" for row in rows)
+    attribute = f' id="{table_id}"' if table_id else ""
+    return f"<table{attribute}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _finder_html(finder: Finder | None) -> str:
+    if finder is None:
+        return ""
+    params = finder.params
+
+    def text(name: str, label: str, hint: str) -> str:
+        value = escape(params.get(name, ""), quote=True)
+        return f'<label>{label} <input name="{name}" value="{value}" placeholder="{hint}"></label>'
+
+    states = _options("state", [s.value for s in DecisionState], params.get("state", ""), "any")
+    by = _options("by", [t.value for t in TimeField], params.get("by", ""), "claimed")
+    form = (
+        '<form method="get" action="" id="find-form">'
+        f"{text('run_id', 'run', 'run id')} "
+        f"<label>state {states}</label> <label>by {by}</label> "
+        f"{text('after', 'after', 'Unix ms or 2026-01-31T08:00')} "
+        f"{text('before', 'before', 'Unix ms or ISO-8601 (UTC)')} "
+        '<button type="submit">Find</button></form>'
+    )
+    parts = ['<h2>Find decisions</h2><section id="find">', form]
+    if finder.error is not None:
+        parts.append(f'<p id="find-error">{escape(finder.error)}</p>')
+    elif finder.page is not None:
+        headings = ["decision", "state", "run", "#attempts", "first claimed (UTC)",
+                    "completed (UTC)"]  # fmt: skip
+        rows = [
+            [
+                f"`{shown_text(row.decision_id)}",
+                row.state.value,
+                f"`{shown_text(row.run_id or '-')}",
+                f"#{row.attempts}",
+                _ms(row.created_at_ms),
+                _ms(row.completed_at_ms) if row.completed_at_ms else "-",
+            ]
+            for row in finder.page.decisions
+        ]
+        parts.append(f'<p id="find-count">{finder.count} decision(s) match</p>')
+        parts.append(_table(headings, rows, "find-results"))
+        if finder.page.next_cursor is not None:
+            query = {k: v for k, v in params.items() if v and k != "cursor"}
+            query["cursor"] = finder.page.next_cursor
+            parts.append(
+                f'<p><a id="find-next" href="?{escape(urlencode(query))}">next page</a></p>'
+            )
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _actions_html(actions: RecentActions | None) -> str:
+    if actions is None:
+        return ""
+    parts = ['<h2>Operator actions (last 24 hours)</h2><section id="actions">']
+    if actions.error is not None:
+        parts.append(f"<p>The audit trail could not be read: {escape(actions.error)}</p>")
+    elif actions.entries:
+        rows = [
+            [
+                _ms(entry.at_ms),
+                entry.action,
+                f"`{shown_text(entry.decision_id)}",
+                shown_text(entry.actor),
+                shown_text(entry.reason),
+                entry.state_before,
+            ]
+            for entry in actions.entries
+        ]
+        headings = ["time (UTC)", "action", "decision", "actor", "reason", "was"]
+        parts.append(_table(headings, rows))
+        if actions.more:
+            parts.append('<p class="meta">More: <code>flowdecision audit --after 24h</code>.</p>')
+    else:
+        parts.append("<p>No operator action in the last 24 hours.</p>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
 _CSS = """
 :root { color-scheme: light dark; --ok: #1a7f37; --bad: #cf222e; --muted: #6e7781; }
 body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 62rem;
@@ -185,6 +321,8 @@ def render_status_page(
     relays: Sequence[CursorState] = (),
     own_relay: RelayStatus | None = None,
     attention: Attention | None = None,
+    finder: Finder | None = None,
+    actions: RecentActions | None = None,
 ) -> str:
     healthy = health.status is HealthStatus.HEALTHY
     status_class = "healthy" if healthy else "degraded"
@@ -239,7 +377,8 @@ ledger <code>{escape(ledger)}</code> · sink <code>{escape(sink)}</code></p>
 <main>
 <h2>Counters</h2>
 <section class="counters">{counters}</section>
-{_attention_html(attention)}{relays_html}<h2>Recent decisions</h2>
+{_attention_html(attention)}{_actions_html(actions)}{_finder_html(finder)}
+{relays_html}<h2>Recent decisions</h2>
 <section id="recent">{recent_html}</section>
 </main>
 </body>
