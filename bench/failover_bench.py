@@ -21,9 +21,16 @@ off because the OS never crashes here, ``synchronous_commit=on``):
 * ``async-held``: asynchronous, and the primary's WAL sender is SIGSTOPped
   for ``--hold-ms`` before each kill (replication lagging as under load or a
   slow network): what an asynchronous standby can lose when it is behind.
-* ``throughput``: chaos with no faults at all, ``--tp-decisions`` decisions,
-  on a synchronous and an asynchronous pair, interleaved for ``--tp-rounds``
-  rounds: decisions/s (median) and their ratio, the cost of synchronous commit.
+* ``throughput``: no faults; the cost of synchronous commit. One synchronous
+  pair; ``PostgresLedger`` claim → complete cycles (two commits each, the
+  ledger benchmark's loop, ``bench/ledger_bench.py``) from ``--tp-processes``
+  processes for ``--tp-seconds`` each, through the multi-host URL as is
+  (every commit waits for the standby's flush) and with
+  ``synchronous_commit=local`` added to it (a session setting: commits return
+  once flushed on the primary, as with an asynchronous standby; the standby
+  still streams). Same servers, same processes' code, interleaved over
+  ``--tp-rounds`` rounds, the order alternating: cycles/s (median) and their
+  ratio. (Chaos runs are not a throughput measure: their sink sleeps.)
 
 Every run's ledger is the co-located ledger and outbox in one database reached
 through ``?host=A,B&target_session_attrs=read-write``. Figures per run: lost
@@ -53,6 +60,8 @@ sys.path.insert(0, str(HERE))
 
 from tests.postgres_server import ReplicatedPostgres  # noqa: E402
 
+from ledger_bench import run_cell  # noqa: E402
+
 RESULTS = HERE / "results" / "failover.json"
 DOCS = ROOT / "docs" / "RELIABILITY.md"
 BEGIN = "<!-- failover-bench:begin -->"
@@ -77,7 +86,7 @@ def chaos_run(*, synchronous: bool, args: argparse.Namespace, faults: bool, hold
         command = f"{sys.executable} {ROOT / 'tests' / 'postgres_server.py'} failover {pair.state}"
         if hold_ms:
             command += f" --hold-standby-ms {hold_ms}"
-        decisions = args.decisions if faults else args.tp_decisions
+        decisions = args.decisions
         cli = [
             sys.executable, "-m", "flowdecision.cli", "chaos", "--ledger", pair.url("chaos"),
             "--decisions", str(decisions), "--workers", "8", "--lease-ms", "300",
@@ -112,6 +121,41 @@ def chaos_run(*, synchronous: bool, args: argparse.Namespace, faults: bool, hold
         pair.stop()
 
 
+def throughput(args: argparse.Namespace) -> dict[str, Any]:
+    """Claim → complete cycles/s with and without waiting for the standby, side by side."""
+    processes = [int(p) for p in str(args.tp_processes).split(",")]
+    pair = ReplicatedPostgres(synchronous=True).start()
+    try:
+        asyncio.run(_create_database(pair.url()))
+        urls = {
+            "sync": pair.url("chaos"),
+            "async": pair.url("chaos") + "&synchronous_commit=local",
+        }
+        asyncio.run(_migrate(urls["sync"]))
+        out: dict[str, Any] = {str(p): {"sync": [], "async": [], "load1": []} for p in processes}
+        for round_ in range(args.tp_rounds):
+            for count in processes:
+                order = ["sync", "async"] if round_ % 2 == 0 else ["async", "sync"]
+                for mode in order:
+                    rate = run_cell("postgres", urls[mode], count, args.tp_seconds)
+                    out[str(count)][mode].append(rate)
+                    out[str(count)]["load1"].append(_load1())
+                    print(f"throughput {mode} x{count}: {rate:,.0f} cycles/s", flush=True)
+        return out
+    finally:
+        pair.stop()
+
+
+async def _migrate(url: str) -> None:
+    from flowdecision.ledger.postgres import PostgresLedger
+
+    ledger = PostgresLedger(url)
+    try:
+        await ledger.migrate()
+    finally:
+        await ledger.close()
+
+
 def _load1() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -128,12 +172,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "failovers",
                 "every_ms",
                 "hold_ms",
-                "tp_decisions",
+                "tp_processes",
+                "tp_seconds",
                 "tp_rounds",
             )
         },
         "modes": {"sync": [], "async": [], "async-held": []},
-        "throughput": {"sync": [], "async": []},
+        "throughput": {},
     }
     modes = args.modes.split(",")
     plan = [("sync", True, 0)] * args.runs * ("sync" in modes)
@@ -151,16 +196,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{result.get('failed') or result.get('error', '')}",
             flush=True,
         )
-    for round_ in range(args.tp_rounds):
-        order = [("sync", True), ("async", False)]
-        if round_ % 2:
-            order.reverse()
-        for mode, synchronous in order:
-            load = _load1()
-            result = chaos_run(synchronous=synchronous, args=args, faults=False, hold_ms=0)
-            rate = result.get("figures", {}).get("decisions_per_s")
-            out["throughput"][mode].append({"decisions_per_s": rate, "load1": load})
-            print(f"throughput {mode}: {rate} decisions/s (load {load})", flush=True)
+    if args.tp_rounds:
+        out["throughput"] = throughput(args)
     return out
 
 
@@ -170,13 +207,15 @@ def _sum(runs: list[dict], key: str) -> list[int]:
 
 def markdown(result: dict[str, Any]) -> str:
     cfg = result["config"]
+    loads = [r["load1"] for runs in result["modes"].values() for r in runs if "load1" in r]
+    loads += [x for cell in (result.get("throughput") or {}).values() for x in cell["load1"]]
+    load = f"{min(loads):g}–{max(loads):g}" if loads else "not recorded"
     lines = [
         BEGIN,
         f"Run {result['started']}: `python bench/failover_bench.py --write-docs` "
         f"({cfg['decisions']:,} decisions and {cfg['failovers']} failovers per run, one every "
-        f"{cfg['every_ms'] / 1000:g} s, 8 workers, no worker kills; this 2-vCPU machine was "
-        "shared with other jobs (load average 10-20 during the run, in the JSON), and the "
-        "30-minute soak ran at the same time).",
+        f"{cfg['every_ms'] / 1000:g} s, 8 workers, no worker kills; 1-minute load average "
+        f"{load} at the start of each run on this 2-vCPU machine).",
         "",
         "| standby | runs | failovers | acknowledged | lost | repeated | runs with a loss "
         "or a repeat | ledger failures seen | failover (kill → standby rebuilt), median | "
@@ -204,24 +243,31 @@ def markdown(result: dict[str, Any]) -> str:
             f"{statistics.median(secs) if secs else float('nan'):.1f} s | "
             f"{sum(1 for r in runs if r.get('ok'))} of {len(runs)} PASS |"
         )
-    tp = result["throughput"]
-    sync_rates = [r["decisions_per_s"] for r in tp["sync"] if r["decisions_per_s"]]
-    async_rates = [r["decisions_per_s"] for r in tp["async"] if r["decisions_per_s"]]
-    if sync_rates and async_rates:
-        s, a = statistics.median(sync_rates), statistics.median(async_rates)
-        lines += [
-            "",
-            f"Throughput without faults ({cfg['tp_decisions']:,} decisions, 8 workers, "
-            f"{cfg['tp_rounds']} interleaved rounds, median): synchronous standby "
-            f"**{s:.0f} decisions/s** (runs: {', '.join(f'{x:.0f}' for x in sync_rates)}), "
-            f"asynchronous **{a:.0f} decisions/s** (runs: "
-            f"{', '.join(f'{x:.0f}' for x in async_rates)}): synchronous commit costs "
-            f"**{(1 - s / a):.0%}** of the throughput here (both servers on one host, so the "
-            "standby's round trip is a local one; across a network it costs one network "
-            "round trip per commit).",
-        ]
+    lines += throughput_lines(result)
     lines.append(END)
     return "\n".join(lines)
+
+
+def throughput_lines(result: dict[str, Any]) -> list[str]:
+    tp, cfg = result.get("throughput") or {}, result["config"]
+    if not tp or "tp_seconds" not in cfg:
+        return []
+    lines = [
+        "",
+        f"Synchronous commit's cost, no faults: `PostgresLedger` claim → complete cycles "
+        f"(two commits each) for {cfg['tp_seconds']:g} s per cell, one synchronous pair, each "
+        "cell with the URL as is (waits for the standby) and with "
+        f"`synchronous_commit=local`, {cfg['tp_rounds']} interleaved rounds, median (runs):",
+        "",
+        "| processes | synchronous standby, cycles/s | local commit only, cycles/s | ratio |",
+        "|---:|---:|---:|---:|",
+    ]
+    for count, cell in tp.items():
+        s, a = statistics.median(cell["sync"]), statistics.median(cell["async"])
+        runs = ", ".join(f"{x:,.0f}" for x in cell["sync"])
+        aruns = ", ".join(f"{x:,.0f}" for x in cell["async"])
+        lines.append(f"| {count} | {s:,.0f} ({runs}) | {a:,.0f} ({aruns}) | **{s / a:.2f}×** |")
+    return lines
 
 
 def write_docs(result: dict[str, Any]) -> None:
@@ -242,8 +288,9 @@ def main() -> int:
     parser.add_argument("--failovers", type=int, default=4)
     parser.add_argument("--every-ms", type=int, default=3000)
     parser.add_argument("--hold-ms", type=int, default=500)
-    parser.add_argument("--tp-decisions", type=int, default=1500)
-    parser.add_argument("--tp-rounds", type=int, default=2)
+    parser.add_argument("--tp-processes", default="1,8", help="throughput: processes per cell")
+    parser.add_argument("--tp-seconds", type=float, default=5.0, help="throughput: per cell")
+    parser.add_argument("--tp-rounds", type=int, default=5, help="throughput: 0 skips it")
     parser.add_argument("--modes", default="sync,async,async-held")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path, default=RESULTS)
@@ -252,7 +299,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.runs, args.async_runs, args.decisions, args.failovers = 1, 1, 1000, 2
-        args.tp_decisions, args.tp_rounds = 1000, 1
+        args.tp_seconds, args.tp_rounds = 2.0, 1
     if args.from_json:
         result = json.loads(args.from_json.read_text())
     else:

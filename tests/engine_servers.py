@@ -107,6 +107,15 @@ def _http(method: str, url: str, body: Any = None, timeout: float = 5.0) -> tupl
         return error.code, text
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM it when the process that started it dies (Linux), so a
+    server outlives no pytest, even one that was SIGKILLed and ran no teardown."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class _Process:
     """A child process in its own session, its output in a log file; stopped by pid."""
 
@@ -128,6 +137,7 @@ class _Process:
             env=env,
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         return self.proc
 
