@@ -22,7 +22,7 @@ off because the OS never crashes here, ``synchronous_commit=on``):
   for ``--hold-ms`` before each kill (replication lagging as under load or a
   slow network): what an asynchronous standby can lose when it is behind.
 * ``throughput``: no faults; the cost of synchronous commit. One synchronous
-  pair; ``PostgresLedger`` claim → complete cycles (two commits each, the
+  pair, ``fsync`` on this time; ``PostgresLedger`` claim → complete cycles (two commits each, the
   ledger benchmark's loop, ``bench/ledger_bench.py``) from ``--tp-processes``
   processes for ``--tp-seconds`` each, through the multi-host URL as is
   (every commit waits for the standby's flush) and with
@@ -124,7 +124,7 @@ def chaos_run(*, synchronous: bool, args: argparse.Namespace, faults: bool, hold
 def throughput(args: argparse.Namespace) -> dict[str, Any]:
     """Claim → complete cycles/s with and without waiting for the standby, side by side."""
     processes = [int(p) for p in str(args.tp_processes).split(",")]
-    pair = ReplicatedPostgres(synchronous=True).start()
+    pair = ReplicatedPostgres(synchronous=True, durable=True).start()
     try:
         asyncio.run(_create_database(pair.url()))
         urls = {
@@ -255,7 +255,8 @@ def throughput_lines(result: dict[str, Any]) -> list[str]:
     lines = [
         "",
         f"Synchronous commit's cost, no faults: `PostgresLedger` claim → complete cycles "
-        f"(two commits each) for {cfg['tp_seconds']:g} s per cell, one synchronous pair, each "
+        f"(two commits each) for {cfg['tp_seconds']:g} s per cell, one synchronous pair with "
+        "`fsync` on, each "
         "cell with the URL as is (waits for the standby) and with "
         f"`synchronous_commit=local`, {cfg['tp_rounds']} interleaved rounds, median (runs):",
         "",

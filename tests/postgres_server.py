@@ -224,6 +224,8 @@ class ReplicatedPostgres:
     ``synchronous=True`` sets ``synchronous_standby_names='*'`` and
     ``synchronous_commit=on`` on both (a commit is acknowledged once the
     standby has flushed it); False leaves the standby asynchronous.
+    ``durable=True`` keeps ``fsync`` on (for throughput figures: a flush is
+    then a real one on both servers).
 
     :meth:`failover` kills the primary (SIGKILL to the postmaster and every
     backend at once), promotes the standby and rebuilds the old primary as the
@@ -236,10 +238,13 @@ class ReplicatedPostgres:
     harness's ``--failover-command`` runs).
     """
 
-    def __init__(self, *, synchronous: bool = True, state: Path | None = None) -> None:
+    def __init__(
+        self, *, synchronous: bool = True, durable: bool = False, state: Path | None = None
+    ) -> None:
         if state is not None:
             saved = json.loads(state.read_text())
             self.synchronous = bool(saved["synchronous"])
+            self.durable = bool(saved.get("durable", False))
             self.servers = [self._server(Path(base)) for base in saved["bases"]]
             self.primary = int(saved["primary"])
             self.failovers = int(saved["failovers"])
@@ -248,6 +253,7 @@ class ReplicatedPostgres:
                 server.started = True
             return
         self.synchronous = synchronous
+        self.durable = durable
         self.servers = [self._server(None), self._server(None)]
         self.primary = 0
         self.failovers = 0
@@ -261,7 +267,8 @@ class ReplicatedPostgres:
             server.datadir, server.socket_dir = base / "data", base
             server.log = base / "server.log"
         server.no_sync_initdb = True  # the OS never crashes here: initdb need not fsync
-        server.extra_options = [f"-c {k}={v}" for k, v in REPLICATION_SETTINGS.items()]
+        settings = {**REPLICATION_SETTINGS, **({"fsync": "on"} if self.durable else {})}
+        server.extra_options = [f"-c {k}={v}" for k, v in settings.items()]
         sync = "'*'" if self.synchronous else "''"
         server.extra_options += [
             f"-c synchronous_standby_names={sync}",
@@ -284,6 +291,7 @@ class ReplicatedPostgres:
             json.dumps(
                 {
                     "synchronous": self.synchronous,
+                    "durable": self.durable,
                     "bases": [str(s.base) for s in self.servers],
                     "primary": self.primary,
                     "failovers": self.failovers,
