@@ -3,6 +3,7 @@
     .venv/bin/python bench/tracing_bench.py                 # 5 rounds x 15 s, 50 clients
     .venv/bin/python bench/tracing_bench.py --rounds 3 --seconds 10 --write-docs
     .venv/bin/python bench/tracing_bench.py --without-on --rounds 8 --seconds 5 --warmup 2
+    .venv/bin/python bench/tracing_bench.py --also-ratio 0.1 --rounds 4 --seconds 8
 
 Targets (``flowdecision serve`` with its default layout: ledger and outbox in one
 SQLite file, ``synchronous=FULL``, access log on; ``POST /v1/decisions`` with a
@@ -26,6 +27,9 @@ ratio of each median rate to ``installed, off``. Raw samples go to
 ``--without-on`` runs only the two untraced targets, their order flipping
 every round (more pairs in the same time, for the 2% question); its samples go
 to ``bench/results/tracing-without-on.json`` and its table to a block of its own.
+``--also-ratio R`` adds a fourth target, ``on (ratio R)``: tracing on with
+``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` and ``..._ARG=R`` (what
+docs/OBSERVABILITY.md suggests to pay for fewer traces).
 
 The targets in the issue: ``not installed`` vs ``installed, off`` within 2%;
 ``on`` at least 0.80x of ``off``.
@@ -138,13 +142,18 @@ def serving(target: str, receiver: Receiver) -> Iterator[Server]:
         site.mkdir()
         (site / "sitecustomize.py").write_text(_BLOCKER)
         env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
-    elif target == "on (ratio 1.0)":
+    elif target.startswith("on (ratio "):
+        ratio = target.removeprefix("on (ratio ").removesuffix(")")
         argv.append("--otel")
         env.update(
             OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
-            OTEL_TRACES_SAMPLER="always_on",
             OTEL_SERVICE_NAME="flowdecision-bench",
         )
+        if ratio == "1.0":
+            env["OTEL_TRACES_SAMPLER"] = "always_on"
+        else:  # what OBSERVABILITY.md suggests to pay for fewer traces
+            env["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+            env["OTEL_TRACES_SAMPLER_ARG"] = ratio
     try:
         server = Server(argv, cwd, env=env)
         try:
@@ -219,7 +228,8 @@ def report(samples: list[Sample], args: argparse.Namespace) -> str:
     lines = [
         f"`python bench/tracing_bench.py --rounds {args.rounds} --seconds {args.seconds} "
         f"--warmup {args.warmup} --clients {args.clients}"
-        f"{' --without-on' if args.without_on else ''}` "
+        f"{' --without-on' if args.without_on else ''}"
+        f"{f' --also-ratio {args.also_ratio:g}' if args.also_ratio is not None else ''}` "
         f"({datetime.date.today()}, {machine_description()}; "
         f"median 1-min load average {statistics.median(s.load for s in samples):.1f}):",
         "",
@@ -251,7 +261,11 @@ def report(samples: list[Sample], args: argparse.Namespace) -> str:
 
 
 def _targets(args: argparse.Namespace) -> tuple[str, ...]:
-    return TARGETS[:2] if args.without_on else TARGETS
+    if args.without_on:
+        return TARGETS[:2]
+    if args.also_ratio is not None:
+        return (*TARGETS, f"on (ratio {args.also_ratio:g})")
+    return TARGETS
 
 
 def write_docs(text: str, name: str) -> None:
@@ -277,6 +291,11 @@ def main() -> None:
         "--without-on",
         action="store_true",
         help="only `not installed` and `installed, off` (their order flips every round)",
+    )
+    parser.add_argument(
+        "--also-ratio",
+        type=float,
+        help="a fourth target: on, sampling that ratio of traces (parentbased_traceidratio)",
     )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
