@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
 from pathlib import Path
@@ -26,7 +27,7 @@ from flowdecision import (
 from flowdecision.dispatcher import ERROR_CLASSES
 from flowdecision.errors import classify
 from flowdecision.health import ErrorRate, ErrorWindow
-from flowdecision.identity import decision_receipt
+from flowdecision.identity import ResultOutcome, ResultReceipt, decision_receipt
 from flowdecision.model import request_hash
 
 from .helpers import ControlledSink, FailingOnceSink, RecordingSink, request
@@ -51,6 +52,25 @@ async def test_dispatch_returns_what_it_did_and_stays_truthy_like_the_seed() -> 
     again = await dispatcher.dispatch(req)
     assert not again and again.outcome == "duplicate"
     assert again.attempt == 1 and again.receipt == receipt  # the stored ones
+
+
+def test_the_answer_bytes_are_what_json_dumps_writes_for_to_dict() -> None:
+    """The service answers with ``to_json`` (written directly): the bytes Starlette's
+    JSONResponse wrote for ``to_dict``, for every shape an outcome takes."""
+    _identity, receipt = decision_receipt(request(decision_id='d-\u00e9"\\\n\u2028-\U0001f600'))
+    failed = ResultReceipt.new(
+        receipt.identity, receipt.evidence_digest, ResultOutcome.FAILED, None, 0
+    )
+    outcomes = [
+        DispatchOutcome(True, 'd-\u00e9"\\\n\u2028-\U0001f600', 1, receipt),
+        DispatchOutcome(False, "d-2", 7, receipt),
+        DispatchOutcome(False, "d-3", 2, failed),
+        DispatchOutcome(False, "d-4", None, None),
+        DispatchOutcome(False, "d-5", 3, None, receipt.result_digest),
+    ]
+    for outcome in outcomes:
+        dumped = json.dumps(outcome.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        assert outcome.to_json() == dumped.encode("utf-8")
 
 
 async def test_a_duplicate_reports_the_stored_attempt_after_a_retry(tmp_path: Path) -> None:

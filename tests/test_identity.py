@@ -360,6 +360,10 @@ def test_decision_receipt_is_a_valid_receipt_equal_to_the_checked_constructor() 
     identity, receipt = decision_receipt(req)
     identity.validate()
     receipt.validate()
+    # Built directly and marked valid: what derive returns, and it passes the rules afresh.
+    derived = ExecutionIdentity.derive(DECISION_IDENTITY_DOMAIN, req)
+    assert identity == derived and repr(identity) == repr(derived)
+    ExecutionIdentity(domain=identity.domain, digest=identity.digest).validate()
     checked = ResultReceipt.new(
         identity,
         digest_bytes(EVIDENCE_DOMAIN, b"e"),

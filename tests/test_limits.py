@@ -35,6 +35,7 @@ from flowdecision.limits import (
     IDENTIFIER_MAX_BYTES,
     REQUEST_IDENTIFIER_FIELDS,
     identifier_problem,
+    plain_identifiers,
 )
 from flowdecision.model import Complete, request_hash
 from flowdecision.sinks.base import InvalidSinkError
@@ -428,3 +429,26 @@ def test_readme_names_only_true_errors() -> None:
     for name in named:
         cls = getattr(flowdecision, name)
         assert issubclass(cls, FlowDecisionError), name
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.text(max_size=8), st.sampled_from(["", "x" * 1024, "x" * 1025])), max_size=4
+    )
+)
+def test_plain_identifiers_only_vouches_for_ids_each_check_accepts(values: list[str]) -> None:
+    """The one-pass check of several ids says True only where every id passes on its
+    own; where it says False, the per-id check decides (and names the problem)."""
+    if plain_identifiers(*values):
+        assert all(identifier_problem(value) is None for value in values)
+    elif all(value.isascii() for value in values):
+        # For plain ASCII the two agree exactly.
+        assert any(identifier_problem(value) is not None for value in values)
+
+
+def test_plain_identifiers_refuses_what_is_not_plain() -> None:
+    assert plain_identifiers("decision-1", "run-1", "") and plain_identifiers()
+    for odd in ("a\x00b", "tab\t", "\x85", "é", "\ud800", "x" * 1025):
+        assert not plain_identifiers("ok", odd)
+    assert not plain_identifiers("ok", 5) and not plain_identifiers(None)  # type: ignore[arg-type]

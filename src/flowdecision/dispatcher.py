@@ -51,6 +51,7 @@ from .errors import (
 )
 from .health import HealthMetrics, HealthSnapshot
 from .identity import ExecutionIdentity, ResultReceipt, decision_receipt
+from .jsonwire import encode_str
 from .ledger.machine import DecisionOrigin
 from .ledger.memory import MemoryLedger
 from .ledger.protocol import ClaimKey, Ledger
@@ -112,6 +113,20 @@ class DispatchOutcome:
         if self.receipt_digest is not None:
             body["receipt_digest"] = self.receipt_digest
         return body
+
+    def to_json(self) -> bytes:
+        """:meth:`to_dict` as compact UTF-8 JSON, the service's answer: the bytes
+        ``json.dumps(to_dict(), separators=(",", ":"), ensure_ascii=False)`` gives,
+        written directly (once per ``POST``)."""
+        receipt = "null" if self.receipt is None else self.receipt._json_text()
+        digest = self.receipt_digest
+        tail = "}" if digest is None else f',"receipt_digest":{encode_str(digest)}}}'
+        text = (
+            f'{{"outcome":"{self.outcome}","decision_id":{encode_str(self.decision_id)},'
+            f'"attempt":{"null" if self.attempt is None else int(self.attempt)},'
+            f'"receipt":{receipt}{tail}'
+        )
+        return text.encode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,8 +516,9 @@ class Dispatcher:
     async def _dispatch(self, request: DecisionRequest) -> DispatchOutcome:
         # A branch that breaks the identifier rules is refused as such, not
         # echoed back in a branch error (the production branch never breaks them).
-        check_identifier("authority_branch_id", request.authority_branch_id)
+        # (The production branch was checked when this dispatcher was built.)
         if request.authority_branch_id != self.production_branch_id:
+            check_identifier("authority_branch_id", request.authority_branch_id)
             raise UnauthorizedBranchError(self.production_branch_id, request.authority_branch_id)
         decision_id = request.decision_id
         if not decision_id.strip():

@@ -21,7 +21,13 @@ from enum import StrEnum
 from typing import Any, ClassVar, Final, Self
 
 from flowdecision.bodies import IdentityBody, ReceiptBody
-from flowdecision.jsonwire import JsonWireError, duplicate_keys, encode_json, parse_json
+from flowdecision.jsonwire import (
+    JsonWireError,
+    duplicate_keys,
+    encode_json,
+    encode_str,
+    parse_json,
+)
 from flowdecision.limits import RESULT_RECEIPT_MAX_BYTES, U64_MAX
 from flowdecision.model import DecisionRequest
 
@@ -423,6 +429,20 @@ class ResultReceipt(_JsonForm):
             "result_bytes": self.result_bytes,
         }
 
+    def _json_text(self) -> str:
+        """:meth:`to_dict` as compact JSON text, written directly (a ``POST``'s answer
+        carries one); the same text ``json.dumps`` writes for it."""
+        identity = self.identity
+        digest = self.result_digest
+        return (
+            f'{{"schema":{encode_str(self.schema)},"identity":{{"schema":'
+            f'{encode_str(identity.schema)},"domain":{encode_str(identity.domain)},'
+            f'"digest":{encode_str(identity.digest)}}},"evidence_digest":'
+            f'{encode_str(self.evidence_digest)},"outcome":{encode_str(self.outcome.value)},'
+            + ("" if digest is None else f'"result_digest":{encode_str(digest)},')
+            + f'"result_bytes":{int(self.result_bytes)}}}'
+        )
+
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> Self:
         """Deserialize and validate; unknown fields are rejected, ``result_digest`` may be null."""
@@ -460,7 +480,16 @@ def decision_receipt(request: DecisionRequest) -> tuple[ExecutionIdentity, Resul
     result = request.decision_json()
     if len(result) > RESULT_RECEIPT_MAX_BYTES:
         raise DecisionTooLargeError(request.decision_id, len(result))
-    identity = ExecutionIdentity.derive(DECISION_IDENTITY_DOMAIN, request)
+    # What ExecutionIdentity.derive(DECISION_IDENTITY_DOMAIN, request) returns, built
+    # directly and marked valid: the domain is a valid constant and the digest fresh.
+    identity = object.__new__(ExecutionIdentity)
+    for name, value in (
+        ("schema", IDENTITY_SCHEMA),
+        ("domain", DECISION_IDENTITY_DOMAIN),
+        ("digest", digest_bytes(DECISION_IDENTITY_DOMAIN, request.canonical_json())),
+        ("_valid", True),
+    ):
+        object.__setattr__(identity, name, value)
     # Every field is valid by construction (a derived identity, fresh digests, a
     # size within the limit), so skip the per-field checks on this hot path.
     receipt = ResultReceipt._trusted(

@@ -469,6 +469,24 @@ class DecisionStep(_WireEq):
 
 
 def _parse_step(obj: object, path: str, trusted: bool) -> DecisionStep:
+    if trusted and type(obj) is dict:
+        # Straight from parse_json (no repeated keys, no lone surrogates: see
+        # _parse_request): a step whose fields are all there and typed is read
+        # directly; anything else takes the checks below, which name the problem.
+        step_id, step_name = obj.get("step_id"), obj.get("step_name")
+        value = obj.get("input", _MISSING)
+        if type(step_id) is str and type(step_name) is str and value is not _MISSING:
+            retry_obj = obj.get("retry", _MISSING)
+            return _build(
+                DecisionStep,
+                step_id=step_id,
+                step_name=step_name,
+                input=value,
+                retry=DEFAULT_RETRY_POLICY
+                if retry_obj is _MISSING
+                else _parse_retry(retry_obj, _join(path, "retry")),
+                _input_text=None,
+            )
     m = _struct(obj, path, "FlowDecisionStep")
     _reject_duplicates(m, path, _STEP_FIELDS)
     step_id = _as_str(_required(m, "step_id", path), _join(path, "step_id"))
@@ -604,6 +622,10 @@ _VARIANTS: Final = ("schedule_step", "schedule_steps", "complete", "fail")
 
 
 def _parse_decision(obj: object, path: str, trusted: bool) -> Decision:
+    if trusted and type(obj) is dict and obj.get("type") == "schedule_step":
+        step = obj.get("step", _MISSING)  # the common variant, read directly (see _parse_step)
+        if step is not _MISSING:
+            return _build(ScheduleStep, step=_parse_step(step, _join(path, "step"), trusted))
     m = _struct(obj, path, "FlowDecision")
     _reject_duplicates(m, path, ("type",))
     tag = _as_variant(_required(m, "type", path), _join(path, "type"), _VARIANTS)
@@ -818,6 +840,29 @@ def _parse_ignoring_unkept(
 
 
 def _parse_request(obj: object, *, trusted: bool) -> DecisionRequest:
+    if trusted and type(obj) is dict:
+        # Values straight from parse_json: a plain dict repeated no key (those are
+        # DuplicateKeyDicts) and no string holds a lone surrogate (parse_json
+        # refuses them), so four ids that are strings need no further check.
+        # Anything else takes the checks below, which name the problem.
+        decision_id, run_id = obj.get("decision_id"), obj.get("run_id")
+        branch, cause = obj.get("authority_branch_id"), obj.get("causation_event_id")
+        if (
+            type(decision_id) is str
+            and type(run_id) is str
+            and type(branch) is str
+            and type(cause) is str
+        ):
+            return _build(
+                DecisionRequest,
+                decision_id=decision_id,
+                run_id=run_id,
+                authority_branch_id=branch,
+                causation_event_id=cause,
+                decision=_parse_decision(_required(obj, "decision", ""), "decision", trusted),
+                _json=None,
+                _decision_json=None,
+            )
     m = _struct(obj, "", "FlowDecisionRequest")
     _reject_duplicates(m, "", _REQUEST_FIELDS)
     return _build(

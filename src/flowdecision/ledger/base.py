@@ -34,7 +34,7 @@ from typing import TypeVar
 
 from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
-from ..limits import IDENTIFIER_FIELDS, check_identifier
+from ..limits import IDENTIFIER_FIELDS, check_identifier, plain_identifiers
 from ..store.joint import JointWrite
 from . import machine
 from .machine import ClaimRecord, DecisionOrigin, Transition, check_u64
@@ -141,6 +141,8 @@ def _check_text(name: str, value: object) -> None:
 def _check_owned(decision_id: object, request_hash: object, owner_id: object) -> None:
     """:func:`_check_texts` for the three texts of every mutation, without building
     a dict of them (it runs once per ledger call)."""
+    if plain_identifiers(decision_id, request_hash, owner_id):
+        return  # (a plain id is also a valid hash text)
     _check_text("decision_id", decision_id)
     _check_text("request_hash", request_hash)
     _check_text("owner_id", owner_id)
@@ -161,7 +163,7 @@ def _check_receipt(identity: ExecutionIdentity | None, receipt: ResultReceipt | 
     if identity is None:
         raise LedgerError("decision result receipt requires an execution identity")
     # A ResultReceipt is validated when constructed and is immutable: no re-check here.
-    if receipt.identity != identity:
+    if receipt.identity is not identity and receipt.identity != identity:
         raise LedgerError("decision result receipt identity conflicts with its claim")
 
 
@@ -349,7 +351,7 @@ class StoredLedger(Ledger):
         _check_identity(identity)
         _check_receipt(identity, receipt)
         key = self.store_key()
-        if key is None or write.store != key:
+        if key is None or (write.store is not key and write.store != key):
             where = "no shared store" if key is None else f"{key.kind} store {key.where}"
             raise LedgerError(
                 f"a joint write for {write.store.kind} store {write.store.where} cannot join "
@@ -499,6 +501,9 @@ class ScanningLedger(StoredLedger):
 def _check_origin(origin: DecisionOrigin) -> None:
     if not isinstance(origin, DecisionOrigin):
         raise LedgerError(f"`origin` must be a DecisionOrigin, got {type(origin).__name__}")
+    run_id, cause = origin.run_id, origin.causation_event_id
+    if plain_identifiers("" if run_id is None else run_id, "" if cause is None else cause):
+        return
     for name in ("run_id", "causation_event_id"):
         value = getattr(origin, name)
         if value is not None:

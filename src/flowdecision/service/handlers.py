@@ -18,9 +18,10 @@ from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive
 
 from ..dispatcher import DispatchOutcome
 from ..errors import DispatchError, LedgerError
@@ -109,18 +110,46 @@ class _TooLarge(Exception):
     pass
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _TooLarge
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    """The request body, read whole (what ``Request.stream`` reads, without its generator).
+
+    Raises :class:`_TooLarge` past ``limit`` bytes and ``ClientDisconnect`` if the
+    client hangs up meanwhile (the boundary then records a 499).
+    """
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():  # ClientDisconnect: the boundary answers 499
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.request":
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge
+            if not message.get("more_body", False):
+                if not chunks:
+                    return chunk  # the usual case: the whole body in one message
+                chunks.append(chunk)
+                return b"".join(chunks)
+            chunks.append(chunk)
+        elif kind == "http.disconnect":
+            raise ClientDisconnect
+
+
+class _Encoded(Response):
+    """``JSONResponse(content, status_code)`` for content already encoded as JSON:
+    the same status, headers (``content-length``, ``content-type``) and body."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes, status_code: int) -> None:  # no super(): nothing to render
+        self.status_code = status_code
+        self.background = None
+        self.body = body
+        self.raw_headers = [
+            (b"content-length", b"%d" % len(body)),
+            (b"content-type", b"application/json"),
+        ]
 
 
 def preferred_wait_s(headers: Headers) -> int | None:
@@ -129,7 +158,11 @@ def preferred_wait_s(headers: Headers) -> int | None:
     None without one, for ``wait=0`` and for a malformed value (RFC 7240: a
     preference the server does not understand is ignored).
     """
-    for value in headers.getlist("prefer"):
+    return _wait_preference(headers.getlist("prefer"))
+
+
+def _wait_preference(values: list[str]) -> int | None:
+    for value in values:
         for preference in value.split(","):
             name, _, rest = preference.partition("=")
             if name.strip().lower() != "wait":
@@ -145,10 +178,23 @@ async def post_decision(request: Request) -> Response:
     """Submit a decision: 201 submitted, 200 duplicate, or an error from the table."""
     context, service = _context(request)
     started = time.perf_counter()
+    limit = context.settings.max_body_bytes
+    # One pass over the headers for the two this handler reads.
+    declared = None
+    prefer: list[str] | None = None
+    for name, value in request.scope["headers"]:
+        if name == b"content-length":
+            if declared is None:
+                declared = value
+        elif name == b"prefer":
+            if prefer is None:
+                prefer = []
+            prefer.append(value.decode("latin-1"))
     try:
-        body = await _read_body(request, context.settings.max_body_bytes)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _TooLarge
+        body = await _read_body(request.receive, limit)
     except _TooLarge:
-        limit = context.settings.max_body_bytes
         return error_response(
             413,
             "payload_too_large",
@@ -159,7 +205,7 @@ async def post_decision(request: Request) -> Response:
         decision = DecisionRequest.parse(body, exact_numbers=not context.settings.lossy_numbers)
     except InvalidRequestError as error:
         return response_for_error(error, _error_context(service), default="invalid_request")
-    wait_s = preferred_wait_s(request.headers)
+    wait_s = None if prefer is None else _wait_preference(prefer)
     size = len(decision.decision_json())
     if size > RESULT_RECEIPT_MAX_BYTES:
         # A client error: answered here so it never counts as a failure.
@@ -208,7 +254,7 @@ async def _dispatch(
     if error is None:
         outcome: DispatchOutcome = task.result()
         status = 201 if outcome.submitted else 200
-        return JSONResponse(outcome.to_dict(), status), outcome.outcome, outcome.attempt
+        return _Encoded(outcome.to_json(), status), outcome.outcome, outcome.attempt
     if not isinstance(error, DispatchError):
         raise error  # a bug: the boundary answers 500 and logs the traceback
     code = error_code_for(error)
