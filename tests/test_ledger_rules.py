@@ -249,3 +249,32 @@ async def test_text_that_no_store_can_hold_is_rejected_up_front(field: str) -> N
         await MemoryLedger().claim(
             args["decision_id"], args["request_hash"], args["owner_id"], lease_ms=5
         )
+
+
+def test_a_records_json_text_is_what_the_encoder_writes_for_to_dict() -> None:
+    """Rows store ``ClaimRecord.json_text`` (written directly): byte for byte the
+    encoder's text for ``to_dict``, for every shape a record takes."""
+    from flowdecision.identity import ResultOutcome, ResultReceipt
+    from flowdecision.jsonwire import encode_json_text
+    from flowdecision.ledger.machine import tombstone_of
+
+    ident = identity("json-text")
+    done = receipt(ident)
+    failed = ResultReceipt.new(ident, done.evidence_digest, ResultOutcome.FAILED, None, 0)
+    pending = ClaimRecord("h" * 64, ClaimStatus.PENDING, 'own\u00e9r-"\\-\u2028', 5, 1, ident)
+    completed = replace(
+        pending, status=ClaimStatus.COMPLETED, completed_at_ms=U64_MAX, result_receipt=done
+    )
+    records = [
+        pending,
+        completed,
+        replace(completed, result_receipt=failed, attempts=U32_MAX),
+        replace(pending, execution_identity=None),  # legacy
+        replace(completed, execution_identity=None, result_receipt=None, completed_at_ms=None),
+        tombstone_of(completed),
+        replace(completed, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01"),  # not stored
+    ]
+    for record in records:
+        assert record.json_text() == encode_json_text(record.to_dict())
+    for shown in (done, failed):
+        assert shown.json_text() == encode_json_text(shown.to_dict())

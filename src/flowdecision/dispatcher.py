@@ -118,7 +118,7 @@ class DispatchOutcome:
         """:meth:`to_dict` as compact UTF-8 JSON, the service's answer: the bytes
         ``json.dumps(to_dict(), separators=(",", ":"), ensure_ascii=False)`` gives,
         written directly (once per ``POST``)."""
-        receipt = "null" if self.receipt is None else self.receipt._json_text()
+        receipt = "null" if self.receipt is None else self.receipt.json_text()
         digest = self.receipt_digest
         tail = "}" if digest is None else f',"receipt_digest":{encode_str(digest)}}}'
         text = (

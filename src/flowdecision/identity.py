@@ -429,7 +429,7 @@ class ResultReceipt(_JsonForm):
             "result_bytes": self.result_bytes,
         }
 
-    def _json_text(self) -> str:
+    def json_text(self) -> str:
         """:meth:`to_dict` as compact JSON text, written directly (a ``POST``'s answer
         carries one); the same text ``json.dumps`` writes for it."""
         identity = self.identity

@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import ActionRefusedError, LedgerCorruptError, LedgerError, UnknownDecisionError
 from ..identity import ExecutionIdentity, ResultReceipt, digest_bytes
+from ..jsonwire import encode_str
 from ..limits import U32_MAX, U64_MAX
 from .states import (
     AlreadyCompleted,
@@ -119,6 +120,30 @@ class ClaimRecord:
         if self.receipt_digest is not None:
             out["receipt_digest"] = self.receipt_digest
         return out
+
+    def json_text(self) -> str:
+        """:meth:`to_dict` as compact JSON text, the bytes ``encode_json_text`` writes
+        for it, written directly (every stored claim and completion writes one)."""
+        identity = self.execution_identity
+        parts = [f'{{"request_hash":{encode_str(self.request_hash)}']
+        if identity is not None:
+            parts.append(
+                f',"execution_identity":{{"schema":{encode_str(identity.schema)},'
+                f'"domain":{encode_str(identity.domain)},"digest":{encode_str(identity.digest)}}}'
+            )
+        parts.append(
+            f',"status":{encode_str(self.status.value)},"owner_id":{encode_str(self.owner_id)}'
+            f',"lease_expires_at_ms":{int(self.lease_expires_at_ms)}'
+            f',"attempts":{int(self.attempts)}'
+        )
+        if self.completed_at_ms is not None:
+            parts.append(f',"completed_at_ms":{int(self.completed_at_ms)}')
+        if self.result_receipt is not None:
+            parts.append(f',"result_receipt":{self.result_receipt.json_text()}')
+        if self.receipt_digest is not None:
+            parts.append(f',"receipt_digest":{encode_str(self.receipt_digest)}')
+        parts.append("}")
+        return "".join(parts)
 
     @classmethod
     def from_dict(cls, decision_id: str, obj: Any, *, summary: bool = False) -> ClaimRecord:

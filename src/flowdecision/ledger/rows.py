@@ -24,7 +24,6 @@ from ..errors import (
     StoreFullError,
     StoreMissingError,
 )
-from ..jsonwire import encode_json_text
 from ..limits import I64_MAX
 from ..store.component import Component, ErrorKinds
 from .machine import ClaimRecord, ClaimStatus, Creation, DecisionOrigin
@@ -101,7 +100,7 @@ def encode_row(
         decision_id,
         record.status.value,
         completed_at,
-        encode_json_text(record.to_dict()),
+        record.json_text(),
         record.traceparent,
     )
 
