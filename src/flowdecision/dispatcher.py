@@ -51,7 +51,7 @@ from .errors import (
 )
 from .health import HealthMetrics, HealthSnapshot
 from .identity import ExecutionIdentity, ResultReceipt, decision_receipt
-from .jsonwire import encode_str
+from .jsonwire import quote_str
 from .ledger.machine import DecisionOrigin
 from .ledger.memory import MemoryLedger
 from .ledger.protocol import ClaimKey, Ledger
@@ -120,9 +120,9 @@ class DispatchOutcome:
         written directly (once per ``POST``)."""
         receipt = "null" if self.receipt is None else self.receipt.json_text()
         digest = self.receipt_digest
-        tail = "}" if digest is None else f',"receipt_digest":{encode_str(digest)}}}'
+        tail = "}" if digest is None else f',"receipt_digest":{quote_str(digest)}}}'
         text = (
-            f'{{"outcome":"{self.outcome}","decision_id":{encode_str(self.decision_id)},'
+            f'{{"outcome":"{self.outcome}","decision_id":{quote_str(self.decision_id)},'
             f'"attempt":{"null" if self.attempt is None else int(self.attempt)},'
             f'"receipt":{receipt}{tail}'
         )

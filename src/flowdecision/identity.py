@@ -25,8 +25,8 @@ from flowdecision.jsonwire import (
     JsonWireError,
     duplicate_keys,
     encode_json,
-    encode_str,
     parse_json,
+    quote_str,
 )
 from flowdecision.limits import RESULT_RECEIPT_MAX_BYTES, U64_MAX
 from flowdecision.model import DecisionRequest
@@ -435,11 +435,11 @@ class ResultReceipt(_JsonForm):
         identity = self.identity
         digest = self.result_digest
         return (
-            f'{{"schema":{encode_str(self.schema)},"identity":{{"schema":'
-            f'{encode_str(identity.schema)},"domain":{encode_str(identity.domain)},'
-            f'"digest":{encode_str(identity.digest)}}},"evidence_digest":'
-            f'{encode_str(self.evidence_digest)},"outcome":{encode_str(self.outcome.value)},'
-            + ("" if digest is None else f'"result_digest":{encode_str(digest)},')
+            f'{{"schema":{quote_str(self.schema)},"identity":{{"schema":'
+            f'{quote_str(identity.schema)},"domain":{quote_str(identity.domain)},'
+            f'"digest":{quote_str(identity.digest)}}},"evidence_digest":'
+            f'{quote_str(self.evidence_digest)},"outcome":{quote_str(self.outcome.value)},'
+            + ("" if digest is None else f'"result_digest":{quote_str(digest)},')
             + f'"result_bytes":{int(self.result_bytes)}}}'
         )
 

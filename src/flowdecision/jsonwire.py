@@ -45,6 +45,7 @@ __all__ = [
     "format_float",
     "key_segment",
     "parse_json",
+    "quote_str",
 ]
 
 #: Deepest container nesting serde_json accepts by default (re-exported).
@@ -443,6 +444,11 @@ def format_float(value: float) -> str:
 def encode_str(value: str) -> str:
     """Encode one string as a JSON string literal, exactly as serde_json does."""
     return _encode_basestring(value)
+
+
+#: :func:`encode_str` itself, the C function, without a Python call around it: for
+#: the writers that run several times per request (wire texts, answers, rows).
+quote_str: Final[Callable[[str], str]] = _encode_basestring
 
 
 def _encode_text(value: Any, sort_keys: bool) -> str:

@@ -42,6 +42,7 @@ from flowdecision.jsonwire import (
     format_float,
     key_segment,
     parse_json,
+    quote_str,
 )
 from flowdecision.limits import I64_MIN, U32_MAX, U64_MAX
 
@@ -457,14 +458,14 @@ class DecisionStep(_WireEq):
         retry = self.retry
         retry_text = _DEFAULT_RETRY_TEXT if retry is DEFAULT_RETRY_POLICY else retry._wire_text()
         return (
-            f'{{"step_id":{encode_str(self.step_id)},"step_name":{encode_str(self.step_name)}'
+            f'{{"step_id":{quote_str(self.step_id)},"step_name":{quote_str(self.step_name)}'
             f',"input":{self._input_json()},"retry":{retry_text}}}'
         )
 
     def _sorted_text(self) -> str:
         return (
             f'{{"input":{self._input_json()},"retry":{self.retry._sorted_text()}'
-            f',"step_id":{encode_str(self.step_id)},"step_name":{encode_str(self.step_name)}}}'
+            f',"step_id":{quote_str(self.step_id)},"step_name":{quote_str(self.step_name)}}}'
         )
 
 
@@ -610,10 +611,10 @@ class Fail(_WireEq):
         return {"type": "fail", "error": self.error}
 
     def _wire_text(self) -> str:
-        return f'{{"type":"fail","error":{encode_str(self.error)}}}'
+        return f'{{"type":"fail","error":{quote_str(self.error)}}}'
 
     def _sorted_text(self) -> str:
-        return f'{{"error":{encode_str(self.error)},"type":"fail"}}'
+        return f'{{"error":{quote_str(self.error)},"type":"fail"}}'
 
 
 Decision: TypeAlias = ScheduleStep | ScheduleSteps | Complete | Fail
@@ -683,6 +684,7 @@ class DecisionRequest:
     decision: Decision
     _json: bytes | None = field(default=None, init=False, repr=False, compare=False)
     _decision_json: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    _hash: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in _REQUEST_FIELDS[:4]:
@@ -768,10 +770,10 @@ class DecisionRequest:
         cached = self._json
         if cached is None:
             head = (
-                f'{{"decision_id":{encode_str(self.decision_id)}'
-                f',"run_id":{encode_str(self.run_id)}'
-                f',"authority_branch_id":{encode_str(self.authority_branch_id)}'
-                f',"causation_event_id":{encode_str(self.causation_event_id)}'
+                f'{{"decision_id":{quote_str(self.decision_id)}'
+                f',"run_id":{quote_str(self.run_id)}'
+                f',"authority_branch_id":{quote_str(self.authority_branch_id)}'
+                f',"causation_event_id":{quote_str(self.causation_event_id)}'
                 ',"decision":'
             )
             cached = head.encode("utf-8") + self.decision_json() + b"}"
@@ -786,11 +788,11 @@ class DecisionRequest:
         :meth:`to_json`, so the (possibly large) values are encoded only once.
         """
         text = (
-            f'{{"authority_branch_id":{encode_str(self.authority_branch_id)}'
-            f',"causation_event_id":{encode_str(self.causation_event_id)}'
+            f'{{"authority_branch_id":{quote_str(self.authority_branch_id)}'
+            f',"causation_event_id":{quote_str(self.causation_event_id)}'
             f',"decision":{self.decision._sorted_text()}'
-            f',"decision_id":{encode_str(self.decision_id)}'
-            f',"run_id":{encode_str(self.run_id)}}}'
+            f',"decision_id":{quote_str(self.decision_id)}'
+            f',"run_id":{quote_str(self.run_id)}}}'
         )
         return text.encode("utf-8")
 
@@ -862,6 +864,7 @@ def _parse_request(obj: object, *, trusted: bool) -> DecisionRequest:
                 decision=_parse_decision(_required(obj, "decision", ""), "decision", trusted),
                 _json=None,
                 _decision_json=None,
+                _hash=None,
             )
     m = _struct(obj, "", "FlowDecisionRequest")
     _reject_duplicates(m, "", _REQUEST_FIELDS)
@@ -874,12 +877,18 @@ def _parse_request(obj: object, *, trusted: bool) -> DecisionRequest:
         decision=_parse_decision(_required(m, "decision", ""), "decision", trusted),
         _json=None,
         _decision_json=None,
+        _hash=None,
     )
 
 
 def request_hash(request: DecisionRequest) -> str:
-    """Legacy ledger key: lowercase hex SHA-256 of :meth:`DecisionRequest.to_json`."""
-    return hashlib.sha256(request.to_json()).hexdigest()
+    """Legacy ledger key: lowercase hex SHA-256 of :meth:`DecisionRequest.to_json`
+    (cached: the dispatcher and the outbox row both need it)."""
+    cached = request._hash
+    if cached is None:
+        cached = hashlib.sha256(request.to_json()).hexdigest()
+        object.__setattr__(request, "_hash", cached)
+    return cached
 
 
 # ------------------------------------------------------------------------ JSON Schema

@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import ActionRefusedError, LedgerCorruptError, LedgerError, UnknownDecisionError
 from ..identity import ExecutionIdentity, ResultReceipt, digest_bytes
-from ..jsonwire import encode_str
+from ..jsonwire import quote_str
 from ..limits import U32_MAX, U64_MAX
 from .states import (
     AlreadyCompleted,
@@ -125,14 +125,14 @@ class ClaimRecord:
         """:meth:`to_dict` as compact JSON text, the bytes ``encode_json_text`` writes
         for it, written directly (every stored claim and completion writes one)."""
         identity = self.execution_identity
-        parts = [f'{{"request_hash":{encode_str(self.request_hash)}']
+        parts = [f'{{"request_hash":{quote_str(self.request_hash)}']
         if identity is not None:
             parts.append(
-                f',"execution_identity":{{"schema":{encode_str(identity.schema)},'
-                f'"domain":{encode_str(identity.domain)},"digest":{encode_str(identity.digest)}}}'
+                f',"execution_identity":{{"schema":{quote_str(identity.schema)},'
+                f'"domain":{quote_str(identity.domain)},"digest":{quote_str(identity.digest)}}}'
             )
         parts.append(
-            f',"status":{encode_str(self.status.value)},"owner_id":{encode_str(self.owner_id)}'
+            f',"status":{quote_str(self.status.value)},"owner_id":{quote_str(self.owner_id)}'
             f',"lease_expires_at_ms":{int(self.lease_expires_at_ms)}'
             f',"attempts":{int(self.attempts)}'
         )
@@ -141,7 +141,7 @@ class ClaimRecord:
         if self.result_receipt is not None:
             parts.append(f',"result_receipt":{self.result_receipt.json_text()}')
         if self.receipt_digest is not None:
-            parts.append(f',"receipt_digest":{encode_str(self.receipt_digest)}')
+            parts.append(f',"receipt_digest":{quote_str(self.receipt_digest)}')
         parts.append("}")
         return "".join(parts)
 

@@ -290,7 +290,7 @@ class Service:
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` in a tracked task: it outlives its request, not the grace period."""
-        task = asyncio.ensure_future(work)
+        task = asyncio.get_running_loop().create_task(work)  # (ensure_future's checks: a few µs)
         self.tasks.add(task)
         task.add_done_callback(self._forget)
         return task

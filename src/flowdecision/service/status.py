@@ -58,8 +58,11 @@ class RecentDecision:
     duration_ms: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "decision_id", shown_text(self.decision_id))
-        object.__setattr__(self, "run_id", shown_text(self.run_id))
+        for name in ("decision_id", "run_id"):
+            text = getattr(self, name)
+            # (Short printable ASCII, the usual id, is shown as it is.)
+            if not (len(text) <= SHOWN_ID_MAX_CHARS and text.isascii() and text.isprintable()):
+                object.__setattr__(self, name, shown_text(text))
 
 
 #: Fates of a POST that need an operator's eye on the status page.

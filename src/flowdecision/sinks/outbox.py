@@ -62,7 +62,7 @@ from ..errors import (
     OutboxSchemaError,
 )
 from ..limits import OUTBOX_FETCH_MAX
-from ..model import DecisionRequest
+from ..model import DecisionRequest, request_hash
 from ..store.component import Component, ErrorKinds
 from ..store.joint import JointWrite, StoreKey, postgres_key, sqlite_key
 from ..store.lifecycle import Closable, started
@@ -355,7 +355,7 @@ class OutboxSink(Closable):
         """
         text = request.to_json()
         await self._ready()
-        payload = (text.decode("utf-8"), hashlib.sha256(text).hexdigest(), current_traceparent())
+        payload = (text.decode("utf-8"), request_hash(request), current_traceparent())
         return JointWrite(self, self._store_key, request.decision_id, payload)
 
     def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool:
