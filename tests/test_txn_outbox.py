@@ -524,3 +524,35 @@ async def test_a_batch_writes_its_outbox_rows_together_and_refuses_only_the_conf
     finally:
         await outbox.close()
         await ledger.close()
+
+
+async def test_a_batch_of_rows_says_which_it_inserted_replayed_or_refused(tmp_path: Path) -> None:
+    """``write_sqlite_many`` reads nothing back when every row is new; when some were
+    there already, it still says for each row whether it inserted it (True), found an
+    identical one (False) or refused other content (the error), in the batch's order."""
+    outbox = OutboxSink(f"sqlite:///{tmp_path / 'flowdecision.db'}")
+    await outbox.open()
+    try:
+        await outbox.deliver(_req("same"), 1)
+        await outbox.deliver(_req("other", output="earlier content"), 1)
+        conn = sqlite3.connect(tmp_path / "flowdecision.db", isolation_level=None)
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        ids = ["new-1", "same", "new-2", "other", "new-3"]
+        writes = [(await outbox.prepare(_req(key)), 1) for key in ids]
+        conn.execute("BEGIN IMMEDIATE")
+        done = outbox.write_sqlite_many(conn, writes)
+        assert done[:3] + done[4:] == [True, False, True, True]
+        assert isinstance(done[3], OutboxConflictError)
+        statements.clear()
+        fresh = [(await outbox.prepare(_req(f"fresh-{n}")), 2) for n in range(3)]
+        assert outbox.write_sqlite_many(conn, fresh) == [True] * 3
+        assert len(statements) == 1 and "RETURNING" not in statements[0]  # nothing read back
+        conn.execute("COMMIT")
+        conn.close()
+        rows = await outbox.fetch(after=0, limit=100)
+        assert [row.decision_id for row in rows] == [
+            "same", "other", "new-1", "new-2", "new-3", "fresh-0", "fresh-1", "fresh-2"
+        ]  # fmt: skip
+    finally:
+        await outbox.close()

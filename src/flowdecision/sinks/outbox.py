@@ -510,8 +510,8 @@ def _sqlite_put(
 
 #: Rows per multi-row insert (7 parameters each: under the bound of 999 before 3.32).
 _SQLITE_ROWS_PER_INSERT = 140
-#: ``INSERT ... RETURNING`` needs SQLite 3.35; before it, one statement per row.
-_SQLITE_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
+#: ``INSERT ... ON CONFLICT DO NOTHING`` needs SQLite 3.24; before it, one statement per row.
+_SQLITE_MULTI_ROW = sqlite3.sqlite_version_info >= (3, 24, 0)
 
 
 def _sqlite_put_many(
@@ -525,7 +525,8 @@ def _sqlite_put_many(
     """
     done: list[bool | BaseException] = []
     inserted: set[str] = set()
-    if _SQLITE_RETURNING:
+    everything = True  # every row went in (then no row is read back)
+    if _SQLITE_MULTI_ROW:
         now_ms = time.time_ns() // 1_000_000
         for start in range(0, len(writes), _SQLITE_ROWS_PER_INSERT):
             chunk = writes[start : start + _SQLITE_ROWS_PER_INSERT]
@@ -533,14 +534,32 @@ def _sqlite_put_many(
             for write, attempt in chunk:
                 text, hash_, traceparent = write.payload
                 values += [write.decision_id, text, hash_, attempt, attempt, now_ms, traceparent]
-            rows = conn.execute(
+            cursor = conn.execute(
                 f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
                 "first_attempt, highest_attempt, accepted_at_ms, traceparent) VALUES "
                 + ",".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
-                + " ON CONFLICT (decision_id) DO NOTHING RETURNING decision_id",
+                + " ON CONFLICT (decision_id) DO NOTHING",
                 values,
-            ).fetchall()
-            inserted.update(row[0] for row in rows)
+            )
+            if cursor.rowcount == len(chunk):
+                inserted.update(write.decision_id for write, _ in chunk)
+                continue
+            # Some were there already (replays, conflicts): the rows this statement
+            # inserted are the chunk's ``rowcount`` newest (seq only grows). Read back
+            # only then: each row fetched (RETURNING) is a GIL hand-off on this thread.
+            everything = False
+            if cursor.rowcount > 0:
+                ids = [write.decision_id for write, _ in chunk]
+                rows = conn.execute(
+                    f"SELECT decision_id FROM {OUTBOX_TABLE} WHERE decision_id IN "
+                    f"({','.join(['?'] * len(ids))}) ORDER BY seq DESC LIMIT ?",
+                    [*ids, cursor.rowcount],
+                ).fetchall()
+                inserted.update(row[0] for row in rows)
+    else:
+        everything = False
+    if everything:
+        return [True] * len(writes)
     for write, attempt in writes:
         if write.decision_id in inserted:
             done.append(True)
