@@ -172,3 +172,26 @@ def test_postgresql_answers_the_same_422_and_stays_healthy(tmp_path: Path, pg_ur
         assert created.status_code in (200, 201), created.text
         fetched = client.get(f"/v1/decisions/{quote(at_limit.decision_id, safe='')}")
         assert fetched.status_code == 200 and fetched.json()["state"] == "completed"
+
+
+def test_a_body_sent_in_pieces_is_read_whole(client: httpx.Client) -> None:
+    """A chunked body reaches the handler as several messages: it is joined, parsed
+    and answered as if sent at once (the handler reads ``receive`` itself)."""
+    import time
+
+    from flowdecision.identity import decision_receipt
+
+    request = decision()
+    body = request.to_json()
+
+    def pieces() -> Iterator[bytes]:
+        for start in range(0, len(body), 40):
+            yield body[start : start + 40]
+            time.sleep(0.005)  # separate reads, so separate messages
+
+    response = client.post("/v1/decisions", content=pieces(), headers=JSON)
+    assert response.status_code == 201, response.text[:300]
+    assert response.request.headers.get("transfer-encoding") == "chunked"
+    answer = response.json()
+    assert answer["decision_id"] == request.decision_id
+    assert answer["receipt"] == decision_receipt(request)[1].to_dict()
