@@ -76,6 +76,8 @@ class Job:
 WriteBatch = Callable[[sqlite3.Connection, list[Job]], Callable[[], None] | None]
 
 _STOP = object()
+#: The batch's context when tracing is off (one shared null context).
+_UNTRACED = contextlib.nullcontext()
 
 
 class SqliteThread:
@@ -185,6 +187,8 @@ class SqliteThread:
         next job that is not a mutation (carried to the next round), if any."""
         batch = [first]
         wait_s = self.max_wait_ms / 1000
+        if wait_s <= 0 and self._queue.empty():
+            return batch, None  # a lone mutation (this thread is the only taker)
         deadline = 0.0
         while len(batch) < self.max_batch:
             try:
@@ -208,7 +212,7 @@ class SqliteThread:
 
     def _answer(self, jobs: list[Job]) -> None:
         loop = jobs[0].loop
-        if all(job.loop is loop for job in jobs):
+        if len(jobs) == 1 or all(job.loop is loop for job in jobs):
             groups = [(loop, jobs)]
         else:
             by_loop: dict[asyncio.AbstractEventLoop, list[Job]] = {}
@@ -251,7 +255,7 @@ class SqliteThread:
                 (
                     batch_span(self.opener.component.name, "sqlite", len(live), traced)
                     if traced
-                    else contextlib.nullcontext()
+                    else _UNTRACED
                 ),
                 sqlite_transaction(conn),
             ):
