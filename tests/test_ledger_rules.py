@@ -276,5 +276,5 @@ def test_a_records_json_text_is_what_the_encoder_writes_for_to_dict() -> None:
     ]
     for record in records:
         assert record.json_text() == encode_json_text(record.to_dict())
-    for shown in (done, failed):
+    for shown in (done, failed, ident):
         assert shown.json_text() == encode_json_text(shown.to_dict())

@@ -265,6 +265,14 @@ class ExecutionIdentity(_JsonForm):
         """Wire form in Rust field order."""
         return {"schema": self.schema, "domain": self.domain, "digest": self.digest}
 
+    def json_text(self) -> str:
+        """:meth:`to_dict` as compact JSON text, written directly (receipts and
+        stored records carry one)."""
+        return (
+            f'{{"schema":{quote_str(self.schema)},"domain":{quote_str(self.domain)},'
+            f'"digest":{quote_str(self.digest)}}}'
+        )
+
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> Self:
         """Deserialize (unknown or missing fields rejected); does not :meth:`validate`."""
@@ -432,13 +440,11 @@ class ResultReceipt(_JsonForm):
     def json_text(self) -> str:
         """:meth:`to_dict` as compact JSON text, written directly (a ``POST``'s answer
         carries one); the same text ``json.dumps`` writes for it."""
-        identity = self.identity
         digest = self.result_digest
         return (
-            f'{{"schema":{quote_str(self.schema)},"identity":{{"schema":'
-            f'{quote_str(identity.schema)},"domain":{quote_str(identity.domain)},'
-            f'"digest":{quote_str(identity.digest)}}},"evidence_digest":'
-            f'{quote_str(self.evidence_digest)},"outcome":{quote_str(self.outcome.value)},'
+            f'{{"schema":{quote_str(self.schema)},"identity":{self.identity.json_text()},'
+            f'"evidence_digest":{quote_str(self.evidence_digest)},'
+            f'"outcome":{quote_str(self.outcome.value)},'
             + ("" if digest is None else f'"result_digest":{quote_str(digest)},')
             + f'"result_bytes":{int(self.result_bytes)}}}'
         )

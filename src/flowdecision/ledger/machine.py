@@ -127,10 +127,7 @@ class ClaimRecord:
         identity = self.execution_identity
         parts = [f'{{"request_hash":{quote_str(self.request_hash)}']
         if identity is not None:
-            parts.append(
-                f',"execution_identity":{{"schema":{quote_str(identity.schema)},'
-                f'"domain":{quote_str(identity.domain)},"digest":{quote_str(identity.digest)}}}'
-            )
+            parts.append(f',"execution_identity":{identity.json_text()}')
         parts.append(
             f',"status":{quote_str(self.status.value)},"owner_id":{quote_str(self.owner_id)}'
             f',"lease_expires_at_ms":{int(self.lease_expires_at_ms)}'
