@@ -58,7 +58,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from tests.postgres_server import ReplicatedPostgres  # noqa: E402
+from tests.postgres_server import ReplicatedPostgres, migrate_postgres  # noqa: E402
 
 from ledger_bench import run_cell  # noqa: E402
 
@@ -131,7 +131,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
             "sync": pair.url("chaos"),
             "async": pair.url("chaos") + "&synchronous_commit=local",
         }
-        asyncio.run(_migrate(urls["sync"]))
+        asyncio.run(migrate_postgres(urls["sync"]))
         out: dict[str, Any] = {str(p): {"sync": [], "async": [], "load1": []} for p in processes}
         for round_ in range(args.tp_rounds):
             for count in processes:
@@ -144,16 +144,6 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
         return out
     finally:
         pair.stop()
-
-
-async def _migrate(url: str) -> None:
-    from flowdecision.ledger.postgres import PostgresLedger
-
-    ledger = PostgresLedger(url)
-    try:
-        await ledger.migrate()
-    finally:
-        await ledger.close()
 
 
 def _load1() -> float:

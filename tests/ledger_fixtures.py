@@ -23,6 +23,7 @@ from tests.ledger_stores import BACKENDS as _BACKENDS
 from tests.ledger_stores import STATEFUL_EXAMPLES as _STATEFUL_EXAMPLES
 from tests.ledger_stores import STATEFUL_STEPS as _STATEFUL_STEPS
 from tests.ledger_stores import LedgerStore, postgres_url_from_env
+from tests.postgres_server import migrate_postgres as _migrate
 
 
 def _run_sync(coro):  # type: ignore[no-untyped-def]
@@ -35,19 +36,6 @@ def _run_sync(coro):  # type: ignore[no-untyped-def]
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(_asyncio.run, coro).result()
-
-
-async def _migrate(url: str) -> None:
-    """Migrate the ledger and the outbox schemas (PostgreSQL migrates only when asked)."""
-    from flowdecision.ledger.postgres import PostgresLedger
-    from flowdecision.sinks.outbox import OutboxSink
-
-    ledger = PostgresLedger(url)
-    try:
-        await ledger.migrate()
-    finally:
-        await ledger.close()
-    await OutboxSink(url).migrate()
 
 
 @_pytest.fixture(scope="session")

@@ -488,6 +488,20 @@ def _cmdline(proc: Path) -> str:
         return ""
 
 
+async def migrate_postgres(url: str) -> None:
+    """Migrate the ledger and the outbox schemas in ``url``'s database
+    (PostgreSQL stores migrate only when asked)."""
+    from flowdecision.ledger.postgres import PostgresLedger
+    from flowdecision.sinks.outbox import OutboxSink
+
+    ledger = PostgresLedger(url)
+    try:
+        await ledger.migrate()
+    finally:
+        await ledger.close()
+    await OutboxSink(url).migrate()
+
+
 def main(argv: list[str]) -> int:
     """``failover STATE [--hold-standby-ms N]``: one failover of the pair in STATE."""
     if len(argv) < 2 or argv[0] != "failover":

@@ -22,9 +22,7 @@ from typing import Any
 
 import pytest
 
-from flowdecision.ledger.postgres import PostgresLedger
-from flowdecision.sinks import OutboxSink
-from tests.postgres_server import PostgresServer, running
+from tests.postgres_server import PostgresServer, migrate_postgres, running
 from tests.service_process import ServiceProcess, decision
 
 DOWN_S = 3.5
@@ -34,15 +32,6 @@ DOWN_S = 3.5
 def pg_server() -> Iterator[PostgresServer]:
     with running(PostgresServer(fast=True), "a throwaway PostgreSQL server") as server:
         yield server
-
-
-async def _migrate(url: str) -> None:
-    ledger = PostgresLedger(url)
-    try:
-        await ledger.migrate()
-    finally:
-        await ledger.close()
-    await OutboxSink(url).migrate()
 
 
 def _post(url: str, n: int) -> tuple[int, str | None]:
@@ -65,7 +54,7 @@ def test_a_postgres_restart_under_load_logs_start_summaries_and_end_only(
     pg_server: PostgresServer, tmp_path: Path
 ) -> None:
     url = pg_server.url("postgres")
-    asyncio.run(_migrate(url))
+    asyncio.run(migrate_postgres(url))
     answers: list[tuple[int, str | None]] = []
     stop = threading.Event()
     with ServiceProcess(
