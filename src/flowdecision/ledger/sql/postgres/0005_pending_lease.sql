@@ -1,0 +1,11 @@
+-- flowdecision PostgreSQL ledger, schema version 5: pending claims by lease expiry.
+--
+-- `state=pending_live` asks for the few claims whose lease has not run out;
+-- the status index hands over every pending claim, live or long expired, and
+-- each one's lease sits in the record's JSON. This partial index keeps, for
+-- pending rows only, the lease expiry the query compares (the same
+-- expression), so live claims and the counts of live and expired claims are
+-- index ranges. A claim adds an entry, its completion removes it.
+CREATE INDEX flowdecision_claims_lease
+    ON flowdecision_claims (((record::json ->> 'lease_expires_at_ms')::numeric))
+    WHERE status = 'pending';
