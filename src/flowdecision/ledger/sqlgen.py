@@ -135,13 +135,9 @@ def decision_sql(
         after_at, after_id = position
         where.append(f"({column}, {ident}) > ({at(after_at)}, {param(after_id, '::text')})")
     clause = f" WHERE {' AND '.join(where)}" if where else ""
-    # With one status (and no run), ordering by it too changes nothing but tells the
-    # planner that the status indexes give this order and the time-only ones do not:
-    # PostgreSQL otherwise walks the time index past every row of the other statuses.
-    order = f"status, {column}" if query.state is not None and query.run_id is None else column
     sql = (
         f"SELECT decision_id, record, created_at_ms, run_id, causation_event_id FROM {source}"
-        f"{clause} ORDER BY {order}, {ident} LIMIT {param(query.limit + 1, '::bigint')}"
+        f"{clause} ORDER BY {column}, {ident} LIMIT {param(query.limit + 1, '::bigint')}"
     )
     return sql, param.values
 
