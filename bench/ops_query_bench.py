@@ -2,7 +2,7 @@
 
 Not a timed test (issue 16; results in docs/BENCHMARKS.md, "Operations queries").
 Three phases, so that building the stores stays outside the quiet window and only
-the timed parts run through ``/work/bin/quiet``::
+the timed parts need an otherwise idle machine::
 
     .venv/bin/python bench/ops_query_bench.py build   --dir /var/tmp/opsbench   # ~5 min
     /work/bin/quiet .venv/bin/python bench/ops_query_bench.py queries --dir /var/tmp/opsbench
@@ -522,17 +522,126 @@ def clean(args: argparse.Namespace) -> None:
     shutil.rmtree(args.dir, ignore_errors=True)
 
 
+# -- posts: the same comparison through `flowdecision serve` ------------------------------
+
+
+def _bare_sqlite(db: Path) -> None:
+    """Drop issue 16's indexes from a fresh default-layout store, put the prune index back."""
+    conn = sqlite3.connect(db)
+    try:
+        for name in OPS_INDEXES:
+            conn.execute(f"DROP INDEX IF EXISTS {name}")
+        conn.execute(SCHEMA_2_PRUNE)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+async def _bare_postgres(url: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        for name in OPS_INDEXES:
+            await conn.execute(f"DROP INDEX IF EXISTS {name}")
+        await conn.execute(SCHEMA_2_PRUNE)
+    finally:
+        await conn.close()
+
+
+def posts(args: argparse.Namespace) -> None:
+    """``POST /v1/decisions`` from wrk at ``--clients`` clients against ``flowdecision
+    serve`` on its default layouts (SQLite: one file; PostgreSQL: ledger and outbox in
+    one database of a throwaway durable server), with the operator indexes and without
+    them (same code; each store made by the project itself, then, for "bare", issue
+    16's indexes dropped), ``--rounds`` rounds, the order alternating: req/s, ratio."""
+    import contextlib
+    import tempfile
+
+    from service_bench import Postgres, Server, body_template
+
+    root = Path(tempfile.mkdtemp(prefix="ops-posts-", dir=args.dir))
+    template = body_template()
+    serve = [sys.executable, "-m", "flowdecision.cli", "serve", "--port", "0"]
+    try:
+        for backend in args.backends.split(","):
+            with contextlib.ExitStack() as stack:
+                argv: dict[str, list[str]] = {}
+                dirs = {variant: root / f"{backend}-{variant}" for variant in ("indexed", "bare")}
+                if backend == "postgres":
+                    postgres = Postgres(None)
+                    stack.callback(postgres.stop)
+                for variant, cwd in dirs.items():
+                    cwd.mkdir()
+                    if backend == "sqlite":
+                        argv[variant] = serve
+                        Server(serve, cwd).stop()  # creates and migrates the default store
+                        if variant == "bare":
+                            _bare_sqlite(cwd / ".flowdecision" / "flowdecision.db")
+                    else:
+                        url = stack.enter_context(postgres.fresh_database())
+                        argv[variant] = [*serve, "--ledger", url, "--sink", url]
+                        if variant == "bare":
+                            asyncio.run(_bare_postgres(url))
+                _posts_rounds(backend, argv, dirs, template, args)
+    finally:
+        template.unlink(missing_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _posts_rounds(
+    backend: str,
+    argv: dict[str, list[str]],
+    dirs: dict[str, Path],
+    template: Path,
+    args: argparse.Namespace,
+) -> None:
+    from service_bench import Server, Target, wrk
+
+    target = Target(f"post {backend}", "flowdecision", "post", "/v1/decisions", 201, backend)
+    rates: dict[str, list[float]] = {"indexed": [], "bare": []}
+    print(f"\n#### {backend}: POST /v1/decisions, {args.clients} clients, with / without")
+    print(f"machine: {machine_description()}")
+    print("\n| round | with (req/s) | without (req/s) | ratio | load |\n|---:|---:|---:|---:|---:|")
+    for round_ in range(args.rounds):
+        order = ["indexed", "bare"] if round_ % 2 == 0 else ["bare", "indexed"]
+        for variant in order:
+            server = Server(argv[variant], dirs[variant])
+            try:
+                wrk(target, server.url, args.clients, 1, template)  # warm-up
+                data, _ = wrk(target, server.url, args.clients, int(args.seconds), template)
+            finally:
+                server.stop()
+            if data["bad"] or data["requests"] != data["ok"]:
+                raise SystemExit(f"{backend} {variant}: {data['bad']} answers other than 201")
+            rates[variant].append(data["requests"] / (data["duration_us"] / 1e6))
+        ratio = rates["indexed"][-1] / rates["bare"][-1]
+        print(
+            f"| {round_ + 1} | {rates['indexed'][-1]:,.0f} | {rates['bare'][-1]:,.0f} "
+            f"| {ratio:.3f} | {os.getloadavg()[0]:.2f} |",
+            flush=True,
+        )
+    ratios = [a / b for a, b in zip(rates["indexed"], rates["bare"], strict=True)]
+    print(
+        f"| **median** | {statistics.median(rates['indexed']):,.0f} "
+        f"| {statistics.median(rates['bare']):,.0f} | **{statistics.median(ratios):.3f}** | |"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("phase", choices=["build", "queries", "writes", "prepare-writes", "clean"])
+    parser.add_argument(
+        "phase", choices=["build", "queries", "writes", "prepare-writes", "posts", "clean"]
+    )
     parser.add_argument("--dir", required=True, help="where the stores live (disk, ~4 GB)")
     parser.add_argument("--decisions", type=int, default=1_000_000)
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--samples", type=int, default=200, help="queries per shape (limit 100)")
     parser.add_argument("--processes", default="1,8", help="calling processes (writes)")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (writes)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (writes, posts)")
+    parser.add_argument("--clients", type=int, default=50, help="wrk connections (posts)")
     parser.add_argument("--seconds", type=float, default=4.0, help="per round and variant")
     parser.add_argument(
         "--reuse", action="store_true", help="writes: use the copies prepare-writes made"
@@ -551,7 +660,8 @@ def main() -> None:
             finally:
                 server.halt("fast")
         return
-    {"build": build, "queries": queries, "writes": writes, "clean": clean}[args.phase](args)
+    phases = {"build": build, "queries": queries, "writes": writes, "posts": posts, "clean": clean}
+    phases[args.phase](args)
 
 
 if __name__ == "__main__":
