@@ -116,3 +116,31 @@ def test_a_postgres_restart_under_load_logs_start_summaries_and_end_only(
     assert not noisy, noisy[:5]
     assert not [r for r in records if "exception" in r], "a traceback was logged"
     assert "Traceback" not in log
+
+
+def test_an_answer_begun_before_the_outage_does_not_end_it() -> None:
+    """A request in flight on a connection the crash had not reached yet may succeed
+    just after the first failure: that says nothing about the store now."""
+    import logging
+
+    from flowdecision.outage import Outage
+
+    now = [10.0]
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    log = logging.getLogger("test.outage.began")
+    log.addHandler(Collect())
+    log.setLevel(logging.INFO)
+    outage = Outage(log, "db", summary_s=60, clock=lambda: now[0])
+    began_before = outage.now()
+    now[0] = 11.0
+    outage.failed("ledger_unavailable", "connection was closed")
+    outage.succeeded(began=began_before)
+    assert outage.active and records == ["store unavailable"]
+    now[0] = 12.0
+    outage.succeeded(began=11.5)
+    assert not outage.active and records == ["store unavailable", "store available again"]

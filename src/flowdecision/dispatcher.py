@@ -423,6 +423,7 @@ class Dispatcher:
         metrics = self.metrics
         metrics.attempted += 1
         metrics.in_flight += 1
+        began = self.ledger_outage.now()
         started = time.perf_counter_ns()
         try:
             outcome = await self._dispatch(request)
@@ -432,7 +433,7 @@ class Dispatcher:
                 cause = error.__cause__ or error
                 self.ledger_outage.failed(error.code, f"{type(cause).__name__}: {cause}")
             elif self.ledger_outage.active and type(error) in _LEDGER_ANSWERS:
-                self.ledger_outage.succeeded(wrote=False)
+                self.ledger_outage.succeeded(wrote=False, began=began)
             raise
         except asyncio.CancelledError:
             metrics.cancellations += 1
@@ -444,7 +445,7 @@ class Dispatcher:
         else:
             metrics.record_success(duplicate=not outcome.submitted)
             if self.ledger_outage.active:
-                self.ledger_outage.succeeded(wrote=outcome.submitted)
+                self.ledger_outage.succeeded(wrote=outcome.submitted, began=began)
             return outcome
         finally:
             metrics.in_flight -= 1

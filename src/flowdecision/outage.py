@@ -103,8 +103,19 @@ class Outage:
             self._summary_at = now + self.summary_s
             self._log.warning("store still unavailable", extra=self._fields(cause=cause))
 
-    def succeeded(self, *, wrote: bool = True) -> None:
-        """The store served an operation (``wrote``: it stored something)."""
+    def now(self) -> float:
+        """The tracker's clock: what :meth:`succeeded` takes as ``began``."""
+        return self._clock()
+
+    def succeeded(self, *, wrote: bool = True, began: float | None = None) -> None:
+        """The store served an operation (``wrote``: it stored something).
+
+        ``began`` (from :meth:`now`): when the operation started. One that started
+        before the outage did (in flight on a connection the crash had not reached
+        yet) says nothing about the store now, so it does not end the outage.
+        """
+        if began is not None and began < self.since:
+            return
         if self.active and (wrote or self.code != "store_full"):
             self._log.info("store available again", extra=self._fields())
             self.active, self.code, self.attempts = False, None, 0
