@@ -441,12 +441,9 @@ def _prepare_sqlite(source: Path, root: Path) -> dict[str, str]:
         dst = sqlite3.connect(path)
         src.backup(dst)
         src.close()
-        if variant == "bare":
-            for name in OPS_INDEXES:
-                dst.execute(f"DROP INDEX {name}")
-            dst.execute(SCHEMA_2_PRUNE)
-            dst.commit()
         dst.close()
+        if variant == "bare":
+            _bare_sqlite(path)
         targets[variant] = str(path)
     return targets
 
@@ -461,13 +458,7 @@ async def _prepare_postgres(server: Any) -> dict[str, str]:
             await admin.execute(f"CREATE DATABASE writes_{variant} TEMPLATE {DB}")
     finally:
         await admin.close()
-    bare = await asyncpg.connect(server.url("writes_bare"))
-    try:
-        for name in OPS_INDEXES:
-            await bare.execute(f"DROP INDEX {name}")
-        await bare.execute(SCHEMA_2_PRUNE)
-    finally:
-        await bare.close()
+    await _bare_postgres(server.url("writes_bare"))
     for variant in ("indexed", "bare"):
         conn = await asyncpg.connect(server.url(f"writes_{variant}"))
         await conn.execute("CHECKPOINT")
