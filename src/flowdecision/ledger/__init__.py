@@ -1,5 +1,5 @@
-"""Claim ledgers: one public interface (:class:`Ledger`), one state machine
-(:mod:`.machine`), one storage template (:class:`StoredLedger`), several stores."""
+"""Claim ledgers: one public API (:class:`Ledger`, written once over a few storage
+primitives), one state machine (:mod:`.machine`), several stores."""
 
 from .base import StoredLedger, wall_clock_ms
 from .jsonfile import JsonFileLedger

@@ -1,7 +1,7 @@
-"""The storage template: the ledger API, implemented once over a few primitives.
+"""The ledger: its public API, documented and written once over a few storage primitives.
 
-:class:`~flowdecision.ledger.protocol.Ledger` is the public interface. A
-storage backend subclasses :class:`StoredLedger` and supplies only:
+:class:`Ledger` is what the dispatcher, the service, the CLI and operator
+tools use. A storage backend subclasses it and supplies only:
 
 * ``_apply(decision_id, op)``: load the record, call ``op(record, clock_ms)``
   and, if the transition changed it, store the new record -- all atomically
@@ -19,7 +19,10 @@ A transition that creates a record carries its :class:`~.machine.Creation`
 (first-claim time, run, causing event): backends keep it beside the record.
 
 Argument validation, identity fencing and receipt binding live here, so every
-backend enforces exactly the same rules.
+backend enforces exactly the same rules. Anything that stores nothing itself
+(a wrapper that journals or injects faults, a scripted test double) extends
+:class:`~flowdecision.ledger.protocol.DelegatingLedger` instead, which
+forwards every public call. ``StoredLedger`` is this class's old name.
 """
 
 from __future__ import annotations
@@ -30,15 +33,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..limits import IDENTIFIER_FIELDS, check_identifier, plain_identifiers
-from ..store.joint import JointWrite
+from ..store.joint import JointWrite, StoreKey
+from ..store.lifecycle import Closable
 from . import machine
 from .machine import ClaimRecord, DecisionOrigin, Transition, check_u64
-from .protocol import Ledger, LedgerEntry, PruneProgress
 from .query import (
     AuditPage,
     AuditQuery,
@@ -49,7 +52,7 @@ from .query import (
     scan_count,
     scan_page,
 )
-from .states import AuditEntry, ClaimOutcome, ClaimState, JointOutcome
+from .states import AuditEntry, ClaimOutcome, ClaimState, JointOutcome, LedgerEntry
 
 __all__ = [
     "JointOperation",
@@ -65,6 +68,8 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: Called with the number of records pruned so far, after each batch.
+PruneProgress = Callable[[int], None]
 #: A transition bound to its arguments: ``op(record, clock_ms) -> Transition``.
 Operation = Callable[[ClaimRecord | None, int], Transition[T]]
 #: :func:`machine.claim` or :func:`machine.renew`:
@@ -178,13 +183,22 @@ def _check_traceparent(value: str | None) -> str | None:
     return value if value.isascii() and value.isprintable() else None
 
 
-class StoredLedger(Ledger):
-    """A :class:`Ledger` kept in a store: the public API over four primitives.
+class Ledger(Closable, abc.ABC):
+    """Durable claim ledger: at most one live owner per decision, fenced completion.
 
-    Subclasses implement ``_apply``, ``_read`` and ``_prune`` (and override
-    :meth:`now_ms` when the store has its own clock); this class validates
-    every argument and runs the pure transitions of :mod:`.machine`, so every
-    backend enforces exactly the same rules.
+    All times are Unix-epoch milliseconds; a time left as ``None`` means the
+    ledger's own clock (:meth:`now_ms`). Failures raise
+    :class:`~flowdecision.errors.LedgerError`; a ``decision_id`` or
+    ``owner_id`` that breaks the identifier rule (:mod:`flowdecision.limits`)
+    raises :class:`~flowdecision.errors.InvalidIdentifierError`, a
+    :class:`LedgerError` too, before the store is touched. Use as an async context manager,
+    or call :meth:`close` (a no-op for ledgers that hold nothing). The rules
+    behind each call are in ``docs/PROTOCOL.md``.
+
+    Each public call validates its arguments and runs the pure transitions of
+    :mod:`.machine` through the storage primitives (the module docstring lists
+    them), which a backend implements (and :meth:`now_ms` when the store has
+    its own clock).
     """
 
     #: What :meth:`prune_completed` does when not told: keep tombstones or not.
@@ -241,6 +255,14 @@ class StoredLedger(Ledger):
 
     # -- the public API -----------------------------------------------------
 
+    def store_key(self) -> StoreKey | None:
+        """Where the ledger lives, if other components can write in its transactions.
+
+        None (the default, and for memory and JSON file ledgers): no sink can
+        join; the dispatcher uses claim, submit, complete.
+        """
+        return None
+
     async def claim(
         self,
         decision_id: str,
@@ -252,6 +274,15 @@ class StoredLedger(Ledger):
         identity: ExecutionIdentity | None = None,
         origin: DecisionOrigin | None = None,
     ) -> ClaimOutcome:
+        """Claim the decision for ``owner_id`` for ``lease_ms``.
+
+        Returns ``Claimed(attempt)`` (a new claim, a takeover of an expired or
+        released one, or the same owner re-claiming), ``AlreadyCompleted()``,
+        ``Busy(lease_expires_at_ms)`` or ``Conflict()`` (different request hash
+        or identity). A legacy record without identity takes ``identity``.
+        ``origin`` (run and causing event) is kept beside a new record, for
+        :meth:`list_decisions`.
+        """
         if origin is None:
             rule: _LeaseRule[ClaimOutcome] = machine.claim
         else:
@@ -271,6 +302,10 @@ class StoredLedger(Ledger):
         now_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
     ) -> bool:
+        """Extend a live lease held by ``owner_id``.
+
+        False after completion, takeover, release, expiry or identity conflict.
+        """
         return await self._leased(
             machine.renew, decision_id, request_hash, owner_id, lease_ms, now_ms, identity
         )
@@ -313,6 +348,16 @@ class StoredLedger(Ledger):
         receipt: ResultReceipt | None = None,
         traceparent: str | None = None,
     ) -> bool:
+        """Record completion; only the current owner with a live lease may complete.
+
+        A ``receipt`` needs an ``identity`` and must be bound to it. Completing
+        an already-completed record succeeds for any caller (as in the seed);
+        the result tells the two apart: True when the decision is completed by
+        ``owner_id`` (by this call or an earlier one), False when another owner
+        had already completed it. ``traceparent`` (the completing dispatch's W3C
+        trace context) is side data kept with a new completion where the ledger
+        has room for it (SQLite, PostgreSQL, memory; never the JSON file).
+        """
         _check_owned(decision_id, request_hash, owner_id)
         fixed = None if completed_at_ms is None else check_u64("completed_at_ms", completed_at_ms)
         _check_identity(identity)
@@ -344,6 +389,22 @@ class StoredLedger(Ledger):
         traceparent: str | None = None,
         origin: DecisionOrigin | None = None,
     ) -> JointOutcome:
+        """Claim, write ``write``'s row and complete, in ONE transaction (a joint commit).
+
+        The claim rules run first, exactly as :meth:`claim`'s; only when they
+        answer ``Claimed(attempt)`` is the row written (with that attempt), and
+        then the completion rules run on the claimed record, exactly as
+        :meth:`complete`'s. All of it commits together or not at all: a
+        refused row or a rule failure raises and stores nothing. ``Busy``,
+        ``Conflict`` and ``AlreadyCompleted`` are returned (as
+        ``JointOutcome.claim``) as :meth:`claim` returns them, with nothing
+        written. Concurrent calls share commits (group commit) like every
+        other mutation.
+
+        Only ledgers whose :meth:`store_key` is not None support it.
+        ``traceparent`` is side data kept with the completion, as for
+        :meth:`complete`.
+        """
         _check_owned(decision_id, request_hash, owner_id)
         if origin is not None:
             _check_origin(origin)
@@ -374,6 +435,11 @@ class StoredLedger(Ledger):
 
         return await self._apply_joint(decision_id, JointOperation(claim, complete, write))
 
+    async def claim_and_complete(self, *args: Any, **kwargs: Any) -> ClaimOutcome:
+        """The old name of :meth:`joint_commit` (same arguments), answering only the
+        claim's outcome."""
+        return (await self.joint_commit(*args, **kwargs)).claim
+
     async def release(
         self,
         decision_id: str,
@@ -382,6 +448,7 @@ class StoredLedger(Ledger):
         *,
         identity: ExecutionIdentity | None = None,
     ) -> None:
+        """Give up ``owner_id``'s lease so the next claim can proceed (a new attempt)."""
         _check_owned(decision_id, request_hash, owner_id)
         _check_identity(identity)
         await self._apply(
@@ -396,12 +463,14 @@ class StoredLedger(Ledger):
         *,
         identity: ExecutionIdentity | None = None,
     ) -> ClaimState:
+        """The claim's redacted state; a hash or identity mismatch raises."""
         _check_texts(decision_id=decision_id, request_hash=request_hash)
         _check_identity(identity)
         record = await self._read(decision_id)
         return machine.inspect(record, decision_id, request_hash, identity)
 
     async def lookup(self, decision_id: str) -> LedgerEntry | None:
+        """Read a record by decision id alone, redacted (no owner): for the service."""
         _check_texts(decision_id=decision_id)
         record = await self._read(decision_id)
         if record is None:
@@ -416,10 +485,17 @@ class StoredLedger(Ledger):
         )
 
     async def read_record(self, decision_id: str) -> ClaimRecord | None:
+        """The whole stored record, owner and lease included, or None.
+
+        For operator tools and verification (the crash harness compares it with
+        its journals). Unlike :meth:`lookup` it exposes the owner id, so do not
+        serve it to clients.
+        """
         _check_texts(decision_id=decision_id)
         return await self._read(decision_id)
 
     async def completed_receipt(self, decision_id: str) -> ResultReceipt | None:
+        """The result receipt stored with a completed decision, if any."""
         _check_texts(decision_id=decision_id)
         record = await self._read(decision_id)
         return None if record is None else record.result_receipt
@@ -431,6 +507,15 @@ class StoredLedger(Ledger):
         progress: PruneProgress | None = None,
         keep_tombstones: bool | None = None,
     ) -> int:
+        """Remove completed records whose completion time is before ``before_ms``.
+
+        Large stores prune in batches (short transactions); ``progress``, if
+        given, is called with the running total after each batch.
+        ``keep_tombstones`` (None: the ledger's own setting, off unless
+        configured) replaces each pruned record with its tombstone instead of
+        deleting it, so a late duplicate is still answered as a duplicate.
+        Without it a pruned id can be submitted again (the seed's behaviour).
+        """
         keep = self.keep_tombstones if keep_tombstones is None else bool(keep_tombstones)
         mode = PruneMode.TOMBSTONE if keep else PruneMode.DELETE
         return await self._prune(check_u64("before_ms", before_ms), progress, mode)
@@ -438,6 +523,7 @@ class StoredLedger(Ledger):
     async def prune_tombstones(
         self, before_ms: int, *, progress: PruneProgress | None = None
     ) -> int:
+        """Delete tombstones of decisions completed before ``before_ms``: the dedup horizon."""
         return await self._prune(check_u64("before_ms", before_ms), progress, PruneMode.TOMBSTONES)
 
     async def _query_clock(self) -> int:
@@ -447,14 +533,24 @@ class StoredLedger(Ledger):
     async def list_decisions(
         self, query: DecisionQuery, *, now_ms: int | None = None
     ) -> DecisionPage:
+        """One keyset page of the decisions ``query`` selects (states taken at ``now_ms``)."""
         now = await self._query_clock() if now_ms is None else check_u64("now_ms", now_ms)
         return await self._list(query, now)
 
     async def count_decisions(self, query: DecisionQuery, *, now_ms: int | None = None) -> int:
+        """How many decisions ``query``'s filters select (cursor and limit ignored)."""
         now = await self._query_clock() if now_ms is None else check_u64("now_ms", now_ms)
         return await self._count(query.counting(), now)
 
     async def operator_release(self, decision_id: str, *, actor: str, reason: str) -> AuditEntry:
+        """Release a pending claim, live or expired, fenced, and audit it in one transaction.
+
+        The owner is cleared and ``attempts`` (the fencing token) bumped, so
+        the old owner can never renew or complete. Raises
+        :class:`~flowdecision.errors.ActionRefusedError` for a completed
+        decision or tombstone, :class:`~flowdecision.errors.UnknownDecisionError`
+        for an unknown id. Returns the audit entry written.
+        """
         entry = _action_entry("release", decision_id, actor, reason)
         return await self._act(
             decision_id,
@@ -462,6 +558,10 @@ class StoredLedger(Ledger):
         )
 
     async def forget(self, decision_id: str, *, actor: str, reason: str) -> AuditEntry:
+        """Delete a completed decision or a tombstone so its id can be used again, audited.
+
+        ``reason`` must be given. Refuses a pending claim (release it first).
+        """
         entry = _action_entry("forget", decision_id, actor, reason)
         return await self._act(
             decision_id,
@@ -469,11 +569,16 @@ class StoredLedger(Ledger):
         )
 
     async def audit(self, query: AuditQuery) -> AuditPage:
+        """A page of the append-only audit trail, oldest first."""
         return await self._audit(query)
 
 
-class ScanningLedger(StoredLedger):
-    """A :class:`StoredLedger` with no index: the operator queries scan every record.
+#: The old name of :class:`Ledger`, the storage template (kept importable).
+StoredLedger = Ledger
+
+
+class ScanningLedger(Ledger):
+    """A :class:`Ledger` with no index: the operator queries scan every record.
 
     Subclasses supply the records and the audit trail as snapshots
     (:meth:`_scanned`, :meth:`_trail`); :func:`~.query.scan_page` and its

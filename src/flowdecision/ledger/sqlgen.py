@@ -21,7 +21,7 @@ import abc
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
-from .base import StoredLedger
+from .base import Ledger
 from .query import (
     AuditPage,
     AuditQuery,
@@ -174,8 +174,8 @@ def audit_sql(query: AuditQuery, style: Style) -> tuple[str, list[Any]]:
     return sql, param.values
 
 
-class SqlLedger(StoredLedger):
-    """A :class:`~.base.StoredLedger` in a SQL store: the operator queries are this
+class SqlLedger(Ledger):
+    """A :class:`~.base.Ledger` in a SQL store: the operator queries are this
     module's, run by the backend (SQLite and PostgreSQL).
 
     A backend names its parameter :data:`Style`, keeps its :class:`DecodedRecords`

@@ -1,4 +1,5 @@
-"""What ledger calls return: claim outcomes and redacted claim states.
+"""What ledger calls take and return: the claim key, claim outcomes, redacted
+claim states and entries.
 
 The owner id never appears here: it is an internal fencing token, not an
 operator-facing diagnostic.
@@ -8,14 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
-from ..identity import ResultReceipt
+from ..bodies import DecisionStateBody
+from ..identity import ExecutionIdentity, ResultReceipt
 
 __all__ = [
     "AlreadyCompleted",
     "AuditEntry",
     "Busy",
+    "ClaimKey",
     "ClaimOutcome",
     "ClaimState",
     "Claimed",
@@ -23,9 +26,11 @@ __all__ = [
     "Conflict",
     "DecisionState",
     "JointOutcome",
+    "LedgerEntry",
     "Missing",
     "Pending",
     "Unavailable",
+    "decision_state_body",
 ]
 
 
@@ -211,3 +216,66 @@ class AuditEntry:
             state_before=str(obj["state_before"]),
             attempts=int(obj["attempts"]),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """A redacted view of one record, looked up by decision id alone (no owner)."""
+
+    decision_id: str
+    request_hash: str
+    state: ClaimState
+    attempts: int
+    execution_identity: ExecutionIdentity | None
+    result_receipt: ResultReceipt | None
+
+    def to_dict(self) -> DecisionStateBody:
+        """The one JSON shape of a looked-up decision: ``GET /v1/decisions/{id}``'s
+        body, ``flowdecision inspect --json``'s output and the client's
+        ``DecisionState.to_dict()`` (the receipt is ``receipt``)."""
+        state = self.state
+        body = decision_state_body(
+            self.decision_id,
+            state.kind,
+            self.attempts,
+            self.request_hash,
+            self.execution_identity,
+            self.result_receipt,
+        )
+        if isinstance(state, Pending):
+            body["lease_expires_at_ms"] = state.lease_expires_at_ms
+        if isinstance(state, Completed):
+            body["completed_at_ms"] = state.completed_at_ms
+        return body
+
+
+def decision_state_body(
+    decision_id: str,
+    state: str,
+    attempts: int,
+    request_hash: str,
+    identity: ExecutionIdentity | None,
+    receipt: ResultReceipt | None,
+) -> DecisionStateBody:
+    """A looked-up decision's JSON members that every state has (the caller adds
+    ``lease_expires_at_ms`` or ``completed_at_ms``): :meth:`LedgerEntry.to_dict`'s
+    and the client's ``DecisionState.to_dict()``'s one shape."""
+    return {
+        "decision_id": decision_id,
+        "state": state,
+        "attempts": attempts,
+        "request_hash": request_hash,
+        "execution_identity": identity.to_dict() if identity else None,
+        "receipt": receipt.to_dict() if receipt else None,
+    }
+
+
+class ClaimKey(NamedTuple):
+    """What a claim is bound to: the decision, its request hash and (optionally)
+    the execution identity. The dispatcher carries one per dispatch into its
+    heartbeat and its release, instead of three loose values (a tuple: free to
+    build and to unpack on the hot path)."""
+
+    decision_id: str
+    request_hash: str
+    identity: ExecutionIdentity | None = None
