@@ -72,9 +72,9 @@ name is importable from ``flowdecision.client`` as before:
 ``decode.py``       answers into results (shape checks)
 ``retry.py``        :class:`RetryOptions`, :class:`RetryEvent`
 ``protocol.py``     the sans-I/O core: requests, answers, the retry loop
-``base.py``         what both clients share; :func:`read_token_file`
-``async_client.py`` :class:`DecisionClient`
-``sync_client.py``  :class:`SyncDecisionClient`
+``base.py``         what both clients share (the step loop); :func:`read_token_file`
+``async_client.py`` :class:`DecisionClient`: each call, written once
+``sync_client.py``  :class:`SyncDecisionClient`: the same calls, run blocking
 ==================  ================================================================
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
@@ -13,12 +13,10 @@ from ..ledger.query import AuditPage, DecisionPage
 from ..ledger.states import AuditEntry
 from ..model import DecisionRequest
 from .base import HTTP_DEFAULTS, BaseClient, send_kwargs
-from .protocol import Exchange, Sleep, audit_params, query_params, run_path
+from .protocol import Send, audit_params, query_params, run_path
 from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
 
 __all__ = ["DecisionClient"]
-
-T = TypeVar("T")
 
 
 class DecisionClient(BaseClient[httpx.AsyncClient], Closable):
@@ -154,23 +152,11 @@ class DecisionClient(BaseClient[httpx.AsyncClient], Closable):
             )
         )  # fmt: skip
 
-    async def _drive(self, exchange: Exchange[T]) -> T:
-        try:
-            step = next(exchange)
-            while True:
-                if isinstance(step, Sleep):
-                    await asyncio.sleep(step.seconds)
-                    step = exchange.send(None)
-                    continue
-                try:
-                    response = await self._http.request(step.method, step.url, **send_kwargs(step))
-                except httpx.TransportError as error:
-                    step = exchange.throw(error)
-                else:
-                    step = exchange.send(response)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
+    async def _send(self, step: Send) -> httpx.Response:
+        return await self._http.request(step.method, step.url, **send_kwargs(step))
+
+    async def _sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
     async def close(self) -> None:
         """Close the HTTP connection pool if this client created it (``async with`` does)."""

@@ -11,7 +11,7 @@ import httpx
 from .. import tracing
 from ..defaults import CLIENT_TIMEOUT_S, SERVICE_URL
 from ..errors import InvalidArgumentError
-from .protocol import Send, ServiceProtocol
+from .protocol import Exchange, Send, ServiceProtocol, Sleep
 from .retry import OnRetry, RetryOptions
 
 __all__ = ["DEFAULT_URL", "HTTP_DEFAULTS", "BaseClient", "read_token_file", "send_kwargs"]
@@ -35,6 +35,7 @@ def send_kwargs(step: Send) -> dict[str, Any]:
 
 
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+T = TypeVar("T")
 
 #: The settings of the httpx client a client builds (and owns) when none is given.
 HTTP_DEFAULTS: Final[dict[str, Any]] = {
@@ -77,6 +78,33 @@ class BaseClient(Generic[H]):
 
     def _new_http(self) -> H:
         raise NotImplementedError
+
+    async def _send(self, step: Send) -> httpx.Response:
+        """Send one request (the async client awaits it, the blocking one blocks)."""
+        raise NotImplementedError
+
+    async def _sleep(self, seconds: float) -> None:
+        """Wait before a retry (the async client awaits, the blocking one blocks)."""
+        raise NotImplementedError
+
+    async def _drive(self, exchange: Exchange[T]) -> T:
+        """Carry out one operation's steps (:mod:`.protocol`); return its result."""
+        try:
+            step = next(exchange)
+            while True:
+                if isinstance(step, Sleep):
+                    await self._sleep(step.seconds)
+                    step = exchange.send(None)
+                    continue
+                try:
+                    response = await self._send(step)
+                except httpx.TransportError as error:
+                    step = exchange.throw(error)
+                else:
+                    step = exchange.send(response)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
 
 
 def read_token_file(path: str | Path) -> str:
