@@ -80,13 +80,20 @@ class Attention:
     error: str | None = None
 
 
+def _section(heading: str, section_id: str, error: str | None, failure: str) -> list[str]:
+    """A section's opening parts; ``failure: error`` when its data could not be read."""
+    parts = [f'<h2>{heading}</h2><section id="{section_id}">']
+    if error is not None:
+        parts.append(f"<p>{failure}: {escape(error)}</p>")
+    return parts
+
+
 def _attention_html(attention: Attention | None) -> str:
     if attention is None:
         return ""
-    parts = ['<h2>Needs attention</h2><section id="attention">']
-    if attention.error is not None:
-        parts.append(f"<p>The ledger could not be queried: {escape(attention.error)}</p>")
-    elif attention.expired:
+    failure = "The ledger could not be queried"
+    parts = _section("Needs attention", "attention", attention.error, failure)
+    if attention.error is None and attention.expired:
         rows = "".join(
             f"<tr><td><code>{escape(shown_text(row.decision_id))}</code></td>"
             f"<td><code>{escape(shown_text(row.run_id or '-'))}</code></td>"
@@ -101,7 +108,7 @@ def _attention_html(attention: Attention | None) -> str:
             '<p class="meta">Release with <code>flowdecision release ID --reason ...</code> '
             '(docs/OPERATIONS.md, "A stuck lease").</p>'
         )
-    else:
+    elif attention.error is None:
         parts.append('<p id="expired">No claim is pending past its lease.</p>')
     if attention.failures:
         rows = "".join(
@@ -222,10 +229,9 @@ def _finder_html(finder: Finder | None) -> str:
 def _actions_html(actions: RecentActions | None) -> str:
     if actions is None:
         return ""
-    parts = ['<h2>Operator actions (last 24 hours)</h2><section id="actions">']
-    if actions.error is not None:
-        parts.append(f"<p>The audit trail could not be read: {escape(actions.error)}</p>")
-    elif actions.entries:
+    failure = "The audit trail could not be read"
+    parts = _section("Operator actions (last 24 hours)", "actions", actions.error, failure)
+    if actions.error is None and actions.entries:
         rows = [
             [
                 _ms(entry.at_ms),
@@ -241,7 +247,7 @@ def _actions_html(actions: RecentActions | None) -> str:
         parts.append(_table(headings, rows))
         if actions.more:
             parts.append('<p class="meta">More: <code>flowdecision audit --after 24h</code>.</p>')
-    else:
+    elif actions.error is None:
         parts.append("<p>No operator action in the last 24 hours.</p>")
     parts.append("</section>")
     return "".join(parts)
