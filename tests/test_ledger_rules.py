@@ -16,6 +16,7 @@ from flowdecision.ledger import (
     AlreadyCompleted,
     Busy,
     Claimed,
+    ClaimKey,
     Completed,
     Conflict,
     MemoryLedger,
@@ -39,7 +40,7 @@ async def test_lease_expiry_is_now_plus_at_least_one_and_saturates() -> None:
 
 def test_attempts_saturate_at_u32_max() -> None:
     record = ClaimRecord("h", ClaimStatus.PENDING, "", 0, U32_MAX)
-    transition = machine.claim(record, "h", None, "o", 10, 5)
+    transition = machine.claim(record, ClaimKey("a", "h"), "o", 10, 5)
     assert transition.result == Claimed(U32_MAX)
 
 

@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from flowdecision.errors import LedgerError
 from flowdecision.identity import ExecutionIdentity, ResultOutcome, ResultReceipt, digest_bytes
-from flowdecision.ledger import Ledger, machine
+from flowdecision.ledger import ClaimKey, Ledger, machine
 from flowdecision.ledger.machine import ClaimRecord, Transition
 
 from .helpers import identity
@@ -133,10 +133,11 @@ def build_machine(
             lease: int,
         ) -> None:
             now = self.now
+            key = ClaimKey(decision_id, request_hash, ident)
             want = _outcome(
                 lambda: self.model.apply(
                     decision_id,
-                    lambda r: machine.claim(r, request_hash, ident, owner, now, lease),
+                    lambda r: machine.claim(r, key, owner, now, lease),
                 )
             )
             got = run(
@@ -166,10 +167,11 @@ def build_machine(
             lease: int,
         ) -> None:
             now = self.now
+            key = ClaimKey(decision_id, request_hash, ident)
             want = _outcome(
                 lambda: self.model.apply(
                     decision_id,
-                    lambda r: machine.renew(r, request_hash, ident, owner, now, lease),
+                    lambda r: machine.renew(r, key, owner, now, lease),
                 )
             )
             got = run(
@@ -217,7 +219,7 @@ def build_machine(
                 return self.model.apply(
                     decision_id,
                     lambda r: machine.complete(
-                        r, decision_id, request_hash, ident, owner, receipt, now
+                        r, ClaimKey(decision_id, request_hash, ident), owner, receipt, now
                     ),
                 )
 
@@ -253,7 +255,8 @@ def build_machine(
         ) -> None:
             want = _outcome(
                 lambda: self.model.apply(
-                    decision_id, lambda r: machine.release(r, request_hash, ident, owner)
+                    decision_id,
+                    lambda r: machine.release(r, ClaimKey(decision_id, request_hash, ident), owner),
                 )
             )
             got = run(
@@ -278,7 +281,7 @@ def build_machine(
         ) -> None:
             want = _outcome(
                 lambda: machine.inspect(
-                    self.model.records.get(decision_id), decision_id, request_hash, ident
+                    self.model.records.get(decision_id), ClaimKey(decision_id, request_hash, ident)
                 )
             )
             got = run(

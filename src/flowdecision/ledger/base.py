@@ -52,7 +52,7 @@ from .query import (
     scan_count,
     scan_page,
 )
-from .states import AuditEntry, ClaimOutcome, ClaimState, JointOutcome, LedgerEntry
+from .states import AuditEntry, ClaimKey, ClaimOutcome, ClaimState, JointOutcome, LedgerEntry
 
 __all__ = [
     "JointOperation",
@@ -73,10 +73,8 @@ PruneProgress = Callable[[int], None]
 #: A transition bound to its arguments: ``op(record, clock_ms) -> Transition``.
 Operation = Callable[[ClaimRecord | None, int], Transition[T]]
 #: :func:`machine.claim` or :func:`machine.renew`:
-#: ``rule(record, request_hash, identity, owner_id, now_ms, lease_ms)``.
-_LeaseRule = Callable[
-    [ClaimRecord | None, str, ExecutionIdentity | None, str, int, int], Transition[T]
-]
+#: ``rule(record, key, owner_id, now_ms, lease_ms)``.
+_LeaseRule = Callable[[ClaimRecord | None, ClaimKey, str, int, int], Transition[T]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,9 +286,8 @@ class Ledger(Closable, abc.ABC):
         else:
             _check_origin(origin)
             rule = partial(machine.claim, origin=origin)
-        return await self._leased(
-            rule, decision_id, request_hash, owner_id, lease_ms, now_ms, identity
-        )
+        key = ClaimKey(decision_id, request_hash, identity)
+        return await self._leased(rule, key, owner_id, lease_ms, now_ms)
 
     async def renew(
         self,
@@ -306,34 +303,21 @@ class Ledger(Closable, abc.ABC):
 
         False after completion, takeover, release, expiry or identity conflict.
         """
-        return await self._leased(
-            machine.renew, decision_id, request_hash, owner_id, lease_ms, now_ms, identity
-        )
+        key = ClaimKey(decision_id, request_hash, identity)
+        return await self._leased(machine.renew, key, owner_id, lease_ms, now_ms)
 
     async def _leased(
-        self,
-        rule: _LeaseRule[T],
-        decision_id: str,
-        request_hash: str,
-        owner_id: str,
-        lease_ms: int,
-        now_ms: int | None,
-        identity: ExecutionIdentity | None,
+        self, rule: _LeaseRule[T], key: ClaimKey, owner_id: str, lease_ms: int, now_ms: int | None
     ) -> T:
         """Validate the arguments :meth:`claim` and :meth:`renew` share, then apply ``rule``."""
-        _check_owned(decision_id, request_hash, owner_id)
+        _check_owned(key.decision_id, key.request_hash, owner_id)
         check_u64("lease_ms", lease_ms)
         fixed = None if now_ms is None else check_u64("now_ms", now_ms)
-        _check_identity(identity)
+        _check_identity(key.identity)
         return await self._apply(
-            decision_id,
+            key.decision_id,
             lambda record, clock: rule(
-                record,
-                request_hash,
-                identity,
-                owner_id,
-                clock if fixed is None else fixed,
-                lease_ms,
+                record, key, owner_id, clock if fixed is None else fixed, lease_ms
             ),
         )
 
@@ -362,17 +346,12 @@ class Ledger(Closable, abc.ABC):
         fixed = None if completed_at_ms is None else check_u64("completed_at_ms", completed_at_ms)
         _check_identity(identity)
         _check_receipt(identity, receipt)
+        key = ClaimKey(decision_id, request_hash, identity)
+        trace = _check_traceparent(traceparent)
         return await self._apply(
             decision_id,
             lambda record, clock: machine.complete(
-                record,
-                decision_id,
-                request_hash,
-                identity,
-                owner_id,
-                receipt,
-                clock if fixed is None else fixed,
-                _check_traceparent(traceparent),
+                record, key, owner_id, receipt, clock if fixed is None else fixed, trace
             ),
         )
 
@@ -411,9 +390,9 @@ class Ledger(Closable, abc.ABC):
         check_u64("lease_ms", lease_ms)
         _check_identity(identity)
         _check_receipt(identity, receipt)
-        key = self.store_key()
-        if key is None or (write.store is not key and write.store != key):
-            where = "no shared store" if key is None else f"{key.kind} store {key.where}"
+        store = self.store_key()
+        if store is None or (write.store is not store and write.store != store):
+            where = "no shared store" if store is None else f"{store.kind} store {store.where}"
             raise LedgerError(
                 f"a joint write for {write.store.kind} store {write.store.where} cannot join "
                 f"this ledger's transaction ({where})"
@@ -423,15 +402,15 @@ class Ledger(Closable, abc.ABC):
                 f"joint write for decision `{write.decision_id}` offered with `{decision_id}`"
             )
 
+        key = ClaimKey(decision_id, request_hash, identity)
+
         def claim(record: ClaimRecord | None, clock: int) -> Transition[ClaimOutcome]:
-            return machine.claim(record, request_hash, identity, owner_id, clock, lease_ms, origin)
+            return machine.claim(record, key, owner_id, clock, lease_ms, origin)
 
         trace = _check_traceparent(traceparent)
 
         def complete(record: ClaimRecord | None, clock: int) -> Transition[bool]:
-            return machine.complete(
-                record, decision_id, request_hash, identity, owner_id, receipt, clock, trace
-            )
+            return machine.complete(record, key, owner_id, receipt, clock, trace)
 
         return await self._apply_joint(decision_id, JointOperation(claim, complete, write))
 
@@ -451,9 +430,9 @@ class Ledger(Closable, abc.ABC):
         """Give up ``owner_id``'s lease so the next claim can proceed (a new attempt)."""
         _check_owned(decision_id, request_hash, owner_id)
         _check_identity(identity)
+        key = ClaimKey(decision_id, request_hash, identity)
         await self._apply(
-            decision_id,
-            lambda record, _clock: machine.release(record, request_hash, identity, owner_id),
+            decision_id, lambda record, _clock: machine.release(record, key, owner_id)
         )
 
     async def inspect(
@@ -467,7 +446,7 @@ class Ledger(Closable, abc.ABC):
         _check_texts(decision_id=decision_id, request_hash=request_hash)
         _check_identity(identity)
         record = await self._read(decision_id)
-        return machine.inspect(record, decision_id, request_hash, identity)
+        return machine.inspect(record, ClaimKey(decision_id, request_hash, identity))
 
     async def lookup(self, decision_id: str) -> LedgerEntry | None:
         """Read a record by decision id alone, redacted (no owner): for the service."""

@@ -8,7 +8,9 @@ in time that stands still or runs backwards.
 
 This is a literal port of the record functions of ``decision_ledger.rs``
 (``claim_record``, ``renew_record``, ``complete_record``, ``release_record``,
-``inspect_record``, ``prune_records``), with the same error messages.
+``inspect_record``, ``prune_records``), with the same error messages. What a
+claim is bound to -- decision id, request hash, execution identity -- arrives
+as one :class:`~.states.ClaimKey`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .states import (
     AuditEntry,
     Busy,
     Claimed,
+    ClaimKey,
     ClaimOutcome,
     ClaimState,
     Completed,
@@ -308,8 +311,7 @@ def _identity_conflicts(record: ClaimRecord, identity: ExecutionIdentity | None)
 
 def claim(
     record: ClaimRecord | None,
-    request_hash: str,
-    identity: ExecutionIdentity | None,
+    key: ClaimKey,
     owner_id: str,
     now_ms: int,
     lease_ms: int,
@@ -321,6 +323,7 @@ def claim(
     hash is ``AlreadyCompleted`` (with the receipt's digest), another one is a
     ``Conflict``; it binds no identity (it keeps none).
     """
+    request_hash, identity = key.request_hash, key.identity
     lease_expires_at_ms = _lease_expiry(now_ms, lease_ms)
     if record is None:
         created = ClaimRecord(
@@ -358,21 +361,16 @@ def claim(
 
 
 def renew(
-    record: ClaimRecord | None,
-    request_hash: str,
-    identity: ExecutionIdentity | None,
-    owner_id: str,
-    now_ms: int,
-    lease_ms: int,
+    record: ClaimRecord | None, key: ClaimKey, owner_id: str, now_ms: int, lease_ms: int
 ) -> Transition[bool]:
     """``renew_record``: extend a live lease held by ``owner_id``; never binds an identity."""
     if (
         record is None
-        or record.request_hash != request_hash
+        or record.request_hash != key.request_hash
         or record.status is not ClaimStatus.PENDING
         or record.owner_id != owner_id
         or record.lease_expires_at_ms <= now_ms
-        or _identity_conflicts(record, identity)
+        or _identity_conflicts(record, key.identity)
     ):
         return Transition(record, False, False)
     renewed = replace(record, lease_expires_at_ms=_lease_expiry(now_ms, lease_ms))
@@ -381,9 +379,7 @@ def renew(
 
 def complete(
     record: ClaimRecord | None,
-    decision_id: str,
-    request_hash: str,
-    identity: ExecutionIdentity | None,
+    key: ClaimKey,
     owner_id: str,
     receipt: ResultReceipt | None,
     completed_at_ms: int,
@@ -401,6 +397,7 @@ def complete(
     ``traceparent`` (side data, see :class:`ClaimRecord`) is kept with a new
     completion only: the submission that counted.
     """
+    decision_id, request_hash, identity = key
     if record is None:
         raise LedgerError(f"decision claim `{decision_id}` does not exist")
     if record.request_hash != request_hash:
@@ -446,12 +443,7 @@ def complete(
     return Transition(done, True, True)
 
 
-def release(
-    record: ClaimRecord | None,
-    request_hash: str,
-    identity: ExecutionIdentity | None,
-    owner_id: str,
-) -> Transition[None]:
+def release(record: ClaimRecord | None, key: ClaimKey, owner_id: str) -> Transition[None]:
     """``release_record``: the owner gives up its lease so a retry can claim at once.
 
     Anything else (wrong hash, completed, other owner, identity conflict) is a
@@ -459,28 +451,25 @@ def release(
     """
     if (
         record is None
-        or record.request_hash != request_hash
+        or record.request_hash != key.request_hash
         or record.status is not ClaimStatus.PENDING
-        or _identity_conflicts(record, identity)
+        or _identity_conflicts(record, key.identity)
         or record.owner_id != owner_id
     ):
         return Transition(record, None, False)
     return Transition(replace(record, owner_id="", lease_expires_at_ms=0), None, True)
 
 
-def inspect(
-    record: ClaimRecord | None,
-    decision_id: str,
-    request_hash: str,
-    identity: ExecutionIdentity | None,
-) -> ClaimState:
+def inspect(record: ClaimRecord | None, key: ClaimKey) -> ClaimState:
     """``inspect_record``: the redacted state; a hash or identity mismatch is an error."""
     if record is None:
         return Missing()
-    if record.request_hash != request_hash:
-        raise LedgerError(f"decision `{decision_id}` request hash conflicts with its claim")
-    if _identity_conflicts(record, identity):
-        raise LedgerError(f"decision `{decision_id}` execution identity conflicts with its claim")
+    if record.request_hash != key.request_hash:
+        raise LedgerError(f"decision `{key.decision_id}` request hash conflicts with its claim")
+    if _identity_conflicts(record, key.identity):
+        raise LedgerError(
+            f"decision `{key.decision_id}` execution identity conflicts with its claim"
+        )
     return state_of(record)
 
 
