@@ -41,6 +41,7 @@ __all__ = [
     "SERVICE_URL",
     "SQLITE_BUSY_TIMEOUT_MS",
     "SQLITE_CACHE_KIB",
+    "SQLITE_INLINE_MAX_MS",
     "SQLITE_SYNCHRONOUS",
     "WEBHOOK_BACKOFF_BASE_S",
     "WEBHOOK_BACKOFF_MAX_S",
@@ -108,6 +109,9 @@ SQLITE_SYNCHRONOUS: Final = "FULL"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: The SQLite ledger's page cache (``PRAGMA cache_size``), in KiB.
 SQLITE_CACHE_KIB = 16_384
+#: The SQLite ledger commits a lone mutation on its caller's event loop (no thread
+#: hand-off) while such commits take at most this long (0: always on its own thread).
+SQLITE_INLINE_MAX_MS = 2.0
 
 # -- group commit (the SQL ledgers) -----------------------------------------------------
 

@@ -35,6 +35,7 @@ from ..defaults import (
     MAX_WAIT_MS,
     SQLITE_BUSY_TIMEOUT_MS,
     SQLITE_CACHE_KIB,
+    SQLITE_INLINE_MAX_MS,
     SQLITE_SYNCHRONOUS,
     default_ledger_path,
 )
@@ -152,6 +153,12 @@ class SqliteLedger(SqlLedger):
     waits up to ``max_wait_ms`` (default 0: never) for more to arrive once a
     batch has started. ``group_commit=False`` commits every mutation alone.
 
+    ``inline_max_ms``: a lone mutation (nothing else asked for in the same
+    event-loop iteration, nothing queued or committing) commits on the
+    caller's event loop instead of the connection thread, saving two thread
+    hand-offs, while such commits take at most this long (0: never; see
+    :mod:`flowdecision.store.sqlite_thread` for the trade-off).
+
     ``keep_tombstones``: what :meth:`prune_completed` does when not told.
     """
 
@@ -167,6 +174,7 @@ class SqliteLedger(SqlLedger):
         max_batch: int = MAX_BATCH,
         max_wait_ms: float = MAX_WAIT_MS,
         cache_kib: int = SQLITE_CACHE_KIB,
+        inline_max_ms: float = SQLITE_INLINE_MAX_MS,
         create: bool = True,
         keep_tombstones: bool = False,
     ) -> None:
@@ -194,12 +202,15 @@ class SqliteLedger(SqlLedger):
             synchronous=sync,
             create=self.create,
             pragmas=(f"PRAGMA cache_size = {-int(cache_kib)}",),
+            shared=inline_max_ms > 0,
         )
+        self.inline_max_ms = float(inline_max_ms)
         self._thread = SqliteThread(
             self._opener,
             write_batch=self._write_batch,
             max_batch=self.max_batch,
             max_wait_ms=self.max_wait_ms,
+            inline_max_ms=self.inline_max_ms,
         )
         self._decoded = DecodedRecords(f"sqlite ledger `{self.path}`")
         self._store_key: StoreKey | None = None

@@ -49,16 +49,19 @@ class sqlite_transaction:
     Every SQLite write transaction flowdecision opens goes through here: a
     group-commit batch, a migration, an outbox delivery, a prune. A class, not
     a generator-based context manager: it runs once per committed batch, on
-    the connection thread's hot path.
+    the connection thread's hot path. ``begun``: the caller has already run
+    ``BEGIN IMMEDIATE`` itself (to learn whether the write lock was free).
     """
 
-    __slots__ = ("conn",)
+    __slots__ = ("begun", "conn")
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, begun: bool = False) -> None:
         self.conn = conn
+        self.begun = begun
 
     def __enter__(self) -> sqlite3.Connection:
-        self.conn.execute("BEGIN IMMEDIATE")
+        if not self.begun:
+            self.conn.execute("BEGIN IMMEDIATE")
         return self.conn
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
@@ -85,13 +88,20 @@ def create_private_file(path: Path) -> None:
 
 
 def connect_wal(
-    path: Path, *, busy_timeout_ms: int, synchronous: str = "FULL", create: bool = True
+    path: Path,
+    *,
+    busy_timeout_ms: int,
+    synchronous: str = "FULL",
+    create: bool = True,
+    shared: bool = False,
 ) -> sqlite3.Connection:
     """Connect to ``path`` in WAL mode with ``synchronous`` and a busy timeout.
 
     With ``create`` a missing file is created ``0600`` and switched to WAL.
     Without it the file must exist (``sqlite3.OperationalError`` "unable to
     open database file" otherwise) and its journal mode is not changed.
+    ``shared``: the connection may be used from more than one thread (the
+    caller serializes every use with a lock of its own).
     Raises :class:`sqlite3.Error` (callers translate it into their own errors,
     naming the file); the connection is closed on failure.
     """
@@ -105,7 +115,7 @@ def connect_wal(
         target,
         timeout=busy_timeout_ms / 1000,
         isolation_level=None,  # callers issue BEGIN/COMMIT themselves
-        check_same_thread=True,
+        check_same_thread=not shared,
         uri=not create,
     )
     try:
@@ -163,7 +173,7 @@ class SqliteOpener:
     directory and migrates (``create=True``), or only checks that a current
     schema is there (``create=False``); :meth:`translate` turns
     :class:`sqlite3.Error` into the component's own errors, naming the file.
-    ``pragmas`` run on every new connection.
+    ``pragmas`` run on every new connection. ``shared``: see :func:`connect_wal`.
     """
 
     component: Component
@@ -172,6 +182,7 @@ class SqliteOpener:
     synchronous: str = "FULL"
     create: bool = True
     pragmas: tuple[str, ...] = ()
+    shared: bool = False
     #: The schema version found when the database was opened (before migrating).
     version_at_open: int | None = field(default=None, init=False)
 
@@ -196,6 +207,7 @@ class SqliteOpener:
                 busy_timeout_ms=self.busy_timeout_ms,
                 synchronous=self.synchronous,
                 create=self.create,
+                shared=self.shared,
             )
         except sqlite3.OperationalError as error:
             if not self.create and not self.path.exists():

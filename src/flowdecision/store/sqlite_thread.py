@@ -18,6 +18,30 @@ Two kinds of work:
   only after the ``COMMIT`` returned, i.e. after the commit is as durable as
   ``synchronous`` makes it. A lone mutation never waits. A mutation whose
   caller was cancelled while it was still queued is not applied.
+
+**A lone mutation runs on its caller's thread** (``inline_max_ms > 0``, the
+SQLite ledger's default). Handing one operation to the connection thread
+and back costs two thread wake-ups and a wait for the GIL, about twice what
+the transaction itself costs when nothing else is going on (see
+docs/BENCHMARKS.md, "The single-caller cycle"). So :meth:`SqliteThread.apply`
+does not queue a mutation at once: it collects the mutations its event loop
+asks for during the current loop iteration (``call_soon``: every task that
+is ready runs first), and when exactly one was asked for, the connection
+thread is idle and nothing is queued, it runs that one transaction right
+there, on the event loop's thread, with the same ``write_batch`` and the same
+``BEGIN IMMEDIATE`` ... ``COMMIT``. Two or more go to the connection thread
+as one batch, as before, so concurrent callers keep group commit.
+
+The price is that the event loop waits for that one commit (its fsync with
+``synchronous=FULL``: ~0.2 ms on a local SSD, more on network storage, and
+now and then a WAL checkpoint). Bounds: the loop never waits for another
+writer's lock (its ``BEGIN IMMEDIATE`` runs with a busy timeout of 0; when
+the lock is taken, the mutation goes to the connection thread, which waits
+with the store's busy timeout), and after three inline commits in a row
+that took longer than ``inline_max_ms`` lone mutations use the connection
+thread again for a second. The connection is shared by the two threads
+(``check_same_thread=False``); one lock serializes every use of it.
+Tracing on, every mutation takes the connection thread (its batch span).
 """
 
 from __future__ import annotations
@@ -36,6 +60,11 @@ from ..tracing import active as tracing_active
 from ..tracing import batch_span, recording_span
 from .batching import copy_error, settle
 from .sqlite import SqliteOpener, sqlite_transaction
+
+#: Inline commits in a row slower than ``inline_max_ms`` before lone mutations pause
+#: inline running, and for how long (seconds).
+_SLOW_LIMIT = 3
+_SLOW_PAUSE_S = 1.0
 
 __all__ = ["Job", "SqliteThread", "WriteBatch"]
 
@@ -90,16 +119,29 @@ class SqliteThread:
         write_batch: WriteBatch | None = None,
         max_batch: int = 1,
         max_wait_ms: float = 0.0,
+        inline_max_ms: float = 0.0,
     ) -> None:
         self.opener = opener
         self.write_batch = write_batch
         self.max_batch = max_batch
         self.max_wait_ms = max_wait_ms
+        #: Only a connection opened to be shared may run on a caller's thread.
+        self.inline_max_ms = inline_max_ms if opener.shared else 0.0
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
+        #: Held by whichever thread is using the connection (its own, or a caller's inline).
+        self._busy = threading.Lock()
+        #: The mutations each event loop asked for in its current iteration (inline on).
+        self._collected: dict[asyncio.AbstractEventLoop, list[Job]] = {}
+        #: The connection's busy timeout is 0 (set by the inline path, under ``_busy``).
+        self._no_wait = False
+        self._slow = 0
+        self._inline_after = 0.0
+        #: Mutations committed inline (for tests and benchmarks).
+        self.inline_commits = 0
 
     # -- the event loop's side -------------------------------------------------
 
@@ -116,7 +158,10 @@ class SqliteThread:
         future: asyncio.Future[Any] = loop.create_future()
         job = Job(loop, future, payload)
         if not tracing_active():
-            self._submit(job)
+            if self.inline_max_ms > 0 and self._conn is not None:
+                self._collect(job)
+            else:
+                self._submit(job)
             return await future
         job.trace = recording_span()
         self._submit(job)
@@ -148,9 +193,72 @@ class SqliteThread:
         except FlowDecisionError:
             pass
 
+    def _collect(self, job: Job) -> None:
+        """Hold ``job`` until every task that is ready in this loop iteration has run."""
+        if self._closed:
+            raise self._closed_error()
+        collected = self._collected.get(job.loop)
+        if collected is None:
+            self._collected[job.loop] = [job]
+            job.loop.call_soon(self._flush, job.loop)
+        else:
+            collected.append(job)
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The mutations ``loop`` collected: a lone one inline if it can, else queued."""
+        jobs = self._collected.pop(loop)
+        if len(jobs) == 1 and self._inline(jobs[0]):
+            settle(jobs)
+            return
+        if self._closed:  # closed after they were asked for: nobody will take them
+            for job in jobs:
+                job.error = self._closed_error()
+            settle(jobs)
+            return
+        for job in jobs:
+            self._submit(job)
+
+    def _inline(self, job: Job) -> bool:
+        """Commit ``job`` alone on this thread, if the connection is free; whether it did."""
+        if not self._queue.empty():
+            return False
+        started = time.perf_counter()
+        if started < self._inline_after or not self._busy.acquire(blocking=False):
+            return False
+        try:
+            conn = self._conn
+            if conn is None or self._closed:
+                return False
+            if job.future.cancelled():
+                return True  # its caller gave up before it started: not applied
+            try:
+                if not self._no_wait:
+                    conn.execute("PRAGMA busy_timeout = 0")
+                    self._no_wait = True
+                # Another writer holds the lock (or the read snapshot is busy): the
+                # connection thread waits for it instead of this event loop.
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error:
+                return False
+            self._commit([job], begun=True)
+            self.inline_commits += 1
+        finally:
+            self._busy.release()
+        if time.perf_counter() - started > self.inline_max_ms / 1000:
+            self._slow += 1
+            if self._slow >= _SLOW_LIMIT:
+                self._slow = 0
+                self._inline_after = time.perf_counter() + _SLOW_PAUSE_S
+        else:
+            self._slow = 0
+        return True
+
+    def _closed_error(self) -> FlowDecisionError:
+        return self.opener.component.errors.base(f"{self.opener.where} is closed")
+
     def _submit(self, job: Job) -> None:
         if self._closed:
-            raise self.opener.component.errors.base(f"{self.opener.where} is closed")
+            raise self._closed_error()
         if self._thread is None:
             with self._thread_lock:
                 if self._thread is None:
@@ -175,11 +283,13 @@ class SqliteThread:
             if job is _STOP:
                 return
             if job.work is not None:
-                self._run_work(job)
+                with self._busy:
+                    self._run_work(job)
                 self._answer([job])
                 continue
             batch, carry = self._gather(job)
-            self._commit(batch)
+            with self._busy:
+                self._commit(batch)
             self._answer(batch)
 
     def _gather(self, first: Job) -> tuple[list[Job], Any]:
@@ -226,8 +336,14 @@ class SqliteThread:
                 pass
 
     def _connection(self) -> sqlite3.Connection:
+        """The connection, for this thread (holding ``_busy``): opened, and waiting for
+        other writers' locks up to the store's busy timeout."""
         if self._conn is None:
             self._conn = self.opener.connect()
+            self._no_wait = False
+        elif self._no_wait:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(self.opener.busy_timeout_ms)}")
+            self._no_wait = False
         return self._conn
 
     def _run_work(self, job: Job) -> None:
@@ -241,8 +357,9 @@ class SqliteThread:
         except BaseException as error:
             job.error = error
 
-    def _commit(self, batch: list[Job]) -> None:
-        """Apply ``batch`` in arrival order inside one ``BEGIN IMMEDIATE`` transaction."""
+    def _commit(self, batch: list[Job], begun: bool = False) -> None:
+        """Apply ``batch`` in arrival order inside one ``BEGIN IMMEDIATE`` transaction
+        (``begun``: already begun, inline, on the connection as it is)."""
         assert self.write_batch is not None
         # A caller that gave up before the batch started is not applied (a claim nobody
         # awaits would only leave a lease nobody holds). Read across threads, so a
@@ -250,14 +367,14 @@ class SqliteThread:
         live = [job for job in batch if not job.future.cancelled()]
         traced = [job for job in live if job.trace is not None]
         try:
-            conn = self._connection()
+            conn = self._conn if begun and self._conn is not None else self._connection()
             with (
                 (
                     batch_span(self.opener.component.name, "sqlite", len(live), traced)
                     if traced
                     else _UNTRACED
                 ),
-                sqlite_transaction(conn),
+                sqlite_transaction(conn, begun),
             ):
                 committed = self.write_batch(conn, live)
         except sqlite3.Error as error:
