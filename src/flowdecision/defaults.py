@@ -111,7 +111,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_CACHE_KIB = 16_384
 #: The SQLite ledger commits a lone mutation on its caller's event loop (no thread
 #: hand-off) while such commits take at most this long (0: always on its own thread).
-SQLITE_INLINE_MAX_MS = 2.0
+SQLITE_INLINE_MAX_MS = 5.0
 
 # -- group commit (the SQL ledgers) -----------------------------------------------------
 

@@ -156,8 +156,9 @@ class SqliteLedger(SqlLedger):
     ``inline_max_ms``: a lone mutation (nothing else asked for in the same
     event-loop iteration, nothing queued or committing) commits on the
     caller's event loop instead of the connection thread, saving two thread
-    hand-offs, while such commits take at most this long (0: never; see
-    :mod:`flowdecision.store.sqlite_thread` for the trade-off).
+    hand-offs, while such commits take at most this long (0: never; nor with a
+    ``max_wait_ms``; see :mod:`flowdecision.store.sqlite_thread` for the
+    trade-off).
 
     ``keep_tombstones``: what :meth:`prune_completed` does when not told.
     """
@@ -217,6 +218,11 @@ class SqliteLedger(SqlLedger):
         #: Transactions committed by this ledger's mutations and the operations in them.
         self.commits = 0
         self.committed_ops = 0
+
+    @property
+    def inline_commits(self) -> int:
+        """Mutations committed alone on their caller's event loop (``inline_max_ms``)."""
+        return self._thread.inline_commits
 
     @property
     def version_at_open(self) -> int | None:

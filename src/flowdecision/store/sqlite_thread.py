@@ -20,7 +20,7 @@ Two kinds of work:
   caller was cancelled while it was still queued is not applied.
 
 **A lone mutation runs on its caller's thread** (``inline_max_ms > 0``, the
-SQLite ledger's default). Handing one operation to the connection thread
+SQLite ledger's default, and ``max_wait_ms`` 0). Handing one operation to the connection thread
 and back costs two thread wake-ups and a wait for the GIL, about twice what
 the transaction itself costs when nothing else is going on (see
 docs/BENCHMARKS.md, "The single-caller cycle"). So :meth:`SqliteThread.apply`
@@ -125,8 +125,9 @@ class SqliteThread:
         self.write_batch = write_batch
         self.max_batch = max_batch
         self.max_wait_ms = max_wait_ms
-        #: Only a connection opened to be shared may run on a caller's thread.
-        self.inline_max_ms = inline_max_ms if opener.shared else 0.0
+        #: Only a connection opened to be shared may run on a caller's thread, and a
+        #: mutation told to wait for company (``max_wait_ms``) waits for it.
+        self.inline_max_ms = inline_max_ms if opener.shared and max_wait_ms <= 0 else 0.0
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
