@@ -23,6 +23,7 @@ from .auth import AuthMiddleware
 from .boundary import BoundaryMiddleware
 from .config import Settings, redact_url
 from .errors import http_exception_handler
+from .front import DecisionsFront
 from .guards import BrowserGuardMiddleware, JsonContentTypeMiddleware
 from .handlers import AppContext, routes
 from .lean import lean_stack
@@ -103,8 +104,9 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
         lifespan=lifespan,
         exception_handlers={HTTPException: http_exception_handler},
     )
-    # The same routes, middleware and handlers, with fewer layers per request (lean.py).
-    app.middleware_stack = lean_stack(app)
+    # The same routes, middleware and handlers, with fewer layers per request (lean.py),
+    # and the plain POST /v1/decisions in one function in front of them (front.py).
+    app.middleware_stack = DecisionsFront(lean_stack(app), context)
     app.state.context = context
     app.state.settings = settings
     app.state.metrics = metrics

@@ -11,10 +11,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import error_response
 
-__all__ = ["AuthMiddleware", "presented_token"]
+__all__ = ["AuthMiddleware", "presented_token", "token_matches"]
 
 
-def _token_matches(presented: bytes, tokens: Sequence[bytes]) -> bool:
+def token_matches(presented: bytes, tokens: Sequence[bytes]) -> bool:
+    """Whether ``presented`` is one of ``tokens`` (constant-time: every token is compared)."""
     matched = False
     for token in tokens:  # every token is compared: no early exit
         matched |= hmac.compare_digest(presented, token)
@@ -52,7 +53,7 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         presented = presented_token(scope)
-        if presented is not None and _token_matches(presented, self.tokens):
+        if presented is not None and token_matches(presented, self.tokens):
             await self.app(scope, receive, send)
             return
         response = error_response(

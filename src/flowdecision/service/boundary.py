@@ -35,7 +35,7 @@ from .errors import error_response, static_error
 from .guards import has_body
 from .logs import request_id_for, request_id_var, write_access_line
 
-__all__ = ["CLIENT_CLOSED", "BoundaryMiddleware"]
+__all__ = ["CLIENT_CLOSED", "Answer", "BoundaryMiddleware"]
 
 log = logging.getLogger("flowdecision.service")
 
@@ -73,72 +73,123 @@ class BoundaryMiddleware:
         token = request_id_var.set(request_id)
         # The server span (tracing on): continues the caller's traceparent/tracestate.
         server_span = _start_server_span(scope, request_id) if _tracing.active() else None
-        status = 500
-        sent = 0
-        response_started = False
         # A body not read whole when the answer starts (a refusal, a 413 on
         # Content-Length...): the answer says Connection: close (module docstring).
-        body_pending = has_body(scope)
-
-        async def receive_noting_the_body() -> Message:
-            nonlocal body_pending
-            message = await receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_pending = False
-            return message
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status, sent, response_started
-            if message["type"] == "http.response.start":
-                response_started = True
-                status = message["status"]
-                headers = list(message.get("headers", []))
-                headers.append((b"x-request-id", request_id.encode("ascii")))
-                if body_pending:
-                    headers.append((b"connection", b"close"))
-                message = {**message, "headers": headers}
-            elif message["type"] == "http.response.body":
-                sent += len(message.get("body", b""))
-            await send(message)
-
-        app_receive = receive_noting_the_body if body_pending else receive
+        answer = Answer(send, receive, request_id, body_pending=has_body(scope))
+        app_receive = answer.receive if answer.body_pending else receive
         try:
-            await self.app(scope, app_receive, send_wrapper)
-        except ClientDisconnect:
-            # The client hung up while we read its body: no one to answer.
-            status = CLIENT_CLOSED
-        except asyncio.CancelledError:
-            # Only uvicorn cancels a request task, and only when the shutdown
-            # grace period is over. The task ends here (it is uvicorn's own), so
-            # the cancellation is answered rather than re-raised into uvicorn.
-            if not response_started:
-                await static_error("shutting_down")(scope, receive, send_wrapper)
-            log.info("request cancelled at the end of the shutdown grace period")
-        except Exception:
-            log.exception("unhandled error while serving a request")
-            if not response_started:
-                response = error_response(500, "internal", "internal server error")
-                await response(scope, receive, send_wrapper)
+            await self.app(scope, app_receive, answer.send)
+        except (asyncio.CancelledError, Exception) as error:
+            await answer.end_abnormally(error, scope)
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "<unmatched>"
-            if self.on_response is not None:
-                self.on_response(scope["method"], template, status)
-            if self.access_log_enabled:
-                client = scope.get("client")
-                write_access_line(
-                    request_id,
-                    scope["method"],
-                    scope["path"],
-                    template,
-                    status,
-                    sent,
-                    round((time.perf_counter() - started) * 1000, 3),
-                    f"{client[0]}:{client[1]}" if client else None,
-                )
+            self.finish(request_id, scope, template, answer.status, answer.sent, started)
             if server_span is not None:
-                _end_server_span(server_span, scope, template, status)
+                _end_server_span(server_span, scope, template, answer.status)
             request_id_var.reset(token)
+
+    def finish(
+        self,
+        request_id: str,
+        scope: Scope,
+        template: str,
+        status: int,
+        sent: int,
+        started: float,
+    ) -> None:
+        """Count the request and write its access line (``started``: ``perf_counter()``)."""
+        if self.on_response is not None:
+            self.on_response(scope["method"], template, status)
+        if self.access_log_enabled:
+            client = scope.get("client")
+            write_access_line(
+                request_id,
+                scope["method"],
+                scope["path"],
+                template,
+                status,
+                sent,
+                round((time.perf_counter() - started) * 1000, 3),
+                f"{client[0]}:{client[1]}" if client else None,
+            )
+
+
+class Answer:
+    """One request's ``send`` (and ``receive``) as the boundary passes them down.
+
+    ``send`` adds ``X-Request-Id`` (and ``Connection: close`` while the body is
+    unread) to the answer's head and notes its status and size; ``receive``
+    notes when the body has been read whole.
+    """
+
+    __slots__ = (
+        "_receive",
+        "_send",
+        "body_pending",
+        "request_id",
+        "response_started",
+        "sent",
+        "status",
+    )
+
+    def __init__(
+        self,
+        send: Send,
+        receive: Receive,
+        request_id: str,
+        *,
+        body_pending: bool,
+        status: int = 500,
+        sent: int = 0,
+        response_started: bool = False,
+    ) -> None:
+        self._send = send
+        self._receive = receive
+        self.request_id = request_id
+        self.body_pending = body_pending
+        self.status = status
+        self.sent = sent
+        self.response_started = response_started
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.body_pending = False
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.response_started = True
+            self.status = message["status"]
+            headers = list(message.get("headers", []))
+            headers.append((b"x-request-id", self.request_id.encode("ascii")))
+            if self.body_pending:
+                headers.append((b"connection", b"close"))
+            message = {**message, "headers": headers}
+        elif message["type"] == "http.response.body":
+            self.sent += len(message.get("body", b""))
+        await self._send(message)
+
+    async def end_abnormally(self, error: BaseException, scope: Scope) -> None:
+        """Answer a request that ended in ``error`` (module docstring); re-raise the rest."""
+        if isinstance(error, ClientDisconnect):
+            # The client hung up while we read its body: no one to answer.
+            self.status = CLIENT_CLOSED
+        elif isinstance(error, asyncio.CancelledError):
+            # Only uvicorn cancels a request task, and only when the shutdown
+            # grace period is over. The task ends here (it is uvicorn's own), so
+            # the cancellation is answered rather than re-raised into uvicorn.
+            if not self.response_started:
+                await static_error("shutting_down")(scope, self._receive, self.send)
+            log.info("request cancelled at the end of the shutdown grace period")
+        elif isinstance(error, Exception):
+            log.error("unhandled error while serving a request", exc_info=error)
+            if not self.response_started:
+                response = error_response(500, "internal", "internal server error")
+                await response(scope, self._receive, self.send)
+        else:  # pragma: no cover - only the two kinds above are caught
+            raise error
 
 
 def _start_server_span(scope: Scope, request_id: str) -> _tracing.SpanScope:

@@ -123,7 +123,7 @@ class BrowserGuardMiddleware:
             problem = f"`Expect: {shown}` cannot be met; the only expectation is `100-continue`"
             await error_response(417, "expectation_failed", problem)(scope, receive, send)
             return
-        if self.check_host and host is not None and not self._host_allowed(host):
+        if self.check_host and host is not None and not self.host_allowed(host):
             shown = host.decode("latin-1")[:200]
             refusal = error_response(
                 421,
@@ -154,7 +154,8 @@ class BrowserGuardMiddleware:
             return
         await self.app(scope, receive, _adding(send, [*allow, _CORS_EXPOSE]))
 
-    def _host_allowed(self, header: bytes) -> bool:
+    def host_allowed(self, header: bytes) -> bool:
+        """Whether a ``Host`` header names this service (loopback or ``allowed_hosts``)."""
         verdict = self._host_verdicts.get(header)
         if verdict is None:
             verdict = self._judge_host(header)

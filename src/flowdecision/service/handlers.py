@@ -177,8 +177,6 @@ def _wait_preference(values: list[str]) -> int | None:
 async def post_decision(request: Request) -> Response:
     """Submit a decision: 201 submitted, 200 duplicate, or an error from the table."""
     context, service = _context(request)
-    started = time.perf_counter()
-    limit = context.settings.max_body_bytes
     # One pass over the headers for the two this handler reads.
     declared = None
     prefer: list[str] | None = None
@@ -190,10 +188,24 @@ async def post_decision(request: Request) -> Response:
             if prefer is None:
                 prefer = []
             prefer.append(value.decode("latin-1"))
+    started = time.perf_counter()
+    body = await read_post_body(context, request.receive, declared)
+    if isinstance(body, Response):
+        return body
+    return await answer_post(context, service, body, prefer, started)
+
+
+async def read_post_body(
+    context: AppContext, receive: Receive, declared: bytes | None
+) -> bytes | Response:
+    """The body of a ``POST``, or the 413 when it (or its ``Content-Length``,
+    ``declared``) exceeds ``max_body_bytes``: the one answer sent before the
+    body was read whole."""
+    limit = context.settings.max_body_bytes
     try:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _TooLarge
-        body = await _read_body(request.receive, limit)
+        return await _read_body(receive, limit)
     except _TooLarge:
         return error_response(
             413,
@@ -201,6 +213,21 @@ async def post_decision(request: Request) -> Response:
             f"request body exceeds {limit} bytes",
             limit_bytes=limit,
         )
+
+
+async def answer_post(
+    context: AppContext,
+    service: Service,
+    body: bytes,
+    prefer: list[str] | None,
+    started: float,
+) -> Response:
+    """``POST /v1/decisions`` once its body is read: ``prefer`` holds every ``Prefer``
+    value (None without one), ``started`` is when the request began (``perf_counter``).
+
+    The one body of the endpoint, for :func:`post_decision` and for the front
+    (:mod:`.front`).
+    """
     try:
         decision = DecisionRequest.parse(body, exact_numbers=not context.settings.lossy_numbers)
     except InvalidRequestError as error:
