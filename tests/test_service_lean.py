@@ -1,4 +1,5 @@
-"""The lean ASGI path (service/lean.py) answers every route as Starlette's own stack does.
+"""The lean ASGI path (service/lean.py, and the front of service/front.py) answers every
+route as Starlette's own stack does.
 
 In-process ASGI: the same requests go to two fresh apps built by ``create_app``,
 one through the stack the service runs (``app.middleware_stack``, the lean
@@ -20,6 +21,7 @@ from starlette.routing import Route
 from flowdecision.ledger import MemoryLedger
 from flowdecision.service.app import Service, create_app
 from flowdecision.service.config import Settings
+from flowdecision.service.front import DecisionsFront
 from flowdecision.service.lean import LeanRouter, lean_stack
 from tests.helpers import RecordingSink
 
@@ -87,6 +89,46 @@ CASES: dict[str, tuple[dict[str, Any], list[Request], list[int]]] = {
         [_get("/v1/outbox?limit=5"), _get("/v1/outbox?limit=0"), _get("/v1/outbox?after=x")],
         [404, 404, 404],
     ),
+    # Requests the front (service/front.py) sends down the stack, and ones it answers.
+    "front: headers it leaves to the stack": (
+        {},
+        [
+            _post({**_JSON, "Expect": "100-continue"}),
+            _post({**_JSON, "Content-Encoding": "identity"}),
+            _post({**_JSON, "Content-Encoding": "gzip"}),
+            _post({**_JSON, "Expect": "nothing"}),
+            _post({**_JSON, "Content-Type": "application/json; charset=utf-8"}),
+            _post({**_JSON, "Content-Type": "Application/JSON"}),
+        ],
+        [201, 200, 415, 417, 200, 200],
+    ),
+    "front: request ids": (
+        {},
+        [
+            _post({**_JSON, "X-Request-Id": "bad id!"}),
+            ("POST", "/v1/decisions", {"Content-Type": "application/json"}, _DECISION),
+        ],
+        [201, 200],
+    ),
+    "front: tokens": (
+        {"token": "secret", "auth_healthz": True},
+        [
+            _post({**_JSON, "Authorization": "Bearer wrong"}),
+            _post({**_JSON, "Authorization": "Basic dTpzZWNyZXQ="}),
+            _post({**_JSON, "Authorization": "Basic %%%"}),
+        ],
+        [401, 201, 401],
+    ),
+    "front: invalid and oversized decisions, wait": (
+        {"max_body_bytes": 4096},
+        [
+            _post(_JSON, b"{}"),
+            _post(_JSON, b""),
+            _post({**_JSON, "Prefer": "wait=1, other", "prefer": "wait=3"}),
+            _post(_JSON, b'{"decision_id":"' + b"x" * 5000 + b'"}'),
+        ],
+        [422, 422, 201, 413],
+    ),
     "methods and paths no route has": (
         {},
         [
@@ -100,6 +142,10 @@ CASES: dict[str, tuple[dict[str, Any], list[Request], list[int]]] = {
         [405, 405, 200, 404, 307, 405],
     ),
 }
+
+
+#: A request id the service made up (16 hex digits of the process, a counter).
+_GENERATED_ID = re.compile(r"^[0-9a-f]{24}$")
 
 
 def _without_times(response: httpx.Response) -> bytes:
@@ -127,7 +173,7 @@ async def _answers(
                 (
                     response.status_code,
                     sorted(
-                        (k, v)
+                        (k, _GENERATED_ID.sub("<new id>", v))
                         for k, v in response.headers.items()
                         if k not in ("date", "content-length")
                     ),
@@ -181,3 +227,34 @@ async def test_a_route_the_lean_path_cannot_call_sends_everything_through_starle
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         assert (await client.get("/x")).status_code == 204
+
+
+async def test_the_front_answers_plain_submissions_and_sends_the_rest_down_the_stack() -> None:
+    settings = Settings(ledger="memory:", sink="memory:")
+    app = create_app(settings, service=Service(settings, MemoryLedger(), RecordingSink()))
+    front = app.middleware_stack
+    assert isinstance(front, DecisionsFront) and front.enabled
+    stack = front.app
+    down: list[str] = []
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        down.append(f"{scope['method']} {scope['path']}")
+        await stack(scope, receive, send)
+
+    front.app = recording
+    transport = httpx.ASGITransport(app=app)
+    statuses = []
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        for headers, body in [
+            (_JSON, _DECISION),  # taken
+            ({**_JSON, "Prefer": "wait=1"}, _DECISION),  # taken
+            ({**_JSON, "Origin": "http://evil.example"}, _DECISION),
+            ({**_JSON, "Host": "evil.example"}, _DECISION),
+            ({"X-Request-Id": "req-2"}, _DECISION),  # no content type
+            (_JSON, b"not json"),  # taken: the handler's 422
+        ]:
+            response = await client.post("/v1/decisions", headers=headers, content=body)
+            statuses.append(response.status_code)
+        statuses.append((await client.get("/healthz")).status_code)
+    assert statuses == [201, 200, 403, 421, 415, 422, 200]
+    assert down == ["POST /v1/decisions"] * 3 + ["GET /healthz"]
