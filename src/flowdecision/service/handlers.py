@@ -23,7 +23,6 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 from starlette.types import Receive
 
-from ..dispatcher import DispatchOutcome
 from ..errors import DispatchError, LedgerError
 from ..health import HealthStatus
 from ..identity import DecisionTooLargeError
@@ -268,46 +267,31 @@ async def _dispatch(
         # Shutting down: the ledger and sink are about to close under us.
         return static_error("shutting_down"), "shutting_down", None
     dispatcher = service.dispatcher
-    task = service.spawn(
-        dispatcher.dispatch_until_done(decision, deadline_s=wait_s, retry_failures=False)
-        if wait_s is not None
-        else dispatcher.dispatch(decision)
-    )
-    # Not ``await task``: the request being cancelled must not cancel the dispatch.
-    await _settled(task)
-    if task.cancelled():  # the shutdown grace period ran out
-        return static_error("shutting_down"), "shutting_down", None
-    error = task.exception()
-    if error is None:
-        outcome: DispatchOutcome = task.result()
-        status = 201 if outcome.submitted else 200
-        return _Encoded(outcome.to_json(), status), outcome.outcome, outcome.attempt
-    if not isinstance(error, DispatchError):
-        raise error  # a bug: the boundary answers 500 and logs the traceback
-    code = error_code_for(error)
-    _log_failure(error, code, decision.decision_id)
-    return response_for_error(error, _error_context(service)), code, None
-
-
-async def _settled(task: asyncio.Future[Any]) -> None:
-    """Wait until ``task`` is done, without cancelling it if this wait is cancelled.
-
-    What ``asyncio.wait({task})`` does, minus its sets, counters and timeout
-    handling (a few percent of a ``POST``'s CPU).
-    """
-    if task.done():
-        return
-    done = asyncio.get_running_loop().create_future()
-
-    def wake(_: asyncio.Future[Any]) -> None:
-        if not done.done():
-            done.set_result(None)
-
-    task.add_done_callback(wake)
+    # Dispatched in this request's own task (no second task to make, track and
+    # wait on), tracked by the service while it runs: the shutdown grace period
+    # waits for it, and at its end cancels it, which is answered 503 here.
+    task = asyncio.current_task()
+    assert task is not None
+    tracked = service.tasks
+    tracked.add(task)
     try:
-        await done
+        outcome = await (
+            dispatcher.dispatch_until_done(decision, deadline_s=wait_s, retry_failures=False)
+            if wait_s is not None
+            else dispatcher.dispatch(decision)
+        )
+    except asyncio.CancelledError:
+        if not service.closed or task.uncancel() > 0:
+            raise  # not (only) the end of the grace period: the boundary answers 503
+        return static_error("shutting_down"), "shutting_down", None
+    except DispatchError as error:
+        code = error_code_for(error)
+        _log_failure(error, code, decision.decision_id)
+        return response_for_error(error, _error_context(service)), code, None
     finally:
-        task.remove_done_callback(wake)
+        tracked.discard(task)
+    status = 201 if outcome.submitted else 200
+    return _Encoded(outcome.to_json(), status), outcome.outcome, outcome.attempt
 
 
 # -- reads ------------------------------------------------------------------------
