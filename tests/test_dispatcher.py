@@ -139,6 +139,39 @@ async def test_same_decision_in_one_dispatcher_reaches_the_sink_once() -> None:
     assert dispatcher._gates == {}  # per-id gates do not leak
 
 
+async def test_a_cancelled_waiter_for_one_decision_neither_blocks_nor_skips_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sink = ControlledSink()
+    dispatcher = Dispatcher("production", sink)
+    first = asyncio.create_task(dispatcher.dispatch(request()))
+    await sink.started.wait()
+    waiting = [asyncio.create_task(dispatcher.dispatch(request())) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    waiting[0].cancel()  # cancelled while it waits its turn
+    await asyncio.sleep(0)
+    hand_on = dispatcher._pass_on
+
+    def hand_on_then_cancel(decision_id: str) -> None:
+        # The turn is handed to waiting[1], which is cancelled before it runs: it
+        # must hand the turn on to waiting[2].
+        monkeypatch.setattr(dispatcher, "_pass_on", hand_on)
+        hand_on(decision_id)
+        waiting[1].cancel()
+
+    monkeypatch.setattr(dispatcher, "_pass_on", hand_on_then_cancel)
+    sink.finish.set()
+    assert (await first).submitted is True
+    assert (await asyncio.wait_for(waiting[2], 1)).submitted is False
+    for task in waiting[:2]:
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert sink.calls == 1
+    assert dispatcher._gates == {}
+    # The id is free again: a later dispatch does not wait.
+    assert (await asyncio.wait_for(dispatcher.dispatch(request()), 1)).submitted is False
+
+
 async def test_renewal_error_cancels_the_sink_and_reports_a_ledger_failure() -> None:
     class BrokenRenewLedger(MemoryLedger):
         async def renew(self, *args: object, **kwargs: object) -> bool:

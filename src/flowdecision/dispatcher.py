@@ -26,8 +26,9 @@ import logging
 import random
 import time
 import uuid
+from collections import deque
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from . import tracing as _tracing
@@ -233,12 +234,8 @@ def _error_class(error: BaseException) -> ErrorClass:
     return classify(error, ERROR_CLASSES) or _UNCLASSIFIED
 
 
-@dataclass(slots=True)
-class _IdGate:
-    """Serializes dispatches of one decision id within this dispatcher."""
-
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    users: int = 0
+#: Dispatches of one id waiting their turn (None: one holds it, none waits).
+_Waiters = deque["asyncio.Future[None]"] | None
 
 
 class _Heartbeat:
@@ -356,7 +353,8 @@ class Dispatcher:
         #: it is back, instead of a line per failed dispatch.
         self.ledger_outage = Outage(log, _store_name(self.ledger))
         self._heartbeat_s = max(lease_ms // 3, 1) / 1000
-        self._gates: dict[str, _IdGate] = {}
+        #: Decision id -> the dispatches waiting for it, while one holds it (see _dispatch).
+        self._gates: dict[str, _Waiters] = {}
         #: The joint path: the sink writes inside the ledger's transaction (one store).
         self.joint = is_joint(self.sink, self.ledger)
         #: Tracing: the span's ``ledger.backend`` and ``sink.kind`` (set at the first span).
@@ -532,17 +530,43 @@ class Dispatcher:
         hash_ = request_hash(request)
         identity, receipt = decision_receipt(request)  # DecisionTooLargeError: rejected
 
-        gate = self._gates.get(decision_id)
-        if gate is None:
-            gate = self._gates[decision_id] = _IdGate()
-        gate.users += 1
+        # One dispatch of an id at a time, in arrival order. An id nobody holds is
+        # taken with one dict entry (no lock object: nearly every id is uncontended).
+        gates = self._gates
+        if decision_id in gates:
+            await self._wait_turn(decision_id)
+        else:
+            gates[decision_id] = None
         try:
-            async with gate.lock:
-                return await self._claim_and_submit(request, hash_, identity, receipt)
+            return await self._claim_and_submit(request, hash_, identity, receipt)
         finally:
-            gate.users -= 1
-            if gate.users == 0:
-                del self._gates[decision_id]
+            self._pass_on(decision_id)
+
+    async def _wait_turn(self, decision_id: str) -> None:
+        """Wait until the dispatch holding ``decision_id`` (and those queued before) is done."""
+        waiters = self._gates[decision_id]
+        if waiters is None:
+            waiters = self._gates[decision_id] = deque()
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._pass_on(decision_id)  # handed the turn as it was cancelled: hand it on
+            else:
+                waiters.remove(turn)
+            raise
+
+    def _pass_on(self, decision_id: str) -> None:
+        """Hand ``decision_id`` to the next live waiter, or free it."""
+        waiters = self._gates[decision_id]
+        while waiters:
+            turn = waiters.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        del self._gates[decision_id]
 
     async def _claim_and_submit(
         self,
