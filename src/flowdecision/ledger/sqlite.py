@@ -99,6 +99,9 @@ _UPSERT_SQL = (
     "traceparent = COALESCE(excluded.traceparent, traceparent)"
 )
 
+#: The one-row write (a lone mutation's), formatted once.
+_UPSERT_ONE_SQL = _UPSERT_SQL.format(rows="(?, ?, ?, ?, ?, ?, ?, ?)")
+
 #: An operator action's write (side data and creation columns stay as they are).
 _ACT_UPDATE_SQL = (
     f"UPDATE {TABLE} SET status = ?, completed_at_ms = ?, record = ? WHERE decision_id = ?"
@@ -405,10 +408,13 @@ class SqliteLedger(SqlLedger):
             rows.append((*values, *creation_values(slot.created, now)))
         if not rows:
             return None
-        for start in range(0, len(rows), _WRITE_CHUNK):
-            chunk = rows[start : start + _WRITE_CHUNK]
-            sql = _UPSERT_SQL.format(rows=",".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk)))
-            conn.execute(sql, [value for row in chunk for value in row])
+        if len(rows) == 1:
+            conn.execute(_UPSERT_ONE_SQL, rows[0])
+        else:
+            for start in range(0, len(rows), _WRITE_CHUNK):
+                chunk = rows[start : start + _WRITE_CHUNK]
+                marks = ",".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+                conn.execute(_UPSERT_SQL.format(rows=marks), [v for row in chunk for v in row])
 
         def committed() -> None:
             self.commits += 1
