@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from flowdecision.identity import ExecutionIdentity, ResultOutcome, ResultReceipt, digest_bytes
@@ -94,3 +101,49 @@ class CancellableSink:
         self.started += 1
         await asyncio.sleep(self.seconds)
         self.completed += 1
+
+
+class Ticker:
+    """A task that counts its turns on the event loop (``period_s`` apart): a loop
+    that blocks stops the count."""
+
+    def __init__(self, period_s: float) -> None:
+        self.ticks = 0
+        self._task = asyncio.create_task(self._run(period_s))
+
+    async def _run(self, period_s: float) -> None:
+        while True:
+            self.ticks += 1
+            await asyncio.sleep(period_s)
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+def acknowledged_before_kill(code: str, *args: str, seconds: float = 1.0) -> list[str]:
+    """Run ``python -c code *args`` with this checkout's ``src``, ``kill -9`` it after
+    ``seconds``; the non-empty lines it printed after its first, ``ready``.
+
+    The child prints one line per operation once the call returned
+    (acknowledged), so every line names something that must have survived.
+    """
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root / "src"))
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    acked: list[str] = []
+
+    def read() -> None:
+        assert child.stdout is not None
+        acked.extend(line.strip() for line in child.stdout)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(seconds)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(30)
+    reader.join(30)
+    return [line for line in acked if line]

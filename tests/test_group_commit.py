@@ -12,13 +12,7 @@ default); the off switch is checked here.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +23,8 @@ from flowdecision.ledger import AlreadyCompleted, Busy, Claimed, Completed, Ledg
 from flowdecision.ledger.postgres import PostgresLedger
 from flowdecision.ledger.sqlite import SqliteLedger
 
-from .helpers import identity, receipt
+from .helpers import acknowledged_before_kill, identity, receipt
 
-ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("sqlite", "postgres")
 
 
@@ -221,32 +214,6 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _kill_during_load(kind: str, target: str) -> list[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, kind, target],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert child.stdout is not None
-    acked: list[str] = []
-    assert child.stdout.readline().strip() == "ready"
-
-    def read() -> None:
-        assert child.stdout is not None
-        for line in child.stdout:
-            acked.append(line.strip())
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    time.sleep(1.0)
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait(30)
-    reader.join(30)
-    return [line for line in acked if line]
-
-
 @pytest.mark.parametrize("kind", KINDS)
 async def test_acknowledged_operations_survive_kill_9(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
@@ -254,7 +221,7 @@ async def test_acknowledged_operations_survive_kill_9(
     ledger = await _open(kind, tmp_path, request)
     await ledger.close()
     target = str(tmp_path / "ledger.db") if kind == "sqlite" else request.getfixturevalue("pg_url")
-    acked = await asyncio.to_thread(_kill_during_load, kind, target)
+    acked = await asyncio.to_thread(acknowledged_before_kill, _CHILD, kind, target)
     assert len(acked) > 50, acked[:5]
     reopened = await _reopen(kind, tmp_path, request)
     try:

@@ -22,7 +22,7 @@ from flowdecision.ledger.jsonfile import (
     SIDE_FILE,
 )
 
-from .helpers import identity, receipt
+from .helpers import Ticker, identity, receipt
 
 
 def _data(root: Path) -> Path:
@@ -197,22 +197,14 @@ async def test_waiting_for_the_file_lock_does_not_block_the_event_loop(tmp_path:
     await ledger.claim("warm", "h", "o", lease_ms=5, now_ms=1)
     fd = os.open(tmp_path / LOCK_FILE, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)  # another "process" holds the ledger
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.005)
-
-    ticking = asyncio.create_task(ticker())
+    ticking = Ticker(0.005)
     claim = asyncio.create_task(ledger.claim("a", "h", "o", lease_ms=5, now_ms=1))
     await asyncio.sleep(0.2)
     assert not claim.done()
-    assert ticks >= 10  # the loop kept running while the claim waited
+    assert ticking.ticks >= 10  # the loop kept running while the claim waited
     os.close(fd)  # releases the flock
     assert isinstance(await asyncio.wait_for(claim, 5), Claimed)
-    ticking.cancel()
+    ticking.stop()
 
 
 def _contend(root: str, owner: str, ids: list[str], start: object, queue: object) -> None:

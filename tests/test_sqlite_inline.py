@@ -11,22 +11,15 @@ not applied, and never the event loop waiting for another writer's lock.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
 import textwrap
-import threading
-import time
 from pathlib import Path
 
 from flowdecision.ledger import Busy, Claimed, Completed, Missing, Pending
 from flowdecision.ledger.sqlite import SqliteLedger
 
-from .helpers import identity, receipt
+from .helpers import Ticker, acknowledged_before_kill, identity, receipt
 
-ROOT = Path(__file__).resolve().parent.parent
 #: No pause for slow commits in these tests (a loaded CI disk can take 5 ms to fsync).
 PATIENT = {"inline_max_ms": 60_000.0}
 
@@ -144,23 +137,15 @@ async def test_the_event_loop_never_waits_for_another_writers_lock(tmp_path: Pat
     try:
         assert await ledger.claim("before", "h", "o", lease_ms=1000, now_ms=1) == Claimed(1)
         other.execute("BEGIN IMMEDIATE")  # another writer holds the write lock
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.001)
-
-        beat = asyncio.create_task(ticker())
+        beat = Ticker(0.001)
         claim = asyncio.create_task(ledger.claim("during", "h", "o", lease_ms=1000, now_ms=1))
         await asyncio.sleep(0.3)
         assert not claim.done()  # waiting for the lock, on the connection thread
-        assert ticks > 50  # while the event loop kept running
+        assert beat.ticks > 50  # while the event loop kept running
         other.execute("COMMIT")
         async with asyncio.timeout(10):
             assert await claim == Claimed(1)
-        beat.cancel()
+        beat.stop()
         assert ledger.inline_commits == 1  # "before" only
         # The connection thread's commit restored the busy timeout: inline again.
         assert await ledger.claim("after", "h", "o", lease_ms=1000, now_ms=1) == Claimed(1)
@@ -193,32 +178,10 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _kill_during_load(target: str) -> list[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, target], stdout=subprocess.PIPE, text=True, env=env
-    )
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "ready"
-    acked: list[str] = []
-
-    def read() -> None:
-        assert child.stdout is not None
-        acked.extend(line.strip() for line in child.stdout)
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    time.sleep(1.0)
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait(30)
-    reader.join(30)
-    return [line for line in acked if line]
-
-
 async def test_inline_acknowledged_claims_survive_kill_9(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     await (await SqliteLedger.open(path)).close()
-    acked = await asyncio.to_thread(_kill_during_load, str(path))
+    acked = await asyncio.to_thread(acknowledged_before_kill, _CHILD, str(path))
     assert len(acked) > 50, acked[:5]
     last_id, inline = acked[-1].split()
     assert int(inline) == int(last_id[1:]) + 1  # every acknowledged claim committed inline
