@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
 import threading
 import time
@@ -130,6 +131,42 @@ def test_the_sync_client_speaks_the_same_contract(service: ServiceProcess) -> No
             client.outbox(limit=5000)  # the service's own bound
         assert bad_limit.value.field == "limit"
     assert events == []  # none of these answers is worth a retry
+
+
+def test_the_sync_client_has_the_async_clients_calls() -> None:
+    # Each call is written once (on DecisionClient) and run blocking: the same
+    # parameters and docs, and no call of one client missing from the other.
+    calls = {name for name in vars(DecisionClient) if not name.startswith("_")}
+    calls -= {"close", "aclose"}
+    assert calls == {
+        "submit",
+        "get",
+        "health",
+        "outbox",
+        "list",
+        "run",
+        "audit",
+        "release",
+        "forget",
+    }
+    for name in calls:
+        blocking, awaited = getattr(SyncDecisionClient, name), getattr(DecisionClient, name)
+        assert inspect.signature(blocking) == inspect.signature(awaited), name
+        assert blocking.__doc__ == awaited.__doc__ and blocking.__name__ == name
+        assert not inspect.iscoroutinefunction(blocking)
+
+
+async def test_the_sync_client_blocks_even_inside_a_running_event_loop(
+    service: ServiceProcess,
+) -> None:
+    # Its calls never suspend (its sends and sleeps block), so they need no loop
+    # of their own and do not trip over the caller's.
+    request = decision(step=False)
+    with SyncDecisionClient(service.url, token=TOKEN) as client:
+        assert client.submit(request).outcome is Outcome.SUBMITTED
+        assert client.health().healthy
+        state = client.get(request.decision_id)
+    assert state is not None and state.completed
 
 
 # -- what is not retried ----------------------------------------------------------------
