@@ -52,7 +52,15 @@ from .query import (
     scan_count,
     scan_page,
 )
-from .states import AuditEntry, ClaimKey, ClaimOutcome, ClaimState, JointOutcome, LedgerEntry
+from .states import (
+    AuditEntry,
+    ClaimKey,
+    ClaimOutcome,
+    ClaimState,
+    JointOutcome,
+    LedgerEntry,
+    new_claim_key,
+)
 
 __all__ = [
     "JointOperation",
@@ -286,7 +294,7 @@ class Ledger(Closable, abc.ABC):
         else:
             _check_origin(origin)
             rule = partial(machine.claim, origin=origin)
-        key = ClaimKey(decision_id, request_hash, identity)
+        key = new_claim_key((decision_id, request_hash, identity))
         return await self._leased(rule, key, owner_id, lease_ms, now_ms)
 
     async def renew(
@@ -303,19 +311,20 @@ class Ledger(Closable, abc.ABC):
 
         False after completion, takeover, release, expiry or identity conflict.
         """
-        key = ClaimKey(decision_id, request_hash, identity)
+        key = new_claim_key((decision_id, request_hash, identity))
         return await self._leased(machine.renew, key, owner_id, lease_ms, now_ms)
 
     async def _leased(
         self, rule: _LeaseRule[T], key: ClaimKey, owner_id: str, lease_ms: int, now_ms: int | None
     ) -> T:
         """Validate the arguments :meth:`claim` and :meth:`renew` share, then apply ``rule``."""
-        _check_owned(key.decision_id, key.request_hash, owner_id)
+        decision_id, request_hash, identity = key
+        _check_owned(decision_id, request_hash, owner_id)
         check_u64("lease_ms", lease_ms)
         fixed = None if now_ms is None else check_u64("now_ms", now_ms)
-        _check_identity(key.identity)
+        _check_identity(identity)
         return await self._apply(
-            key.decision_id,
+            decision_id,
             lambda record, clock: rule(
                 record, key, owner_id, clock if fixed is None else fixed, lease_ms
             ),
@@ -346,7 +355,7 @@ class Ledger(Closable, abc.ABC):
         fixed = None if completed_at_ms is None else check_u64("completed_at_ms", completed_at_ms)
         _check_identity(identity)
         _check_receipt(identity, receipt)
-        key = ClaimKey(decision_id, request_hash, identity)
+        key = new_claim_key((decision_id, request_hash, identity))
         trace = _check_traceparent(traceparent)
         return await self._apply(
             decision_id,
@@ -402,7 +411,7 @@ class Ledger(Closable, abc.ABC):
                 f"joint write for decision `{write.decision_id}` offered with `{decision_id}`"
             )
 
-        key = ClaimKey(decision_id, request_hash, identity)
+        key = new_claim_key((decision_id, request_hash, identity))
 
         def claim(record: ClaimRecord | None, clock: int) -> Transition[ClaimOutcome]:
             return machine.claim(record, key, owner_id, clock, lease_ms, origin)
@@ -430,7 +439,7 @@ class Ledger(Closable, abc.ABC):
         """Give up ``owner_id``'s lease so the next claim can proceed (a new attempt)."""
         _check_owned(decision_id, request_hash, owner_id)
         _check_identity(identity)
-        key = ClaimKey(decision_id, request_hash, identity)
+        key = new_claim_key((decision_id, request_hash, identity))
         await self._apply(
             decision_id, lambda record, _clock: machine.release(record, key, owner_id)
         )
@@ -446,7 +455,7 @@ class Ledger(Closable, abc.ABC):
         _check_texts(decision_id=decision_id, request_hash=request_hash)
         _check_identity(identity)
         record = await self._read(decision_id)
-        return machine.inspect(record, ClaimKey(decision_id, request_hash, identity))
+        return machine.inspect(record, new_claim_key((decision_id, request_hash, identity)))
 
     async def lookup(self, decision_id: str) -> LedgerEntry | None:
         """Read a record by decision id alone, redacted (no owner): for the service."""
