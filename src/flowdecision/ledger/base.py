@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from functools import partial
 from typing import Any, TypeVar
 
 from ..errors import LedgerError
@@ -80,9 +79,11 @@ T = TypeVar("T")
 PruneProgress = Callable[[int], None]
 #: A transition bound to its arguments: ``op(record, clock_ms) -> Transition``.
 Operation = Callable[[ClaimRecord | None, int], Transition[T]]
-#: :func:`machine.claim` or :func:`machine.renew`:
-#: ``rule(record, key, owner_id, now_ms, lease_ms)``.
-_LeaseRule = Callable[[ClaimRecord | None, ClaimKey, str, int, int], Transition[T]]
+#: :func:`machine.claim` or :func:`_renew_rule`:
+#: ``rule(record, key, owner_id, now_ms, lease_ms, origin)``.
+_LeaseRule = Callable[
+    [ClaimRecord | None, ClaimKey, str, int, int, DecisionOrigin | None], Transition[T]
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,18 @@ class PruneMode(Enum):
 #: Longest actor and reason of an operator action (characters).
 ACTOR_MAX = 200
 REASON_MAX = 2000
+
+
+def _renew_rule(
+    record: ClaimRecord | None,
+    key: ClaimKey,
+    owner_id: str,
+    now_ms: int,
+    lease_ms: int,
+    origin: DecisionOrigin | None,
+) -> Transition[bool]:
+    """:func:`machine.renew` as a lease rule (a renewal creates nothing: no origin)."""
+    return machine.renew(record, key, owner_id, now_ms, lease_ms)
 
 
 def wall_clock_ms() -> int:
@@ -289,13 +302,10 @@ class Ledger(Closable, abc.ABC):
         ``origin`` (run and causing event) is kept beside a new record, for
         :meth:`list_decisions`.
         """
-        if origin is None:
-            rule: _LeaseRule[ClaimOutcome] = machine.claim
-        else:
+        if origin is not None:
             _check_origin(origin)
-            rule = partial(machine.claim, origin=origin)
         key = new_claim_key((decision_id, request_hash, identity))
-        return await self._leased(rule, key, owner_id, lease_ms, now_ms)
+        return await self._leased(machine.claim, key, owner_id, lease_ms, now_ms, origin)
 
     async def renew(
         self,
@@ -312,10 +322,16 @@ class Ledger(Closable, abc.ABC):
         False after completion, takeover, release, expiry or identity conflict.
         """
         key = new_claim_key((decision_id, request_hash, identity))
-        return await self._leased(machine.renew, key, owner_id, lease_ms, now_ms)
+        return await self._leased(_renew_rule, key, owner_id, lease_ms, now_ms, None)
 
     async def _leased(
-        self, rule: _LeaseRule[T], key: ClaimKey, owner_id: str, lease_ms: int, now_ms: int | None
+        self,
+        rule: _LeaseRule[T],
+        key: ClaimKey,
+        owner_id: str,
+        lease_ms: int,
+        now_ms: int | None,
+        origin: DecisionOrigin | None,
     ) -> T:
         """Validate the arguments :meth:`claim` and :meth:`renew` share, then apply ``rule``."""
         decision_id, request_hash, identity = key
@@ -326,7 +342,7 @@ class Ledger(Closable, abc.ABC):
         return await self._apply(
             decision_id,
             lambda record, clock: rule(
-                record, key, owner_id, clock if fixed is None else fixed, lease_ms
+                record, key, owner_id, clock if fixed is None else fixed, lease_ms, origin
             ),
         )
 

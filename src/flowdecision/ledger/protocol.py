@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeVar
 from ..errors import LedgerError
 from ..identity import ResultReceipt
 from ..store.joint import StoreKey
-from .base import Ledger, PruneProgress
+from .base import Ledger, LedgerEntry, PruneProgress
 from .machine import ClaimRecord
 from .query import AuditPage, AuditQuery, DecisionPage, DecisionQuery
 from .states import (
@@ -24,7 +24,6 @@ from .states import (
     ClaimOutcome,
     ClaimState,
     JointOutcome,
-    LedgerEntry,
     decision_state_body,
 )
 
