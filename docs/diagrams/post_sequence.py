@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 LANES = [
     ("client", ""),
     ("edge + uvicorn", "service/server.py\nservice/edge/"),
-    ("ASGI stack", "service/lean.py\nboundary, guards, auth"),
+    ("ASGI stack", "service/front.py (plain POST)\nlean.py: boundary, guards, auth"),
     ("handler", "service/handlers.py\nservice/runtime.py"),
     ("dispatcher", "dispatcher.py"),
     ("outbox sink", "sinks/outbox.py"),
@@ -35,7 +35,7 @@ STEPS = [
     ("edge + uvicorn", "ASGI stack", "parsed request (timeouts, cap)"),
     ("ASGI stack", "handler", "request id, Host/Origin, token, route"),
     ("handler", "handler", "read body, DecisionRequest.parse, size"),
-    ("handler", "dispatcher", "Service.spawn(dispatch): a tracked task"),
+    ("handler", "dispatcher", "await dispatch (its task tracked)"),
     ("dispatcher", "dispatcher", "branch, ids, hash, receipt, id gate"),
     ("dispatcher", "outbox sink", "prepare(request) -> JointWrite"),
     ("dispatcher", "ledger", "joint_commit(..., write)"),
