@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -375,13 +376,17 @@ def sdk_problem() -> str | None:
 
 
 def start_sdk() -> Callable[[], None]:
-    """Register the SDK's tracer provider with a batch exporter; returns its shutdown.
+    """Register a tracer provider with a batch OTLP exporter; returns its shutdown.
 
+    The provider is flowdecision's lean one (:mod:`flowdecision.tracer`: the
+    same API, configuration and OTLP bytes as the SDK's, for a fraction of
+    the CPU per span) unless ``FLOWDECISION_OTEL_PROVIDER=sdk`` asks for the
+    SDK's own, or an exporter only the SDK's path has (``console``) is named.
     Configured by the standard variables: ``OTEL_SERVICE_NAME`` and
     ``OTEL_RESOURCE_ATTRIBUTES`` (the resource; the service name defaults to
     ``flowdecision``), ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``
-    (the sampler), ``OTEL_TRACES_EXPORTER`` (``otlp``, the default;
-    ``console``; ``none``), ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
+    (the sampler), ``OTEL_SPAN_*_LIMIT`` (span limits), ``OTEL_TRACES_EXPORTER``
+    (``otlp``, the default; ``console``; ``none``), ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` and ``..._HEADERS`` (where OTLP/HTTP
     goes), ``OTEL_BSP_*`` (the batch processor). Does nothing (and returns a
     no-op) when a real provider is registered already.
@@ -403,9 +408,9 @@ def start_sdk() -> Callable[[], None]:
     resource = Resource.create(attributes)
 
     class _Resource(Resource):
-        """The same resource, hashed once: the OTLP encoder hashes the resource of every
-        span it encodes (a JSON dump of its attributes each time, about a tenth of the
-        export's CPU), and a resource never changes."""
+        """The same resource, hashed once: the SDK's OTLP encoder hashes the resource of
+        every span it encodes (a JSON dump of its attributes each time, about a tenth of
+        the export's CPU), and a resource never changes."""
 
         def __hash__(self) -> int:
             cached: int | None = self.__dict__.get("_hash")
@@ -413,23 +418,47 @@ def start_sdk() -> Callable[[], None]:
                 cached = self.__dict__["_hash"] = super().__hash__()
             return cached
 
-    provider = TracerProvider(resource=_Resource(resource.attributes, resource.schema_url))
     exporters = [
         name.strip()
         for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
         if name.strip()
     ]
     for name in exporters:
-        if name == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        elif name == "console":
-            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-        elif name != "none":
+        if name not in ("otlp", "console", "none"):
             raise InvalidArgumentError(
                 f"OTEL_TRACES_EXPORTER `{name}` is not supported here: use otlp, console or none"
             )
+    choice = os.environ.get("FLOWDECISION_OTEL_PROVIDER", "lean").strip().lower()
+    if choice not in ("lean", "sdk"):
+        raise InvalidArgumentError(
+            f"FLOWDECISION_OTEL_PROVIDER `{choice}` is not supported: use lean or sdk"
+        )
+    provider: Any
+    lean = choice == "lean" and "console" not in exporters
+    if lean:
+        from .tracer import LeanOTLPExporter, LeanTracerProvider, lean_exporter_problem
+
+        problem = lean_exporter_problem() if "otlp" in exporters else None
+        if problem is not None:
+            logging.getLogger(__name__).warning("%s: using the SDK's tracer provider", problem)
+            lean = False
+    sdk_resource = _Resource(resource.attributes, resource.schema_url)
+    if lean:
+        provider = LeanTracerProvider(resource=sdk_resource)
+        if "otlp" in exporters:
+            provider.add_span_processor(BatchSpanProcessor(LeanOTLPExporter()))
+    else:
+        provider = TracerProvider(resource=sdk_resource)
+        for name in exporters:
+            if name == "otlp":
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                    OTLPSpanExporter,
+                )
+
+                provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            elif name == "console":
+                provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     trace.set_tracer_provider(provider)
     active()  # binds the API's modules for the callers that follow
-    return provider.shutdown
+    shutdown: Callable[[], None] = provider.shutdown
+    return shutdown
