@@ -57,6 +57,7 @@ from opentelemetry.trace import (
     TraceFlags,
     TraceState,
 )
+from opentelemetry.trace.propagation import _SPAN_KEY as _span_key
 from opentelemetry.util.types import Attributes, AttributeValue
 
 __all__ = [
@@ -70,11 +71,17 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
+#: The context key of the current span (the API's own), and the current context.
+_SPAN_KEY = _span_key
+_current = context_api.get_current
+
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _EMPTY_STATE = TraceState()
 _UNSET = Status(StatusCode.UNSET)
 _SCALARS = (str, bool, int, float)
+_SCALAR_TYPES = frozenset(_SCALARS)
+_TEXT = frozenset((str,))
 _RECORD = sampling.Decision.RECORD_ONLY
 
 
@@ -185,6 +192,15 @@ class LeanSpan(trace.Span):
             return
         mine = self.attributes
         limit = self._limits.max_span_attributes
+        # The common case checked in two passes of C: text keys, scalar values, room.
+        if (
+            _TEXT.issuperset(map(type, attributes))
+            and _SCALAR_TYPES.issuperset(map(type, attributes.values()))
+            and "" not in attributes
+            and len(mine) + len(attributes) <= limit
+        ):
+            mine.update(attributes)
+            return
         for key, value in attributes.items():
             if type(value) not in _SCALARS or type(key) is not str or not key:
                 cleaned = _clean(key, value)
@@ -293,24 +309,28 @@ class LeanTracer(trace.Tracer):
         set_status_on_exception: bool = True,
     ) -> trace.Span:
         """Start a span (a child of ``context``'s current span, or of the current one)."""
-        parent = trace.get_current_span(context).get_span_context()
-        if parent.is_valid:
+        current = (context if context is not None else _current()).get(_SPAN_KEY)
+        parent: SpanContext | None = None
+        if current is not None:
+            parent = current.get_span_context()
+            if not parent.is_valid:  # type: ignore[union-attr]
+                parent = None
+        if parent is not None:
             trace_id = parent.trace_id
             trace_state = parent.trace_state
         else:
-            parent = None  # type: ignore[assignment]
             trace_id = _new_id(128)
             trace_state = _EMPTY_STATE
         span_id = _new_id(64)
         extra: Attributes = None
-        if self._always or (self._parent_based_on and (parent is None or parent.trace_flags.sampled)):
+        if self._always or (
+            self._parent_based_on and (parent is None or parent.trace_flags.sampled)
+        ):
             recorded, flags = True, _SAMPLED
         elif self._parent_based_on:
             recorded, flags = False, _UNSAMPLED
         else:
-            result = self._sampler.should_sample(
-                context, trace_id, name, kind, attributes, links
-            )
+            result = self._sampler.should_sample(context, trace_id, name, kind, attributes, links)
             recorded = result.decision.is_recording()
             flags = _SAMPLED if result.decision.is_sampled() else _UNSAMPLED
             trace_state = result.trace_state or trace_state
@@ -322,7 +342,14 @@ class LeanTracer(trace.Tracer):
         if extra:
             attributes = {**(attributes or {}), **extra}
         span = LeanSpan(
-            self, name, span_context, parent, kind, attributes, links or (), start_time or time.time_ns()
+            self,
+            name,
+            span_context,
+            parent,
+            kind,
+            attributes,
+            links or (),
+            start_time or time.time_ns(),
         )
         for processor in self.processors:
             processor.on_start(span, parent_context=context)  # type: ignore[arg-type]
@@ -430,33 +457,32 @@ def _field(tag: bytes, payload: bytes) -> bytes:
     return tag + (_SMALL[size] if size < 128 else _varint(size)) + payload
 
 
+def _utf8(value: str) -> bytes:
+    try:
+        return value.encode()
+    except UnicodeEncodeError:  # a lone surrogate: replaced, as a receiver needs valid UTF-8
+        return value.encode("utf-8", "replace")
+
+
 def _text(tag: bytes, value: str) -> bytes:
-    return _field(tag, value.encode("utf-8", "surrogatepass"))
+    return _field(tag, _utf8(value))
 
 
 _keys: dict[str, bytes] = {}
 
 
 def _key(key: str) -> bytes:
+    """The ``key`` field of a ``KeyValue`` (cached: a process has few attribute keys)."""
     encoded = _keys.get(key)
     if encoded is None:
         encoded = _text(b"\x0a", key)
-        if len(_keys) < 4096:  # attribute keys are few; anything else is not cached
+        if len(_keys) < 4096:
             _keys[key] = encoded
     return encoded
 
 
 def _any_value(value: object) -> bytes:
     """An ``AnyValue`` message (its oneof member, present even when it is the default)."""
-    kind = type(value)
-    if kind is str:
-        return _text(b"\x0a", value)  # type: ignore[arg-type]
-    if kind is bool:
-        return b"\x10\x01" if value else b"\x10\x00"
-    if kind is int:
-        return b"\x18" + _varint(value)  # type: ignore[arg-type]
-    if kind is float:
-        return b"\x21" + _pack_d(value)  # type: ignore[arg-type]
     if value is None:
         return b""
     if isinstance(value, bool):
@@ -473,44 +499,96 @@ def _any_value(value: object) -> bytes:
         return _field(b"\x2a", b"".join(_field(b"\x0a", _any_value(item)) for item in value))
     if isinstance(value, Mapping):
         return _field(b"\x32", _attributes(b"\x0a", value))
-    raise TypeError(f"invalid attribute value type {kind.__name__}")
+    raise TypeError(f"invalid attribute value type {type(value).__name__}")
+
+
+#: key -> {text value: its ``KeyValue``, length-prefixed} for keys whose values repeat
+#: (a method, a route, a backend); None for a key seen with too many values (an id).
+_pairs: dict[str, dict[str, bytes] | None] = {}
+_PAIRS_PER_KEY = 32
+
+
+def _sized_key_value(key: str, value: object) -> bytes:
+    """A ``KeyValue`` message, its length first (a field of it is ``tag`` + this)."""
+    head = _keys.get(key) or _key(str(key))
+    if type(value) is str:
+        raw = _utf8(value)
+        size = len(raw)
+        if size < 126:
+            body = head + b"\x12" + _SMALL[size + 2] + b"\x0a" + _SMALL[size] + raw
+        else:
+            body = head + _field(b"\x12", _field(b"\x0a", raw))
+    elif type(value) is int and 0 <= value < 128:  # type: ignore[operator]
+        body = head + b"\x12\x02\x18" + _SMALL[value]  # type: ignore[index]
+    else:
+        body = head + _field(b"\x12", _any_value(value))
+    size = len(body)
+    return (_SMALL[size] if size < 128 else _varint(size)) + body
 
 
 def _attributes(tag: bytes, attributes: Mapping[str, object] | None) -> bytes:
-    """Repeated ``KeyValue`` fields under ``tag``."""
+    """Repeated ``KeyValue`` fields under ``tag``.
+
+    Hot (every attribute of every span): a text value seen before, for a key
+    whose values repeat, is one look-up; a key that turns out to carry ids
+    stops being cached (:data:`_PAIRS_PER_KEY` values).
+    """
     if not attributes:
         return b""
-    return b"".join(
-        _field(tag, _key(str(key)) + _field(b"\x12", _any_value(value)))
-        for key, value in attributes.items()
-    )
+    out = []
+    for key, value in attributes.items():
+        if type(value) is str:
+            known = _pairs.get(key, _pairs)
+            if known is _pairs:  # a key not seen yet: cache its values
+                known = _pairs[key] = {} if len(_pairs) < 4096 else None
+            if known is not None:
+                sized = known.get(value)  # type: ignore[union-attr]
+                if sized is None:
+                    sized = _sized_key_value(key, value)
+                    if len(known) < _PAIRS_PER_KEY:  # type: ignore[arg-type]
+                        known[value] = sized  # type: ignore[index]
+                    else:
+                        _pairs[key] = None
+                out.append(tag + sized)
+                continue
+        out.append(tag + _sized_key_value(key, value))
+    return b"".join(out)
 
 
 def _trace_state(state: TraceState | None) -> str:
     return ",".join(f"{key}={value}" for key, value in state.items()) if state else ""
 
 
-def _span_flags(parent: SpanContext | None) -> bytes:
-    # The SDK's encoder: "has is-remote" always, "is remote" for a remote parent.
-    return _pack_i(0x300 if parent is not None and parent.is_remote else 0x100)
+_HAS_REMOTE = _pack_i(0x100)
+_IS_REMOTE = _pack_i(0x300)
+_KINDS = {kind: b"\x30" + _SMALL[kind.value + 1] for kind in SpanKind}
+_STATUS = {code: b"\x18" + _SMALL[code.value] if code.value else b"" for code in StatusCode}
 
 
 def _span(span: Any) -> bytes:
+    """One ``Span`` message, as the ``spans`` field of a ``ScopeSpans``."""
     ctx = span.context
     parent = span.parent
-    parts = [
-        b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big"),
-        b"\x12\x08" + ctx.span_id.to_bytes(8, "big"),
-    ]
-    state = _trace_state(ctx.trace_state)
+    head = (
+        b"\x0a\x10"
+        + ctx.trace_id.to_bytes(16, "big")
+        + b"\x12\x08"
+        + ctx.span_id.to_bytes(8, "big")
+    )
+    state = ctx.trace_state
     if state:
-        parts.append(_text(b"\x1a", state))
+        head += _text(b"\x1a", _trace_state(state))
     if parent is not None:
-        parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
-    parts.append(_text(b"\x2a", span.name))
-    parts.append(b"\x30" + _SMALL[span.kind.value + 1])
-    parts.append(b"\x39" + _pack_q(span.start_time) + b"\x41" + _pack_q(span.end_time))
-    parts.append(_attributes(b"\x4a", span.attributes))
+        head += b"\x22\x08" + parent.span_id.to_bytes(8, "big")
+    name = _utf8(span.name)
+    size = len(name)
+    parts = [
+        head,
+        (b"\x2a" + _SMALL[size] + name) if size < 128 else _field(b"\x2a", name),
+        _KINDS[span.kind],
+        b"\x39" + _pack_q(span.start_time) + b"\x41" + _pack_q(span.end_time),
+        _attributes(b"\x4a", span.attributes),
+    ]
     if span.dropped_attributes:
         parts.append(b"\x50" + _varint(span.dropped_attributes))
     for event in span.events:
@@ -528,16 +606,20 @@ def _span(span: Any) -> bytes:
         body += _attributes(b"\x22", link.attributes)
         if link.dropped_attributes:
             body += b"\x28" + _varint(link.dropped_attributes)
-        body += b"\x35" + _span_flags(linked)
+        body += b"\x35" + (_IS_REMOTE if linked.is_remote else _HAS_REMOTE)
         parts.append(_field(b"\x6a", body))
     if span.dropped_links:
         parts.append(b"\x70" + _varint(span.dropped_links))
     status = span.status
-    body = _text(b"\x12", status.description) if status.description else b""
-    if status.status_code.value:
-        body += b"\x18" + _SMALL[status.status_code.value]
-    parts.append(_field(b"\x7a", body))
-    parts.append(b"\x85\x01" + _span_flags(parent))
+    code = _STATUS[status.status_code]
+    if status.description:
+        parts.append(_field(b"\x7a", _text(b"\x12", status.description) + code))
+    else:
+        parts.append(b"\x7a" + _SMALL[len(code)] + code)
+    # The SDK's encoder: "has is-remote" always, "is remote" for a remote parent.
+    parts.append(
+        b"\x85\x01" + (_IS_REMOTE if parent is not None and parent.is_remote else _HAS_REMOTE)
+    )
     return _field(b"\x12", b"".join(parts))
 
 
@@ -558,14 +640,23 @@ def encode_spans(spans: Sequence[Any]) -> bytes:
     for the same spans (grouped by resource, then by instrumentation scope, in
     order of first appearance), for spans with the ``ReadableSpan`` fields.
     """
-    groups: dict[Any, dict[Any, list[bytes]]] = {}
+    # Grouped by identity: a resource's hash is a JSON dump of its attributes, and
+    # a process has one resource and a tracer (scope) per instrumentation.
+    groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
     for span in spans:
-        scopes = groups.setdefault(span.resource, {})
-        scopes.setdefault(span.instrumentation_scope or None, []).append(_span(span))
+        resource = span.resource
+        group = groups.get(id(resource))
+        if group is None:
+            group = groups[id(resource)] = (resource, {})
+        scope = span.instrumentation_scope or None
+        entry = group[1].get(id(scope))
+        if entry is None:
+            entry = group[1][id(scope)] = (scope, [])
+        entry[1].append(_span(span))
     out = []
-    for resource, scopes in groups.items():
+    for resource, scopes in groups.values():
         body = _field(b"\x0a", _attributes(b"\x0a", resource.attributes))
-        for scope, encoded in scopes.items():
+        for scope, encoded in scopes.values():
             scope_body = _scope(scope) + b"".join(encoded)
             if scope is not None and scope.schema_url:
                 scope_body += _text(b"\x1a", scope.schema_url)

@@ -73,6 +73,8 @@ _trace: Any = None
 _context: Any = None
 _propagate: Any = None
 _NOOP: tuple[type, ...] = ()
+_SPAN = ""
+_get_context: Any = None
 
 
 def api_installed() -> bool:
@@ -83,25 +85,46 @@ def api_installed() -> bool:
 def active() -> bool:
     """True when spans are recorded: a real tracer provider is registered.
 
-    Cheap: a ``sys.modules`` look-up, then a global read and an ``isinstance``.
-    Nobody can have registered a provider without importing
-    ``opentelemetry.trace``, so until someone did, flowdecision imports no
-    OpenTelemetry module at all. Called once per request and per dispatch.
+    Cheap: a ``sys.modules`` look-up, then a global read compared with the
+    provider seen last time. Nobody can have registered a provider without
+    importing ``opentelemetry.trace``, so until someone did, flowdecision
+    imports no OpenTelemetry module at all. Called once per request and per
+    dispatch (and by the steps that may run outside either).
     """
     module = sys.modules.get("opentelemetry.trace")
     if module is None:
         return False
+    # The API's global, read without get_tracer_provider()'s call (it is set once,
+    # by set_tracer_provider); before that, the API's own look-up (which may load
+    # a provider named by OTEL_PYTHON_TRACER_PROVIDER).
+    provider = getattr(module, "_TRACER_PROVIDER", None) or module.get_tracer_provider()
+    seen = _seen
+    if seen[0] is provider:
+        return seen[1]
+    return _see(module, provider)
+
+
+_seen: tuple[object, bool] = (None, False)
+
+
+def _see(module: Any, provider: object) -> bool:
+    global _seen
     if _trace is None:
         _bind(module)
-    return not isinstance(module.get_tracer_provider(), _NOOP)
+    recording = not isinstance(provider, _NOOP)
+    _seen = (provider, recording)
+    return recording
 
 
 def _bind(module: Any) -> None:
     """Bind the API's modules once (the first time a provider could be there)."""
     global _trace, _context, _propagate, _NOOP, SERVER, CLIENT, PRODUCER, CONSUMER
     from opentelemetry import context, propagate
+    from opentelemetry.trace.propagation import _SPAN_KEY
 
+    global _SPAN, _get_context
     _context, _propagate = context, propagate
+    _SPAN, _get_context = _SPAN_KEY, context.get_current
     _NOOP = (module.ProxyTracerProvider, module.NoOpTracerProvider)
     SERVER, CLIENT = module.SpanKind.SERVER, module.SpanKind.CLIENT
     PRODUCER, CONSUMER = module.SpanKind.PRODUCER, module.SpanKind.CONSUMER
@@ -110,7 +133,7 @@ def _bind(module: Any) -> None:
 
 def _tracer() -> Any:
     global _tracer_cache
-    provider = _trace.get_tracer_provider()
+    provider = _seen[0] if _seen[1] else _trace.get_tracer_provider()
     cached = _tracer_cache
     if cached is None or cached[0] is not provider:
         cached = _tracer_cache = (provider, provider.get_tracer("flowdecision", _VERSION))
@@ -225,18 +248,22 @@ def fail_status(target: Span, code: str) -> None:
 
 def event(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
     """Add an event to the current span (call only when :func:`active`)."""
-    _trace.get_current_span().add_event(name, attributes or {})
+    current_span().add_event(name, attributes or {})
 
 
 def current_span() -> Span:
-    """The current span (a non-recording one outside any)."""
-    current: Span = _trace.get_current_span()
-    return current
+    """The current span (a non-recording one outside any).
+
+    The API's ``get_current_span`` without its checks: the context's span
+    key only ever holds a span (hot: several times per traced request).
+    """
+    current: Span | None = _get_context().get(_SPAN)
+    return current if current is not None else _trace.INVALID_SPAN
 
 
 def recording_span() -> Span | None:
     """The current span if it records (a traced operation's), else None."""
-    current: Span = _trace.get_current_span()
+    current = current_span()
     return current if current.is_recording() else None
 
 
@@ -254,7 +281,7 @@ def current_traceparent() -> str | None:
     """The current span's W3C ``traceparent`` value, or None (no active, valid span)."""
     if not active():
         return None
-    return traceparent_of(_trace.get_current_span())
+    return traceparent_of(current_span())
 
 
 def traceparent_of(target: Span) -> str | None:
@@ -344,7 +371,7 @@ def extract(headers: Sequence[tuple[bytes, bytes]]) -> Any:
 
 def current_ids() -> tuple[str, str] | None:
     """``(trace_id, span_id)`` in hex of the current span, for log lines (when :func:`active`)."""
-    ctx = _trace.get_current_span().get_span_context()
+    ctx = current_span().get_span_context()
     if not ctx.is_valid:
         return None
     return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
