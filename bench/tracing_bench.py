@@ -74,6 +74,8 @@ RESULTS = HERE / "results" / "tracing.json"
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
 POST = Target("post sqlite", "flowdecision", "post", "/v1/decisions", 201, "sqlite")
 TARGETS = ("not installed", "installed, off", "on (ratio 1.0)")
+#: ``--variant LABEL:KEY=VALUE,...``: target ``on (ratio 1.0, LABEL)`` gets that environment.
+VARIANTS: dict[str, dict[str, str]] = {}
 
 _BLOCKER = """
 import sys
@@ -143,8 +145,9 @@ def serving(target: str, receiver: Receiver) -> Iterator[Server]:
         (site / "sitecustomize.py").write_text(_BLOCKER)
         env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
     elif target.startswith("on (ratio "):
-        ratio = target.removeprefix("on (ratio ").removesuffix(")")
+        ratio, _, variant = target.removeprefix("on (ratio ").removesuffix(")").partition(", ")
         argv.append("--otel")
+        env.update(VARIANTS.get(variant, {}))
         env.update(
             OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
             OTEL_SERVICE_NAME="flowdecision-bench",
@@ -229,7 +232,9 @@ def report(samples: list[Sample], args: argparse.Namespace) -> str:
         f"`python bench/tracing_bench.py --rounds {args.rounds} --seconds {args.seconds} "
         f"--warmup {args.warmup} --clients {args.clients}"
         f"{' --without-on' if args.without_on else ''}"
-        f"{f' --also-ratio {args.also_ratio:g}' if args.also_ratio is not None else ''}` "
+        f"{f' --also-ratio {args.also_ratio:g}' if args.also_ratio is not None else ''}"
+        f"{' --sdk-provider' if args.sdk_provider else ''}"
+        f"{' --skip-not-installed' if args.skip_not_installed else ''}` "
         f"({datetime.date.today()}, {machine_description()}; "
         f"median 1-min load average {statistics.median(s.load for s in samples):.1f}):",
         "",
@@ -263,9 +268,11 @@ def report(samples: list[Sample], args: argparse.Namespace) -> str:
 def _targets(args: argparse.Namespace) -> tuple[str, ...]:
     if args.without_on:
         return TARGETS[:2]
+    targets = TARGETS[1:] if args.skip_not_installed else TARGETS
+    targets += tuple(f"on (ratio 1.0, {label})" for label in VARIANTS)
     if args.also_ratio is not None:
-        return (*TARGETS, f"on (ratio {args.also_ratio:g})")
-    return TARGETS
+        targets += (f"on (ratio {args.also_ratio:g})",)
+    return targets
 
 
 def write_docs(text: str, name: str) -> None:
@@ -297,8 +304,29 @@ def main() -> None:
         type=float,
         help="a fourth target: on, sampling that ratio of traces (parentbased_traceidratio)",
     )
+    parser.add_argument(
+        "--sdk-provider",
+        action="store_true",
+        help="a target more: on (ratio 1.0) with the SDK's tracer provider and exporter "
+        "(FLOWDECISION_OTEL_PROVIDER=sdk), for the lean provider's gain side by side",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL:KEY=VALUE,...",
+        help="a target more: on (ratio 1.0) with that environment (repeatable)",
+    )
+    parser.add_argument(
+        "--skip-not-installed", action="store_true", help="leave out `not installed`"
+    )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
+    if args.sdk_provider:
+        args.variant.insert(0, "SDK's provider:FLOWDECISION_OTEL_PROVIDER=sdk")
+    for variant in args.variant:
+        label, _, pairs = variant.partition(":")
+        VARIANTS[label] = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
     template = body_template()
     samples: list[Sample] = []
     try:

@@ -16,12 +16,19 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from flowdecision.tracer import LeanTracerProvider
 
-@pytest.fixture(name="spans")
-def spans_fixture() -> Iterator[InMemorySpanExporter]:
-    """Tracing on, every finished span kept in memory (``spans.get_finished_spans()``)."""
+
+@pytest.fixture(name="spans", params=["sdk", "lean"])
+def spans_fixture(request: pytest.FixtureRequest) -> Iterator[InMemorySpanExporter]:
+    """Tracing on, every finished span kept in memory (``spans.get_finished_spans()``).
+
+    Once with the SDK's tracer provider (what a user's own process registers),
+    once with flowdecision's lean one (what ``serve --otel`` registers): the
+    same span trees, events, links and statuses either way.
+    """
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider: Any = TracerProvider() if request.param == "sdk" else LeanTracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     saved = trace._TRACER_PROVIDER
     trace._TRACER_PROVIDER = provider

@@ -31,10 +31,13 @@ extra is installed.
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import logging
+import os
 import random
 import struct
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
@@ -58,9 +61,11 @@ from opentelemetry.trace import (
     TraceState,
 )
 from opentelemetry.trace.propagation import _SPAN_KEY as _span_key
+from opentelemetry.util._decorator import _agnosticcontextmanager
 from opentelemetry.util.types import Attributes, AttributeValue
 
 __all__ = [
+    "LeanBatchProcessor",
     "LeanOTLPExporter",
     "LeanSpan",
     "LeanTracer",
@@ -113,6 +118,18 @@ def _clean(key: object, value: object) -> AttributeValue | None:
     return None
 
 
+class _Limits:
+    """The count limits of :class:`SpanLimits` (``OTEL_SPAN_*_COUNT_LIMIT``), None as no limit."""
+
+    __slots__ = ("attributes", "events", "links")
+
+    def __init__(self, limits: SpanLimits) -> None:
+        unlimited = sys.maxsize
+        self.attributes: int = limits.max_span_attributes or unlimited
+        self.events: int = limits.max_events or unlimited
+        self.links: int = limits.max_links or unlimited
+
+
 class LeanSpan(trace.Span):
     """A recorded span: the API's ``Span``, with the ``ReadableSpan`` fields exporters read."""
 
@@ -146,7 +163,7 @@ class LeanSpan(trace.Span):
         start_time: int,
     ) -> None:
         self._tracer = tracer
-        self._limits = tracer.limits
+        self._limits: _Limits = tracer.limits
         self.name = name
         self.context = context
         self.parent = parent
@@ -157,9 +174,9 @@ class LeanSpan(trace.Span):
         self.dropped_attributes = self.dropped_events = self.dropped_links = 0
         self.events: list[_Event] = []
         self.links: list[Link] = list(links)
-        if len(self.links) > self._limits.max_links:
-            self.dropped_links = len(self.links) - self._limits.max_links
-            del self.links[self._limits.max_links :]
+        if len(self.links) > self._limits.links:
+            self.dropped_links = len(self.links) - self._limits.links
+            del self.links[self._limits.links :]
         self.status: Status = _UNSET
         if attributes:
             self.set_attributes(attributes)
@@ -191,7 +208,7 @@ class LeanSpan(trace.Span):
         if self.end_time is not None:
             return
         mine = self.attributes
-        limit = self._limits.max_span_attributes
+        limit = self._limits.attributes
         # The common case checked in two passes of C: text keys, scalar values, room.
         if (
             _TEXT.issuperset(map(type, attributes))
@@ -222,7 +239,7 @@ class LeanSpan(trace.Span):
         """Record an event (over the event limit, it is counted as dropped)."""
         if self.end_time is not None:
             return
-        if len(self.events) >= self._limits.max_events:
+        if len(self.events) >= self._limits.events:
             self.dropped_events += 1
             return
         cleaned: dict[str, Any] = {}
@@ -236,7 +253,7 @@ class LeanSpan(trace.Span):
         """Link this span to ``context`` (invalid contexts without attributes are ignored)."""
         if self.end_time is not None or (not context.is_valid and not attributes):
             return
-        if len(self.links) >= self._limits.max_links:
+        if len(self.links) >= self._limits.links:
             self.dropped_links += 1
             return
         self.links.append(Link(context, attributes))
@@ -309,11 +326,11 @@ class LeanTracer(trace.Tracer):
         set_status_on_exception: bool = True,
     ) -> trace.Span:
         """Start a span (a child of ``context``'s current span, or of the current one)."""
-        current = (context if context is not None else _current()).get(_SPAN_KEY)
+        current: Any = (context if context is not None else _current()).get(_SPAN_KEY)
         parent: SpanContext | None = None
         if current is not None:
             parent = current.get_span_context()
-            if not parent.is_valid:  # type: ignore[union-attr]
+            if not parent.is_valid:
                 parent = None
         if parent is not None:
             trace_id = parent.trace_id
@@ -331,8 +348,9 @@ class LeanTracer(trace.Tracer):
             recorded, flags = False, _UNSAMPLED
         else:
             result = self._sampler.should_sample(context, trace_id, name, kind, attributes, links)
-            recorded = result.decision.is_recording()
-            flags = _SAMPLED if result.decision.is_sampled() else _UNSAMPLED
+            recorded = result.decision is not sampling.Decision.DROP
+            sampled = result.decision is sampling.Decision.RECORD_AND_SAMPLE
+            flags = _SAMPLED if sampled else _UNSAMPLED
             trace_state = result.trace_state or trace_state
             if recorded:
                 extra = result.attributes
@@ -355,7 +373,7 @@ class LeanTracer(trace.Tracer):
             processor.on_start(span, parent_context=context)  # type: ignore[arg-type]
         return span
 
-    @contextlib.contextmanager
+    @_agnosticcontextmanager  # the API's own: a context manager and a decorator
     def start_as_current_span(
         self,
         name: str,
@@ -397,7 +415,7 @@ class LeanTracerProvider(trace.TracerProvider):
     ) -> None:
         self.resource = resource if resource is not None else Resource.create()
         self.sampler = sampler if sampler is not None else sampling._get_from_env_or_default()
-        self.limits = span_limits if span_limits is not None else SpanLimits()
+        self.limits = _Limits(span_limits if span_limits is not None else SpanLimits())
         self.processors: list[SpanProcessor] = []
         self._tracers: dict[tuple[str, str | None, str | None], LeanTracer] = {}
 
@@ -504,7 +522,7 @@ def _any_value(value: object) -> bytes:
 
 #: key -> {text value: its ``KeyValue``, length-prefixed} for keys whose values repeat
 #: (a method, a route, a backend); None for a key seen with too many values (an id).
-_pairs: dict[str, dict[str, bytes] | None] = {}
+_pairs: dict[str, Any] = {}
 _PAIRS_PER_KEY = 32
 
 
@@ -518,8 +536,8 @@ def _sized_key_value(key: str, value: object) -> bytes:
             body = head + b"\x12" + _SMALL[size + 2] + b"\x0a" + _SMALL[size] + raw
         else:
             body = head + _field(b"\x12", _field(b"\x0a", raw))
-    elif type(value) is int and 0 <= value < 128:  # type: ignore[operator]
-        body = head + b"\x12\x02\x18" + _SMALL[value]  # type: ignore[index]
+    elif type(value) is int and 0 <= value < 128:
+        body = head + b"\x12\x02\x18" + _SMALL[value]
     else:
         body = head + _field(b"\x12", _any_value(value))
     size = len(body)
@@ -542,14 +560,14 @@ def _attributes(tag: bytes, attributes: Mapping[str, object] | None) -> bytes:
             if known is _pairs:  # a key not seen yet: cache its values
                 known = _pairs[key] = {} if len(_pairs) < 4096 else None
             if known is not None:
-                sized = known.get(value)  # type: ignore[union-attr]
-                if sized is None:
-                    sized = _sized_key_value(key, value)
-                    if len(known) < _PAIRS_PER_KEY:  # type: ignore[arg-type]
-                        known[value] = sized  # type: ignore[index]
+                cached = known.get(value)
+                if cached is None:
+                    cached = _sized_key_value(key, value)
+                    if len(known) < _PAIRS_PER_KEY:
+                        known[value] = cached
                     else:
                         _pairs[key] = None
-                out.append(tag + sized)
+                out.append(tag + cached)
                 continue
         out.append(tag + _sized_key_value(key, value))
     return b"".join(out)
@@ -633,41 +651,35 @@ def _scope(scope: InstrumentationScope | None) -> bytes:
     return _field(b"\x0a", body)
 
 
-def encode_spans(spans: Sequence[Any], pause_every: int = 0) -> bytes:
+def encode_spans(spans: Sequence[Any]) -> bytes:
     """An OTLP ``ExportTraceServiceRequest`` of ``spans``, serialized.
 
     The same message the SDK's ``encode_spans(...).SerializeToString()`` writes
     for the same spans (grouped by resource, then by instrumentation scope, in
     order of first appearance), for spans with the ``ReadableSpan`` fields.
-    ``pause_every`` > 0: yield the interpreter (``time.sleep(0)``) after that
-    many spans, so a thread encoding a large batch holds the GIL for a short
-    while at a time instead of a whole switch interval (5 ms), which the
-    service's event loop would wait out.
     """
-    countdown = pause_every
+    return _request([(span.resource, span.instrumentation_scope, _span(span)) for span in spans])
+
+
+def _request(encoded: Sequence[tuple[Resource, InstrumentationScope | None, bytes]]) -> bytes:
+    """The request of spans already encoded, each with its resource and scope."""
     # Grouped by identity: a resource's hash is a JSON dump of its attributes, and
     # a process has one resource and a tracer (scope) per instrumentation.
     groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
-    for span in spans:
-        resource = span.resource
+    for resource, scope, span in encoded:
         group = groups.get(id(resource))
         if group is None:
             group = groups[id(resource)] = (resource, {})
-        scope = span.instrumentation_scope or None
+        scope = scope or None
         entry = group[1].get(id(scope))
         if entry is None:
             entry = group[1][id(scope)] = (scope, [])
-        entry[1].append(_span(span))
-        if countdown:
-            countdown -= 1
-            if not countdown:
-                time.sleep(0)
-                countdown = pause_every
+        entry[1].append(span)
     out = []
     for resource, scopes in groups.values():
         body = _field(b"\x0a", _attributes(b"\x0a", resource.attributes))
-        for scope, encoded in scopes.values():
-            scope_body = _scope(scope) + b"".join(encoded)
+        for scope, spans in scopes.values():
+            scope_body = _scope(scope) + b"".join(spans)
             if scope is not None and scope.schema_url:
                 scope_body += _text(b"\x1a", scope.schema_url)
             body += _field(b"\x12", scope_body)
@@ -690,21 +702,120 @@ def lean_exporter_problem() -> str | None:
     return None
 
 
-#: Spans the exporter's thread encodes between two yields of the GIL (~0.1 ms).
-_PAUSE_EVERY = 16
-
-
 class LeanOTLPExporter(OTLPSpanExporter):
-    """The SDK's OTLP/HTTP span exporter, its spans encoded by :func:`encode_spans`."""
+    """The SDK's OTLP/HTTP span exporter, its spans encoded by :func:`encode_spans`.
+
+    ``OTEL_EXPORTER_OTLP_*`` configure it as they do the SDK's (endpoint,
+    headers, timeout, compression, certificates), and it keeps its retries.
+    """
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        """Encode ``spans`` and send them (with the exporter's retries)."""
-        if self._shutdown:
-            return SpanExportResult.FAILURE
+        """Encode ``spans`` and send them."""
         try:
-            data = encode_spans(spans, pause_every=_PAUSE_EVERY)
+            data = encode_spans(spans)
         except Exception as error:  # a bad span must not stop the exporter's thread
             _logger.error("failed to encode %d spans: %s", len(spans), error)
             return SpanExportResult.FAILURE
+        return self.send(data)
+
+    def send(self, data: bytes) -> SpanExportResult:
+        """Send one serialized ``ExportTraceServiceRequest``."""
+        if self._shutdown:
+            return SpanExportResult.FAILURE
         result = self._client.export(data)
         return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        parsed = int(value)
+    except ValueError:
+        _logger.warning("%s=%r is not a whole number: using %d", name, value, default)
+        return default
+    return parsed if parsed > 0 else default
+
+
+class LeanBatchProcessor(SpanProcessor):
+    """Encodes each sampled span as it ends; a thread sends them in batches.
+
+    The SDK's batch processor keeps every span alive in its queue until its
+    thread encodes the batch, and that thread then holds the interpreter for
+    milliseconds at a time, which the service's event loop waits out. Here the
+    thread that ends a span encodes it (a few µs: :func:`_span`), and the
+    sending thread only wraps the bytes and posts them. ``OTEL_BSP_SCHEDULE_DELAY``
+    (ms, default 5000), ``OTEL_BSP_MAX_QUEUE_SIZE`` (2048; spans beyond it are
+    dropped and counted in :attr:`dropped`), ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``
+    (512) hold as for the SDK's.
+    """
+
+    def __init__(self, exporter: LeanOTLPExporter) -> None:
+        self.exporter = exporter
+        self.delay_s = _env_int("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self.max_queue = _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
+        self.batch = min(_env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), self.max_queue)
+        self.dropped = 0
+        self._queue: collections.deque[tuple[Any, Any, bytes]] = collections.deque()
+        self._wake = threading.Event()
+        self._sending = threading.Lock()
+        self._stopped = False
+        self._thread = threading.Thread(
+            target=self._run, name="flowdecision-otlp-exporter", daemon=True
+        )
+        self._thread.start()
+
+    def on_start(self, span: Any, parent_context: context_api.Context | None = None) -> None:
+        """Nothing: a span is only encoded once it ends."""
+
+    def on_end(self, span: Any) -> None:
+        """Encode ``span`` (if sampled) and queue it."""
+        if not span.context.trace_flags.sampled or self._stopped:
+            return
+        queue = self._queue
+        if len(queue) >= self.max_queue:
+            self.dropped += 1
+            return
+        try:
+            encoded = _span(span)
+        except Exception as error:  # an unencodable attribute must not fail the caller
+            _logger.error("failed to encode span %r: %s", span.name, error)
+            return
+        queue.append((span.resource, span.instrumentation_scope, encoded))
+        if len(queue) >= self.batch and not self._wake.is_set():
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(self.delay_s)
+            self._wake.clear()
+            self._send_all()
+
+    def _send_all(self) -> bool:
+        ok = True
+        with self._sending:
+            queue = self._queue
+            while queue:
+                taken = [queue.popleft() for _ in range(min(self.batch, len(queue)))]
+                try:
+                    sent = self.exporter.send(_request(taken))
+                except Exception as error:  # the exporter's thread must go on
+                    _logger.error("failed to export %d spans: %s", len(taken), error)
+                    sent = SpanExportResult.FAILURE
+                ok = ok and sent is SpanExportResult.SUCCESS
+        return ok
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Send every queued span now (from the calling thread)."""
+        return self._send_all()
+
+    def shutdown(self) -> None:
+        """Send what is queued, stop the thread, shut the exporter down."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(30)
+        self._send_all()
+        self.exporter.shutdown()  # type: ignore[no-untyped-call]

@@ -133,7 +133,7 @@ def _bind(module: Any) -> None:
 
 def _tracer() -> Any:
     global _tracer_cache
-    provider = _seen[0] if _seen[1] else _trace.get_tracer_provider()
+    provider: Any = _seen[0] if _seen[1] else _trace.get_tracer_provider()
     cached = _tracer_cache
     if cached is None or cached[0] is not provider:
         cached = _tracer_cache = (provider, provider.get_tracer("flowdecision", _VERSION))
@@ -463,7 +463,12 @@ def start_sdk() -> Callable[[], None]:
     provider: Any
     lean = choice == "lean" and "console" not in exporters
     if lean:
-        from .tracer import LeanOTLPExporter, LeanTracerProvider, lean_exporter_problem
+        from .tracer import (
+            LeanBatchProcessor,
+            LeanOTLPExporter,
+            LeanTracerProvider,
+            lean_exporter_problem,
+        )
 
         problem = lean_exporter_problem() if "otlp" in exporters else None
         if problem is not None:
@@ -473,7 +478,7 @@ def start_sdk() -> Callable[[], None]:
     if lean:
         provider = LeanTracerProvider(resource=sdk_resource)
         if "otlp" in exporters:
-            provider.add_span_processor(BatchSpanProcessor(LeanOTLPExporter()))
+            provider.add_span_processor(LeanBatchProcessor(LeanOTLPExporter()))
     else:
         provider = TracerProvider(resource=sdk_resource)
         for name in exporters:
