@@ -64,6 +64,8 @@ from opentelemetry.trace.propagation import _SPAN_KEY as _span_key
 from opentelemetry.util._decorator import _agnosticcontextmanager
 from opentelemetry.util.types import Attributes, AttributeValue
 
+from .errors import InvalidArgumentError
+
 __all__ = [
     "LeanBatchProcessor",
     "LeanOTLPExporter",
@@ -517,7 +519,7 @@ def _any_value(value: object) -> bytes:
         return _field(b"\x2a", b"".join(_field(b"\x0a", _any_value(item)) for item in value))
     if isinstance(value, Mapping):
         return _field(b"\x32", _attributes(b"\x0a", value))
-    raise TypeError(f"invalid attribute value type {type(value).__name__}")
+    raise InvalidArgumentError(f"invalid attribute value type {type(value).__name__}")
 
 
 #: key -> {text value: its ``KeyValue``, length-prefixed} for keys whose values repeat
