@@ -72,7 +72,7 @@ class BoundaryMiddleware:
         scope.setdefault("state", {})["request_id"] = request_id
         token = request_id_var.set(request_id)
         # The server span (tracing on): continues the caller's traceparent/tracestate.
-        server_span = _start_server_span(scope, request_id) if _tracing.active() else None
+        server_span = start_server_span(scope, request_id) if _tracing.active() else None
         # A body not read whole when the answer starts (a refusal, a 413 on
         # Content-Length...): the answer says Connection: close (module docstring).
         answer = Answer(send, receive, request_id, body_pending=has_body(scope))
@@ -86,7 +86,7 @@ class BoundaryMiddleware:
             template = getattr(route, "path", None) or "<unmatched>"
             self.finish(request_id, scope, template, answer.status, answer.sent, started)
             if server_span is not None:
-                _end_server_span(server_span, scope, template, answer.status)
+                end_server_span(server_span, scope, template, answer.status)
             request_id_var.reset(token)
 
     def finish(
@@ -192,8 +192,8 @@ class Answer:
             raise error
 
 
-def _start_server_span(scope: Scope, request_id: str) -> _tracing.SpanScope:
-    """Open and make current the request's server span (ended by :func:`_end_server_span`)."""
+def start_server_span(scope: Scope, request_id: str) -> _tracing.SpanScope:
+    """Open and make current the request's server span (ended by :func:`end_server_span`)."""
     method = scope["method"]
     headers = scope.get("headers")
     server = _tracing.span(
@@ -211,7 +211,7 @@ def _start_server_span(scope: Scope, request_id: str) -> _tracing.SpanScope:
     return server
 
 
-def _end_server_span(server: _tracing.SpanScope, scope: Scope, route: str, status: int) -> None:
+def end_server_span(server: _tracing.SpanScope, scope: Scope, route: str, status: int) -> None:
     current = server.span
     if route != "<unmatched>":
         current.update_name(f"{scope['method']} {route}")

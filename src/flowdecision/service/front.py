@@ -10,10 +10,11 @@ does their work in one function:
 * it takes a ``POST /v1/decisions`` with exactly one ``Host`` that the guard
   allows, exactly one ``Content-Length`` within ``max_body_bytes``, a plain
   ``application/json`` ``Content-Type``, no ``Origin``, ``Expect``,
-  ``Transfer-Encoding`` or ``Content-Encoding``, a valid token when the
-  service has tokens, and tracing off;
+  ``Transfer-Encoding`` or ``Content-Encoding``, and a valid token when the
+  service has tokens;
 * for it, it runs what those layers would: the request id (the boundary's
-  rule), the handler's body (:func:`.handlers.answer_post`), the answer with
+  rule), the server span when tracing is on (the boundary's own
+  :func:`.boundary.start_server_span`), the handler's body (:func:`.handlers.answer_post`), the answer with
   ``X-Request-Id``, and the boundary's own request metric and access line
   (:meth:`.boundary.BoundaryMiddleware.finish`); a request that ends
   abnormally is answered by the boundary's :class:`.boundary.Answer`;
@@ -36,7 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import tracing as _tracing
 from .auth import AuthMiddleware, presented_token, token_matches
-from .boundary import Answer, BoundaryMiddleware
+from .boundary import Answer, BoundaryMiddleware, end_server_span, start_server_span
 from .guards import BrowserGuardMiddleware, JsonContentTypeMiddleware
 from .handlers import AppContext, answer_post, read_post_body
 from .logs import new_request_id, request_id_for, request_id_var
@@ -86,7 +87,6 @@ class DecisionsFront:
             or not self.enabled
             or scope.get("root_path")
             or self.context.service is None
-            or _tracing.active()
         ):
             await self.app(scope, receive, send)
             return
@@ -144,6 +144,8 @@ class DecisionsFront:
         request_id = request_id_for(scope) if has_id else new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
         token = request_id_var.set(request_id)
+        # The server span (tracing on), as the boundary opens it: same name, attributes, parent.
+        server_span = start_server_span(scope, request_id) if _tracing.active() else None
         context = self.context
         service = context.service
         assert service is not None
@@ -184,6 +186,8 @@ class DecisionsFront:
         finally:
             assert self._boundary is not None
             self._boundary.finish(request_id, scope, DECISIONS_PATH, status, sent, started)
+            if server_span is not None:
+                end_server_span(server_span, scope, DECISIONS_PATH, status)
             request_id_var.reset(token)
 
 
