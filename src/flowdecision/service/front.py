@@ -14,8 +14,9 @@ does their work in one function:
   service has tokens;
 * for it, it runs what those layers would: the request id (the boundary's
   rule), the server span when tracing is on (the boundary's own
-  :func:`.boundary.start_server_span`), the handler's body (:func:`.handlers.answer_post`), the answer with
-  ``X-Request-Id``, and the boundary's own request metric and access line
+  :func:`.boundary.start_server_span`), the handler's body
+  (:func:`.handlers.answer_post`), the answer with ``X-Request-Id``, and
+  the boundary's own request metric and access line
   (:meth:`.boundary.BoundaryMiddleware.finish`); a request that ends
   abnormally is answered by the boundary's :class:`.boundary.Answer`;
 * every other request goes down the stack untouched, so every refusal (and
