@@ -338,8 +338,10 @@ async def test_a_lost_lease_fails_the_sink_span_and_the_dispatch(
 async def test_heartbeat_renewals_are_events_on_the_sink_span(
     store: Store, spans: InMemorySpanExporter
 ) -> None:
-    sink = RecordingSink(delay_s=0.5)
-    dispatcher = Dispatcher("production", sink, await store.ledger(), lease_ms=300)
+    # The lease is long enough that a renewal on a busy CI machine is never late
+    # (a late one loses the lease), and the sink outlasts several renewal periods.
+    sink = RecordingSink(delay_s=1.0)
+    dispatcher = Dispatcher("production", sink, await store.ledger(), lease_ms=1200)
 
     assert (await dispatcher.dispatch(request(decision_id="dec-1"))).submitted
 

@@ -12,8 +12,9 @@ configuration and the same wire output, for less:
   every instrumentation in the process (flowdecision's, the user's) records
   through it. It takes the SDK's resource (``OTEL_SERVICE_NAME``,
   ``OTEL_RESOURCE_ATTRIBUTES``), sampler (``OTEL_TRACES_SAMPLER``,
-  ``..._ARG``), span limits (``OTEL_SPAN_*_COUNT_LIMIT``...) and span
-  processors (the SDK's ``BatchSpanProcessor``, so ``OTEL_BSP_*`` hold);
+  ``..._ARG``), span limits (``OTEL_SPAN_*_COUNT_LIMIT``...) and any SDK
+  span processor (``serve --otel`` adds :class:`LeanBatchProcessor`, which
+  honours ``OTEL_BSP_*``);
 * :class:`LeanSpan` keeps what a span records in plain slots (attribute
   values of the common scalar types are stored as given, anything else is
   checked the way the API's rules say) and offers the fields of the SDK's
