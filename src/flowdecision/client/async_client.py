@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import httpx
 
@@ -13,7 +13,7 @@ from ..ledger.query import AuditPage, DecisionPage
 from ..ledger.states import AuditEntry
 from ..model import DecisionRequest
 from .base import HTTP_DEFAULTS, BaseClient, send_kwargs
-from .protocol import Send, audit_params, query_params, run_path
+from .protocol import ActionArguments, Send, audit_params, query_params, run_path
 from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
 
 __all__ = ["DecisionClient"]
@@ -115,42 +115,16 @@ class DecisionClient(BaseClient[httpx.AsyncClient], Closable):
         params = audit_params(decision_id, cursor, limit)
         return await self._drive(self._protocol.audit(params, request_id=request_id))
 
-    async def release(
-        self,
-        decision_id: str,
-        *,
-        actor: str,
-        reason: str,
-        admin_token: str | None = None,
-        request_id: str | None = None,
-    ) -> AuditEntry:
+    async def release(self, decision_id: str, **action: Unpack[ActionArguments]) -> AuditEntry:
         """Release a pending claim, fenced (its old owner can never complete); audited.
 
         Needs an admin token: ``admin_token``, or the client's own token if that is one.
         """
-        return await self._drive(
-            self._protocol.action(
-                "release", decision_id, actor=actor, reason=reason,
-                admin_token=admin_token, request_id=request_id,
-            )
-        )  # fmt: skip
+        return await self._drive(self._protocol.action("release", decision_id, **action))
 
-    async def forget(
-        self,
-        decision_id: str,
-        *,
-        actor: str,
-        reason: str,
-        admin_token: str | None = None,
-        request_id: str | None = None,
-    ) -> AuditEntry:
+    async def forget(self, decision_id: str, **action: Unpack[ActionArguments]) -> AuditEntry:
         """Forget a completed decision or tombstone so its id can be used again; audited."""
-        return await self._drive(
-            self._protocol.action(
-                "forget", decision_id, actor=actor, reason=reason,
-                admin_token=admin_token, request_id=request_id,
-            )
-        )  # fmt: skip
+        return await self._drive(self._protocol.action("forget", decision_id, **action))
 
     async def _send(self, step: Send) -> httpx.Response:
         return await self._http.request(step.method, step.url, **send_kwargs(step))

@@ -16,7 +16,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NotRequired, TypedDict, TypeVar
 
 import httpx
 
@@ -31,6 +31,7 @@ from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
 from .retry import MAYBE_SENT, NOT_SENT, OnRetry, RetryEvent, RetryOptions
 
 __all__ = [
+    "ActionArguments",
     "Exchange",
     "Send",
     "ServiceProtocol",
@@ -45,6 +46,20 @@ __all__ = [
 log = logging.getLogger("flowdecision.client")
 
 T = TypeVar("T")
+
+
+class ActionArguments(TypedDict):
+    """The keyword arguments of an operator action (``release``, ``forget``).
+
+    ``actor`` and ``reason`` go into the audit trail; ``admin_token`` overrides
+    the client's own token for this call; ``request_id`` is sent as
+    ``X-Request-Id``. One definition, so each action's method is written once.
+    """
+
+    actor: str
+    reason: str
+    admin_token: NotRequired[str | None]
+    request_id: NotRequired[str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,8 +278,8 @@ class ServiceProtocol:
         *,
         actor: str,
         reason: str,
-        admin_token: str | None,
-        request_id: str | None,
+        admin_token: str | None = None,
+        request_id: str | None = None,
     ) -> Exchange[AuditEntry]:
         """``POST /v1/actions/{name}`` with the admin token (or the client's own)."""
         headers = self.headers(request_id)
