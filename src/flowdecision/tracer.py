@@ -304,13 +304,6 @@ class LeanSpan(trace.Span):
             processor.on_end(self)  # type: ignore[arg-type]
 
 
-def _in_line_flags(
-    record_exception: bool = True, set_status_on_exception: bool = True, end_on_exit: bool = True
-) -> tuple[bool, bool, bool]:
-    """The flags of ``start_as_current_span`` given by position (after ``start_time``)."""
-    return record_exception, set_status_on_exception, end_on_exit
-
-
 class LeanTracer(trace.Tracer):
     """Starts :class:`LeanSpan` objects (or non-recording spans the sampler drops)."""
 
@@ -386,17 +379,18 @@ class LeanTracer(trace.Tracer):
     @_agnosticcontextmanager  # the API's own: a context manager and a decorator
     def start_as_current_span(
         self,
-        *args: Any,
+        name: str,
+        context: context_api.Context | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        start_time: int | None = None,
         record_exception: bool = True,
         set_status_on_exception: bool = True,
         end_on_exit: bool = True,
-        **kwargs: Any,
     ) -> Iterator[trace.Span]:
-        """Start a span (:meth:`start_span`'s arguments) and make it current for the block."""
-        if len(args) > 6:  # the API lets the flags come in line too, after start_time
-            record_exception, set_status_on_exception, end_on_exit = _in_line_flags(*args[6:])
-            args = args[:6]
-        span = self.start_span(*args, **kwargs)
+        """Start a span and make it current for the block."""
+        span = self.start_span(name, context, kind, attributes, links, start_time)
         with trace.use_span(
             span,
             end_on_exit=end_on_exit,
