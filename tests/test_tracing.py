@@ -339,7 +339,7 @@ async def test_heartbeat_renewals_are_events_on_the_sink_span(
     store: Store, spans: InMemorySpanExporter
 ) -> None:
     # The lease is long enough that a renewal on a busy CI machine is never late
-    # (a late one loses the lease), and the sink outlasts several renewal periods.
+    # (a late one loses the lease), and the sink outlasts two renewal periods (400 ms).
     sink = RecordingSink(delay_s=1.0)
     dispatcher = Dispatcher("production", sink, await store.ledger(), lease_ms=1200)
 
