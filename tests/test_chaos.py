@@ -6,12 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from flowdecision.chaos import ChaosConfig, ChaosReport, run_chaos, verify
-from flowdecision.ledger.machine import ClaimRecord
+from flowdecision.chaos.health_check import check_health
+from flowdecision.chaos.journal import outcome_unknown
+from flowdecision.chaos.verify import Evidence, check_ledger, check_stale
+from flowdecision.errors import LedgerCorruptError, LedgerUnavailableError, StoreFullError
+from flowdecision.ledger.machine import ClaimRecord, ClaimStatus
 
 SHORT = {
     "workers": 3,
@@ -129,3 +134,69 @@ def test_verify_catches_a_missing_row_and_a_completion_after_expiry(tmp_path: Pa
     assert not again.checks["no_stale_completion"][0]
     assert second in again.checks["no_stale_completion"][1]
     assert again.checks["ledger_exactly_once"][0]
+
+
+def _in_doubt_evidence(unknown: bool, workdir: Path) -> Evidence:
+    """One decision, completed (attempt 1) by owner ``o1``, whose journal shows a
+    claim-and-complete answered with an error (outcome ``unknown`` or not), then a
+    retry told ``completed``:
+    what a failover leaves when the primary committed and died before answering."""
+    cfg = ChaosConfig(
+        ledger_url="sqlite:///unused.db", decisions=1, workers=1, lease_ms=300, workdir=str(workdir)
+    )
+    record = ClaimRecord(
+        request_hash="h",
+        status=ClaimStatus.COMPLETED,
+        owner_id="o1",
+        lease_expires_at_ms=0,
+        attempts=1,
+        completed_at_ms=1_000,
+    )
+    events: list[dict[str, object]] = [
+        {"o": "o1", "e": "joint0", "d": "d1", "t0": 900},
+        {"o": "o1", "e": "claim", "d": "d1", "t0": 900, "t1": 1_200, "r": "error", "u": unknown},
+        {"o": "o1", "e": "joint0", "d": "d1", "t0": 1_300},
+        {"o": "o1", "e": "claim", "d": "d1", "t0": 1_300, "t1": 1_310, "r": "completed"},
+    ]
+    evidence = Evidence(
+        cfg=cfg, ids=["d1"], proposals=1, proposed_hashes={"h"}, records={"d1": record}
+    )
+    evidence.events_by_worker[0] = events
+    for event in events:
+        evidence.scan(event)
+    return evidence
+
+
+def test_verify_accepts_a_commit_whose_answer_was_lost_and_nothing_else(tmp_path: Path) -> None:
+    """A claim-and-complete whose connection died around the commit may have
+    committed: its owner completing the decision with no ``claimed`` line passes, and
+    the unjournaled attempt is within the bound. The same journal with an error that
+    wrote nothing (a refused connection) fails both checks."""
+    doubtful = _in_doubt_evidence(True, tmp_path)
+    assert check_ledger(doubtful)[0], check_ledger(doubtful)[1]
+    assert check_stale(doubtful)[0][0]
+    health = check_health(
+        doubtful.cfg, doubtful.events_by_worker, doubtful.records, doubtful.claims, Counter()
+    )
+    assert health.check[0], health.check[1]
+    assert "1 calls in doubt" in health.check[1]
+
+    refused = _in_doubt_evidence(False, tmp_path)
+    passed, detail = check_ledger(refused)
+    assert not passed and "has no journaled claim of attempt 1" in detail
+    assert not check_stale(refused)[0][0]
+    health = check_health(
+        refused.cfg, refused.events_by_worker, refused.records, refused.claims, Counter()
+    )
+    assert not health.check[0] and "1 unjournaled, allowed 0..0" in health.check[1]
+
+
+def test_an_outcome_is_unknown_only_when_the_store_went_away_mid_call() -> None:
+    lost = LedgerUnavailableError("cannot use PostgreSQL ledger: connection closed")
+    lost.__cause__ = ConnectionResetError("reset by peer")
+    refused = LedgerUnavailableError("cannot use PostgreSQL ledger: server unreachable")
+    refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    assert outcome_unknown(lost)
+    assert not outcome_unknown(refused)
+    assert not outcome_unknown(StoreFullError("disk full: nothing was written"))
+    assert not outcome_unknown(LedgerCorruptError("undecodable record"))

@@ -5,7 +5,9 @@ conflicts + rejected + failures + in_flight``; its counters equal the tally of
 the outcome lines journaled before it, and ``claimed``/``takeovers`` equal the
 journaled claims; summed over workers, journaled claims never exceed the
 ledger's attempts, and the difference (claims committed but cut off by a
-SIGKILL before their journal line) is at most kills x concurrency.
+SIGKILL before their journal line, or committed while the connection died
+around the commit, as in a failover) is at most kills x concurrency plus the
+calls whose outcome their error left unknown.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ..ledger.machine import ClaimRecord
 from .config import ChaosConfig
 from .report import fmt_problems
 
-__all__ = ["HealthCheck", "check_health"]
+__all__ = ["HealthCheck", "check_health", "in_doubt"]
 
 Event = dict[str, Any]
 
@@ -79,6 +81,12 @@ def _check_snapshot(data: dict[str, Any], mine: list[Event]) -> list[str]:
     return problems
 
 
+def in_doubt(ev: Event) -> bool:
+    """A claim (or claim-and-complete) call whose error left its outcome unknown
+    (:func:`.journal.outcome_unknown`): it may have committed all the same."""
+    return ev.get("e") == "claim" and ev.get("r") == "error" and bool(ev.get("u"))
+
+
 def check_health(
     cfg: ChaosConfig,
     events_by_worker: Mapping[int, list[Event]],
@@ -102,7 +110,8 @@ def check_health(
     ledger_claims = sum(r.attempts for r in records.values() if r is not None)
     journal_claims_total = sum(len(v) for v in claims.values())
     lost = ledger_claims - journal_claims_total
-    bound = (stats["kills"] + stats["crashes"]) * cfg.concurrency
+    doubtful = sum(in_doubt(ev) for events in events_by_worker.values() for ev in events)
+    bound = (stats["kills"] + stats["crashes"]) * cfg.concurrency + doubtful
     if not 0 <= lost <= bound:
         problems.append(
             f"ledger attempts {ledger_claims} vs journaled claims {journal_claims_total}: "
@@ -113,7 +122,8 @@ def check_health(
         fmt_problems(problems)
         or (
             f"{len(health_files)} snapshots match their journals; ledger attempts "
-            f"{ledger_claims} = {journal_claims_total} journaled + {lost} cut off by kills"
+            f"{ledger_claims} = {journal_claims_total} journaled + {lost} cut off by kills "
+            f"or in doubt ({doubtful} calls in doubt)"
         ),
     )
     return HealthCheck(check, reported_takeovers)

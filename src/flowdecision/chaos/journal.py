@@ -13,12 +13,12 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import LedgerError
+from ..errors import LedgerError, LedgerUnavailableError, StoreFullError
 from ..ledger.protocol import DelegatingLedger, Ledger
 from ..ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict, JointOutcome
 from .config import wall_ms
 
-__all__ = ["Journal", "JournalingLedger", "read_journal"]
+__all__ = ["Journal", "JournalingLedger", "outcome_unknown", "read_journal"]
 
 
 class Journal:
@@ -60,6 +60,18 @@ def read_journal(path: Path) -> tuple[list[dict[str, Any]], int]:
     return events, torn
 
 
+def outcome_unknown(error: LedgerError) -> bool:
+    """Whether the call may have committed all the same: the store became unreachable
+    (``ledger_unavailable``) once the call was under way, so the commit may have
+    landed before the connection died (a failover). A refused connection, or a
+    socket that is not there, sent nothing."""
+    return (
+        isinstance(error, LedgerUnavailableError)
+        and not isinstance(error, StoreFullError)
+        and not isinstance(error.__cause__, ConnectionRefusedError | FileNotFoundError)
+    )
+
+
 _CLAIM_RESULT = {Busy: "busy", Conflict: "conflict", AlreadyCompleted: "completed"}
 #: The line journaled *before* a mutation, so a call cut short by a kill is visible.
 _BEFORE = {"renew": "renew0", "complete": "complete0", "joint_commit": "joint0"}
@@ -90,7 +102,14 @@ class JournalingLedger(DelegatingLedger):
         except LedgerError as error:
             if operation in ("claim", "joint_commit"):
                 self.journal.write(
-                    e="claim", d=decision_id, t0=t0, t1=wall_ms(), r="error", m=str(error)
+                    e="claim",
+                    d=decision_id,
+                    t0=t0,
+                    t1=wall_ms(),
+                    r="error",
+                    c=error.code,
+                    u=outcome_unknown(error),
+                    m=str(error),
                 )
             elif operation != "release":
                 self.journal.write(

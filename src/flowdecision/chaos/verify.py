@@ -2,7 +2,9 @@
 
 ``ledger_exactly_once``
     every decision's record is completed; its completer (the record's owner) is
-    a journaled claimant whose attempt equals the record's final ``attempts``;
+    a journaled claimant whose attempt equals the record's final ``attempts``
+    (or made a claim-and-complete call whose answer it never learned: cut off by
+    a kill, or its connection died around the commit);
     no two claims of one decision share an attempt number.
 ``outbox_one_row``
     exactly one outbox row per decision, and ``first_attempt <=
@@ -45,7 +47,7 @@ from ..ledger.url import parse_ledger_url
 from ..model import request_hash
 from ..sinks.outbox import OutboxEntry, OutboxSink
 from .config import ChaosConfig
-from .health_check import check_health
+from .health_check import check_health, in_doubt
 from .journal import read_journal
 from .report import ChaosReport, fmt_problems
 from .worker import open_run_ledger
@@ -58,11 +60,16 @@ Event = dict[str, Any]
 _LEASE_EVENTS = ("claim", "renew0", "renew", "complete0", "complete", "release", "joint0")
 
 
-def _joint_cut_off(history: list[Event]) -> bool:
-    """The owner's last call on the decision was a claim-and-complete whose answer
-    was never journaled (killed after it started): on the shared layout it may
-    have committed, claim and completion together, in one transaction."""
-    return bool(history) and history[-1]["e"] == "joint0"
+def _joint_unanswered(history: list[Event]) -> bool:
+    """The owner made a claim-and-complete call on the decision whose answer it never
+    learned, so claim and completion may have committed together, in one transaction,
+    with no ``claimed`` line: cut off by a kill (``joint0`` is its last line), or its
+    connection died around the commit (e.g. in a failover; see
+    :func:`.health_check.in_doubt`)."""
+    return any(
+        ev["e"] == "joint0" and (after is None or in_doubt(after))
+        for ev, after in zip(history, [*history[1:], None], strict=True)
+    )
 
 
 @dataclass
@@ -178,7 +185,7 @@ def check_ledger(ev: Evidence) -> Check:
         if dup:
             problems.append(f"{key}: attempt(s) {dup} claimed by two owners")
         mine = [c for c in ev.claims[key] if c["o"] == record.owner_id]
-        cut_off = _joint_cut_off(ev.by_owner.get((record.owner_id, key), []))
+        cut_off = _joint_unanswered(ev.by_owner.get((record.owner_id, key), []))
         if not cut_off and not any(int(c["a"]) == record.attempts for c in mine):
             problems.append(
                 f"{key}: completer {record.owner_id} has no journaled claim of attempt "
@@ -312,7 +319,7 @@ def check_stale(ev: Evidence) -> tuple[Check, int]:
             continue
         history = ev.by_owner.get((record.owner_id, key), [])
         grant, unresolved, complete_start = _last_grant(history, record.attempts)
-        if grant is None and _joint_cut_off(history):
+        if grant is None and _joint_unanswered(history):
             proven += 1  # claimed and completed in one transaction: inside its own lease
             continue
         if grant is None:
