@@ -168,6 +168,9 @@ async def test_submitted_on_the_default_layout_is_one_dispatch_span(
     assert commit.parent is None and not commit.links
     assert linked_to(dispatch) == {hex_ids(commit)}
     assert _attributes(commit) == {"db.system.name": store.kind, "flowdecision.batch.size": 1}
+    if isinstance(ledger, SqliteLedger):
+        # A lone commit ran inline on the event loop, traced like a batch of one.
+        assert ledger.inline_commits == 1
 
 
 async def test_submitted_with_a_separate_sink_is_claim_submit_complete(

@@ -41,7 +41,7 @@ with the store's busy timeout), and after three inline commits in a row
 that took longer than ``inline_max_ms`` lone mutations use the connection
 thread again for a second. The connection is shared by the two threads
 (``check_same_thread=False``); one lock serializes every use of it.
-Tracing on, every mutation takes the connection thread (its batch span).
+Tracing on, an inline commit is a batch of one: it has its batch span too.
 """
 
 from __future__ import annotations
@@ -158,14 +158,15 @@ class SqliteThread:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         job = Job(loop, future, payload)
-        if not tracing_active():
-            if self.inline_max_ms > 0 and self._conn is not None:
-                self._collect(job)
-            else:
-                self._submit(job)
+        traced = tracing_active()
+        if traced:
+            job.trace = recording_span()
+        if self.inline_max_ms > 0 and self._conn is not None:
+            self._collect(job)
+        else:
+            self._submit(job)
+        if not traced:
             return await future
-        job.trace = recording_span()
-        self._submit(job)
         try:
             return await future
         finally:
