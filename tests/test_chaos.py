@@ -173,7 +173,8 @@ def test_verify_accepts_a_commit_whose_answer_was_lost_and_nothing_else(tmp_path
     the unjournaled attempt is within the bound. The same journal with an error that
     wrote nothing (a refused connection) fails both checks."""
     doubtful = _in_doubt_evidence(True, tmp_path)
-    assert check_ledger(doubtful)[0], check_ledger(doubtful)[1]
+    (passed, detail), unanswered = check_ledger(doubtful)
+    assert passed and unanswered == 1, detail
     assert check_stale(doubtful)[0][0]
     health = check_health(
         doubtful.cfg, doubtful.events_by_worker, doubtful.records, doubtful.claims, Counter()
@@ -182,8 +183,8 @@ def test_verify_accepts_a_commit_whose_answer_was_lost_and_nothing_else(tmp_path
     assert "1 calls in doubt" in health.check[1]
 
     refused = _in_doubt_evidence(False, tmp_path)
-    passed, detail = check_ledger(refused)
-    assert not passed and "has no journaled claim of attempt 1" in detail
+    (passed, detail), unanswered = check_ledger(refused)
+    assert not passed and "has no journaled claim of attempt 1" in detail and unanswered == 0
     assert not check_stale(refused)[0][0]
     health = check_health(
         refused.cfg, refused.events_by_worker, refused.records, refused.claims, Counter()

@@ -61,6 +61,7 @@ def summary_rows(report: ChaosReport) -> Iterator[tuple[str, str]]:
         "acknowledged: lost / repeated",
         f"{f['acknowledged']}: {f['lost_after_ack']} / {f['repeated_after_ack']}",
     )
+    yield "completed by a call whose answer was lost", str(f["completed_unanswered"])
     if "failovers" in f:
         times = ", ".join(f"{s:.1f}" for s in f["failover_s"])
         yield "failovers", f"{f['failovers']} (seconds each: {times})"

@@ -169,9 +169,12 @@ async def gather_evidence(cfg: ChaosConfig) -> Evidence:
     return evidence
 
 
-def check_ledger(ev: Evidence) -> Check:
-    """``ledger_exactly_once``: completed once, by the last claimant."""
+def check_ledger(ev: Evidence) -> tuple[Check, int]:
+    """``ledger_exactly_once``: completed once, by the last claimant; and how many
+    decisions were completed by a call whose caller never learned the answer (its
+    retry, if any, was told ``duplicate``)."""
     problems: list[str] = []
+    unanswered = 0
     for key in ev.ids:
         record = ev.records[key]
         if record is None:
@@ -186,18 +189,21 @@ def check_ledger(ev: Evidence) -> Check:
             problems.append(f"{key}: attempt(s) {dup} claimed by two owners")
         mine = [c for c in ev.claims[key] if c["o"] == record.owner_id]
         cut_off = _joint_unanswered(ev.by_owner.get((record.owner_id, key), []))
-        if not cut_off and not any(int(c["a"]) == record.attempts for c in mine):
+        journaled = any(int(c["a"]) == record.attempts for c in mine)
+        unanswered += cut_off and not journaled
+        if not cut_off and not journaled:
             problems.append(
                 f"{key}: completer {record.owner_id} has no journaled claim of attempt "
                 f"{record.attempts}"
             )
         if attempts and max(attempts) > record.attempts:
             problems.append(f"{key}: a claim of attempt {max(attempts)} > {record.attempts}")
-    return (
+    check = (
         not problems,
         fmt_problems(problems)
         or f"{len(ev.ids)} decisions completed once, each by its last claimant",
     )
+    return check, unanswered
 
 
 async def _load_outbox(cfg: ChaosConfig) -> dict[str, list[OutboxEntry]]:
@@ -353,7 +359,7 @@ async def verify(
     stats = stats if stats is not None else Counter()
     ev = await gather_evidence(cfg)
     report = ChaosReport(config=asdict(cfg))
-    report.checks["ledger_exactly_once"] = check_ledger(ev)
+    report.checks["ledger_exactly_once"], unanswered = check_ledger(ev)
     rows_check, content_check, replays = check_outbox(ev, await _load_outbox(cfg))
     report.checks["outbox_one_row"] = rows_check
     report.checks["no_conflicting_content"] = content_check
@@ -386,6 +392,7 @@ async def verify(
         "stale_completions_refused": ev.refused,
         "late_acks": ev.late_acks,
         "acknowledged": len(ev.acked),
+        "completed_unanswered": unanswered,
         "lost_after_ack": lost,
         "repeated_after_ack": repeated,
         "stale_check_ambiguous": ambiguous,
