@@ -25,7 +25,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # The status-page browser test needs Debian's chromium; install it only if missing.
-# ... and curl for the README's curl examples (the tests run them as written).
+# ... and curl for the README's curl examples (the tests run them as written), and
+# openssl for the certificate of the OTLP exporter's TLS test.
 chromium:
 	@if [ ! -x /usr/bin/chromium ]; then \
 		echo "installing chromium for the status-page browser test"; \
@@ -34,6 +35,10 @@ chromium:
 	@if ! command -v curl >/dev/null 2>&1; then \
 		echo "installing curl for the README example tests"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl; \
+	fi
+	@if ! command -v openssl >/dev/null 2>&1; then \
+		echo "installing openssl for the OTLP exporter's TLS test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl; \
 	fi
 
 # The engine sinks' tests run real servers: Temporal's dev server comes with the dev

@@ -1,13 +1,18 @@
 """A minimal OTLP/HTTP trace receiver on localhost: what a collector would get, decoded.
 
 ``POST /v1/traces`` with a protobuf ``ExportTraceServiceRequest`` (gzip or
-not) is answered 200 and every span kept as a :class:`ReceivedSpan`.
+not) is answered 200 and every span kept as a :class:`ReceivedSpan`, and each
+POST's headers in :attr:`OtlpReceiver.headers`. A test can queue refusals
+(:attr:`OtlpReceiver.refuse`: statuses answered first, with ``Retry-After: 0``),
+close every connection after its answer (``close_connections``), or serve TLS
+(``tls=(certfile, keyfile)``).
 """
 
 from __future__ import annotations
 
 import gzip
 import http.server
+import ssl
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,18 +45,36 @@ class ReceivedSpan:
 
 
 class OtlpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, tls: tuple[str, str] | None = None) -> None:
         self.spans: list[ReceivedSpan] = []
         self.posts = 0
+        self.headers: list[dict[str, str]] = []
+        self.refuse: list[int] = []
+        self.close_connections = False
+        self.connections = 0
         self._lock = threading.Lock()
         receiver = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def setup(self) -> None:
+                super().setup()
+                with receiver._lock:
+                    receiver.connections += 1
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = self.rfile.read(length)
+                with receiver._lock:
+                    receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
+                    refusal = receiver.refuse.pop(0) if receiver.refuse else None
+                if refusal is not None:
+                    self.send_response(refusal)
+                    self.send_header("Retry-After", "0")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 if self.path != "/v1/traces":
@@ -66,6 +89,9 @@ class OtlpReceiver:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(payload)))
+                if receiver.close_connections:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
                 self.end_headers()
                 self.wfile.write(payload)
 
@@ -74,7 +100,13 @@ class OtlpReceiver:
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "http"
+        if tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(*tls)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+            scheme = "https"
+        self.endpoint = f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def _keep(self, request: ExportTraceServiceRequest) -> None:

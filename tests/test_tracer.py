@@ -17,22 +17,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider, sampling
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from flowdecision.tracer import (
     LeanBatchProcessor,
+    LeanHTTPTransport,
     LeanOTLPExporter,
     LeanSpan,
     LeanTracerProvider,
+    _lean_transport,
     encode_spans,
     lean_exporter_problem,
 )
@@ -319,3 +323,94 @@ def test_an_unknown_provider_choice_is_refused_by_name() -> None:
     )
     assert done.returncode != 0
     assert "FLOWDECISION_OTEL_PROVIDER `fast` is not supported: use lean or sdk" in done.stderr
+
+
+def _send(exporter: LeanOTLPExporter, *names: str) -> None:
+    provider = LeanTracerProvider(resource=Resource.create({"service.name": "transport-test"}))
+    provider.add_span_processor(LeanBatchProcessor(exporter))
+    tracer = provider.get_tracer("flowdecision")
+    for name in names:
+        tracer.start_span(name).end()
+        assert provider.force_flush()  # one POST per span
+    provider.shutdown()
+
+
+def test_the_exporter_posts_over_http_client_with_its_headers_and_compression(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=acme")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
+    exporter = LeanOTLPExporter(endpoint=f"{receiver.endpoint}/v1/traces")
+    assert isinstance(exporter._client._transport, LeanHTTPTransport)
+    _send(exporter, "one", "two", "three")
+    assert [span.name for span in receiver.spans] == ["one", "two", "three"]
+    assert {h["x-tenant"] for h in receiver.headers} == {"acme"}
+    assert {h["content-encoding"] for h in receiver.headers} == {"gzip"}
+    assert {h["content-type"] for h in receiver.headers} == {"application/x-protobuf"}
+    assert receiver.connections == 1  # kept alive across the three POSTs
+
+
+def test_a_refused_post_is_retried_and_a_closed_connection_reopened(
+    receiver: OtlpReceiver,
+) -> None:
+    receiver.refuse = [503, 429]  # answered with Retry-After: 0, so the retries wait 0 s
+    receiver.close_connections = True
+    _send(LeanOTLPExporter(endpoint=f"{receiver.endpoint}/v1/traces"), "one", "two")
+    assert [span.name for span in receiver.spans] == ["one", "two"]
+    assert receiver.posts == 2 and len(receiver.headers) == 4
+    assert receiver.connections == 2  # the collector closed after each answer
+
+
+def test_a_collector_that_is_not_there_fails_the_export_without_raising() -> None:
+    with OtlpReceiver() as gone:
+        endpoint = f"{gone.endpoint}/v1/traces"
+    exporter = LeanOTLPExporter(endpoint=endpoint, timeout=0.5)
+    assert exporter.send(b"") is SpanExportResult.FAILURE
+    exporter.shutdown()
+
+
+def test_a_proxy_or_a_credential_provider_keeps_the_sdks_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    endpoint = "http://collector.example:4318/v1/traces"
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    proxied = LeanOTLPExporter(endpoint=endpoint)._client._transport
+    assert type(proxied).__name__ == "RequestsHTTPTransport"
+    monkeypatch.setenv("NO_PROXY", "collector.example")
+    assert isinstance(LeanOTLPExporter(endpoint=endpoint)._client._transport, LeanHTTPTransport)
+    monkeypatch.delenv("HTTP_PROXY")
+    monkeypatch.delenv("NO_PROXY")
+    # A credential provider's session (an entry point the SDK loads) may carry auth:
+    # the decision is checked on the transport the SDK built without one.
+    sdk_transport = OTLPSpanExporter(endpoint=endpoint)._client._transport
+    monkeypatch.setenv("OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER", "vault")
+    assert _lean_transport(sdk_transport, endpoint) is sdk_transport
+
+
+def _self_signed(directory: Path) -> tuple[str, str]:
+    cert, key = directory / "collector.pem", directory / "collector.key"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return str(cert), str(key)
+
+
+def test_tls_verifies_the_collector_with_the_configured_certificate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = _self_signed(tmp_path)
+    with OtlpReceiver(tls=(cert, key)) as collector:
+        endpoint = f"{collector.endpoint}/v1/traces"
+        assert endpoint.startswith("https://")
+        untrusted = LeanOTLPExporter(endpoint=endpoint, timeout=2)
+        assert untrusted.send(b"") is SpanExportResult.FAILURE  # not in the default CAs
+        untrusted.shutdown()
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", cert)
+        _send(LeanOTLPExporter(endpoint=endpoint), "over tls")
+        assert [span.name for span in collector.spans] == ["over tls"]
