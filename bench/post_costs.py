@@ -3,6 +3,7 @@
     .venv/bin/python bench/post_costs.py                      # the service as it is
     .venv/bin/python bench/post_costs.py --starlette-stack    # Starlette's own layers
     .venv/bin/python bench/post_costs.py --outbox-row-by-row  # one outbox INSERT per decision
+    .venv/bin/python bench/post_costs.py --otel               # tracing on (serve --otel)
 
 In process (no sockets): ``create_app`` on the embedded defaults (ledger and
 outbox in one SQLite file, in a fresh temporary directory), 50 concurrent
@@ -65,6 +66,21 @@ def _body(n: int) -> bytes:
             },
         }
     ).encode()
+
+
+def _start_tracing() -> None:
+    """What ``serve --otel`` registers (the lean provider, every trace sampled), its
+    batch processor holding every span (encoded as it ends) so that no export
+    runs while calls are counted."""
+    os.environ.update(
+        OTEL_TRACES_SAMPLER="always_on",
+        OTEL_BSP_MAX_QUEUE_SIZE="1000000",
+        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="1000000",
+        OTEL_BSP_SCHEDULE_DELAY="3600000",
+    )
+    from flowdecision import tracing
+
+    tracing.start_sdk()
 
 
 async def _run(posts: int, callers: int, starlette_stack: bool) -> None:
@@ -138,7 +154,11 @@ def main() -> None:
                         help="Starlette's own layers instead of the lean path")  # fmt: skip
     parser.add_argument("--outbox-row-by-row", action="store_true",
                         help="one outbox row per statement (no write_sqlite_many)")  # fmt: skip
+    parser.add_argument("--otel", action="store_true",
+                        help="tracing on, as serve --otel (needs the otel extra)")  # fmt: skip
     args = parser.parse_args()
+    if args.otel:
+        _start_tracing()
     if args.outbox_row_by_row:
         from flowdecision.sinks.outbox import OutboxSink
 

@@ -73,6 +73,7 @@ from opentelemetry.util._decorator import _agnosticcontextmanager
 from opentelemetry.util.types import Attributes, AttributeValue
 
 from .errors import InvalidArgumentError
+from .tracing import context_var
 
 __all__ = [
     "LeanBatchProcessor",
@@ -87,10 +88,14 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
-#: The context key of the current span (the API's own), and the current context.
+#: The context key of the current span (the API's own), and the current context
+#: (the runtime's ContextVar read directly when it is the default one: no frame).
 _SPAN_KEY = _span_key
-_current = context_api.get_current
+_var = context_var(context_api)
+_current = _var.get if _var is not None else context_api.get_current
 
+_new_context = tuple.__new__
+_getrandbits = random.getrandbits
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _EMPTY_STATE = TraceState()
@@ -262,7 +267,7 @@ class LeanSpan(trace.Span):
 
     def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
         """Link this span to ``context`` (invalid contexts without attributes are ignored)."""
-        if self.end_time is not None or (not context.is_valid and not attributes):
+        if self.end_time is not None or (not context[5] and not attributes):  # [5]: valid
             return
         if len(self.links) >= self._limits.links:
             self.dropped_links += 1
@@ -338,22 +343,22 @@ class LeanTracer(trace.Tracer):
     ) -> trace.Span:
         """Start a span (a child of ``context``'s current span, or of the current one)."""
         current: Any = (context if context is not None else _current()).get(_SPAN_KEY)
+        # A SpanContext is a tuple (trace id, span id, remote, flags, state, valid),
+        # read here by index rather than through its properties (a frame each).
         parent: SpanContext | None = None
         if current is not None:
-            parent = current.get_span_context()
-            if not parent.is_valid:
+            parent = current.context if type(current) is LeanSpan else current.get_span_context()
+            if not parent[5]:
                 parent = None
         if parent is not None:
-            trace_id = parent.trace_id
-            trace_state = parent.trace_state
+            trace_id = parent[0]
+            trace_state = parent[4]
         else:
-            trace_id = _new_id(128)
+            trace_id = _getrandbits(128) or _new_id(128)
             trace_state = _EMPTY_STATE
-        span_id = _new_id(64)
+        span_id = _getrandbits(64) or _new_id(64)  # (0 is invalid: drawn again)
         extra: Attributes = None
-        if self._always or (
-            self._parent_based_on and (parent is None or parent.trace_flags.sampled)
-        ):
+        if self._always or (self._parent_based_on and (parent is None or parent[3] & 1)):
             recorded, flags = True, _SAMPLED
         elif self._parent_based_on:
             recorded, flags = False, _UNSAMPLED
@@ -365,7 +370,11 @@ class LeanTracer(trace.Tracer):
             trace_state = result.trace_state or trace_state
             if recorded:
                 extra = result.attributes
-        span_context = SpanContext(trace_id, span_id, False, flags, trace_state)
+        # What SpanContext(...) makes, without its range checks: both ids are valid
+        # by construction (non-zero, in range), so the context is valid.
+        span_context = _new_context(
+            SpanContext, (trace_id, span_id, False, flags, trace_state, True)
+        )
         if not recorded:
             return NonRecordingSpan(span_context)
         if extra:
@@ -590,31 +599,29 @@ def _trace_state(state: TraceState | None) -> str:
 
 _HAS_REMOTE = _pack_i(0x100)
 _IS_REMOTE = _pack_i(0x300)
-_KINDS = {kind: b"\x30" + _SMALL[kind.value + 1] for kind in SpanKind}
-_STATUS = {code: b"\x18" + _SMALL[code.value] if code.value else b"" for code in StatusCode}
+#: by ``id()`` of the enum member (members are singletons; hashing one runs Python)
+_KINDS = {id(kind): b"\x30" + _SMALL[kind.value + 1] for kind in SpanKind}
+_STATUS = {id(code): b"\x18" + _SMALL[code.value] if code.value else b"" for code in StatusCode}
 
 
 def _span(span: Any) -> bytes:
     """One ``Span`` message, as the ``spans`` field of a ``ScopeSpans``."""
+    # Span contexts read by index (trace id, span id, remote, flags, state, valid),
+    # enums looked up by identity: no property or ``Enum.__hash__`` frames.
     ctx = span.context
     parent = span.parent
-    head = (
-        b"\x0a\x10"
-        + ctx.trace_id.to_bytes(16, "big")
-        + b"\x12\x08"
-        + ctx.span_id.to_bytes(8, "big")
-    )
-    state = ctx.trace_state
-    if state:
+    head = b"\x0a\x10" + ctx[0].to_bytes(16, "big") + b"\x12\x08" + ctx[1].to_bytes(8, "big")
+    state = ctx[4]
+    if state is not _EMPTY_STATE and state:
         head += _text(b"\x1a", _trace_state(state))
     if parent is not None:
-        head += b"\x22\x08" + parent.span_id.to_bytes(8, "big")
+        head += b"\x22\x08" + parent[1].to_bytes(8, "big")
     name = _utf8(span.name)
     size = len(name)
     parts = [
         head,
         (b"\x2a" + _SMALL[size] + name) if size < 128 else _field(b"\x2a", name),
-        _KINDS[span.kind],
+        _KINDS[id(span.kind)],
         b"\x39" + _pack_q(span.start_time) + b"\x41" + _pack_q(span.end_time),
         _attributes(b"\x4a", span.attributes),
     ]
@@ -630,25 +637,26 @@ def _span(span: Any) -> bytes:
         parts.append(b"\x60" + _varint(span.dropped_events))
     for link in span.links:
         linked = link.context
-        body = b"\x0a\x10" + linked.trace_id.to_bytes(16, "big")
-        body += b"\x12\x08" + linked.span_id.to_bytes(8, "big")
+        body = b"\x0a\x10" + linked[0].to_bytes(16, "big")
+        body += b"\x12\x08" + linked[1].to_bytes(8, "big")
         body += _attributes(b"\x22", link.attributes)
         if link.dropped_attributes:
             body += b"\x28" + _varint(link.dropped_attributes)
-        body += b"\x35" + (_IS_REMOTE if linked.is_remote else _HAS_REMOTE)
+        body += b"\x35" + (_IS_REMOTE if linked[2] else _HAS_REMOTE)
         parts.append(_field(b"\x6a", body))
     if span.dropped_links:
         parts.append(b"\x70" + _varint(span.dropped_links))
     status = span.status
-    code = _STATUS[status.status_code]
-    if status.description:
-        parts.append(_field(b"\x7a", _text(b"\x12", status.description) + code))
+    if status is _UNSET:
+        parts.append(b"\x7a\x00")
     else:
-        parts.append(b"\x7a" + _SMALL[len(code)] + code)
+        code = _STATUS[id(status.status_code)]
+        if status.description:
+            parts.append(_field(b"\x7a", _text(b"\x12", status.description) + code))
+        else:
+            parts.append(b"\x7a" + _SMALL[len(code)] + code)
     # The SDK's encoder: "has is-remote" always, "is remote" for a remote parent.
-    parts.append(
-        b"\x85\x01" + (_IS_REMOTE if parent is not None and parent.is_remote else _HAS_REMOTE)
-    )
+    parts.append(b"\x85\x01" + (_IS_REMOTE if parent is not None and parent[2] else _HAS_REMOTE))
     return _field(b"\x12", b"".join(parts))
 
 
@@ -928,7 +936,7 @@ class LeanBatchProcessor(SpanProcessor):
 
     def on_end(self, span: Any) -> None:
         """Encode ``span`` (if sampled) and queue it."""
-        if not span.context.trace_flags.sampled or self._stopped:
+        if not span.context[3] & 1 or self._stopped:  # [3]: flags; 1: sampled
             return
         queue = self._queue
         if len(queue) >= self.max_queue:
@@ -939,7 +947,11 @@ class LeanBatchProcessor(SpanProcessor):
         except Exception as error:  # an unencodable attribute must not fail the caller
             _logger.error("failed to encode span %r: %s", span.name, error)
             return
-        queue.append((span.resource, span.instrumentation_scope, encoded))
+        if type(span) is LeanSpan:  # the tracer's, without the two properties' frames
+            tracer = span._tracer
+            queue.append((tracer.resource, tracer.scope, encoded))
+        else:
+            queue.append((span.resource, span.instrumentation_scope, encoded))
         if len(queue) >= self.batch and not self._wake.is_set():
             self._wake.set()
 

@@ -26,6 +26,7 @@ and :func:`context_of` (a relay continuing the trace).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib.util
 import logging
 import sys
@@ -46,6 +47,7 @@ __all__ = [
     "api_installed",
     "batch_span",
     "context_of",
+    "context_var",
     "current_ids",
     "current_traceparent",
     "event",
@@ -74,7 +76,30 @@ _context: Any = None
 _propagate: Any = None
 _NOOP: tuple[type, ...] = ()
 _SPAN = ""
+_Context: Any = None
+#: The current context's get, set (returns a token) and reset (takes it).
 _get_context: Any = None
+_set_context: Any = None
+_reset_context: Any = None
+
+
+def context_var(context: Any) -> contextvars.ContextVar[Any] | None:
+    """The ContextVar that holds the current context under the API's default
+    runtime context (``context`` is ``opentelemetry.context``); None under another."""
+    var = getattr(getattr(context, "_RUNTIME_CONTEXT", None), "_current_context", None)
+    return var if isinstance(var, contextvars.ContextVar) else None
+
+
+def _reset_with(var: contextvars.ContextVar[Any]) -> Callable[[Any], None]:
+    reset = var.reset
+
+    def reset_context(token: Any) -> None:
+        try:
+            reset(token)
+        except ValueError:  # made in another context: as the API's detach, log it
+            logging.getLogger(__name__).exception("Failed to detach context")
+
+    return reset_context
 
 
 def api_installed() -> bool:
@@ -122,9 +147,23 @@ def _bind(module: Any) -> None:
     from opentelemetry import context, propagate
     from opentelemetry.trace.propagation import _SPAN_KEY
 
-    global _SPAN, _get_context
+    global _SPAN, _get_context, _set_context, _reset_context, _Context
     _context, _propagate = context, propagate
-    _SPAN, _get_context = _SPAN_KEY, context.get_current
+    _SPAN, _Context = _SPAN_KEY, context.Context
+    # The API's default runtime context keeps the current context in one
+    # ContextVar: its own methods, bound here, get and set it with no Python
+    # frame (the API's get_current/attach/detach are two frames deep each, and
+    # a traced request calls them about ten times). Another runtime
+    # (OTEL_PYTHON_CONTEXT) goes through the API.
+    var = context_var(context)
+    if var is not None:
+        _get_context, _set_context, _reset_context = var.get, var.set, _reset_with(var)
+    else:
+        _get_context, _set_context, _reset_context = (
+            context.get_current,
+            context.attach,
+            context.detach,
+        )
     _NOOP = (module.ProxyTracerProvider, module.NoOpTracerProvider)
     SERVER, CLIENT = module.SpanKind.SERVER, module.SpanKind.CLIENT
     PRODUCER, CONSUMER = module.SpanKind.PRODUCER, module.SpanKind.CONSUMER
@@ -172,7 +211,11 @@ class SpanScope:
 
     def open(self) -> Span:
         """Make the span current (until :meth:`close`); returns it."""
-        self._token = _context.attach(_trace.set_span_in_context(self.span))
+        # The API's set_span_in_context, without its frames: a copy of the current
+        # context with the span under the span key.
+        values = dict(_get_context())
+        values[_SPAN] = self.span
+        self._token = _set_context(_Context(values))
         return self.span
 
     def close(self, error: BaseException | None = None) -> None:
@@ -181,7 +224,7 @@ class SpanScope:
             if error is not None:
                 fail(self.span, error)
         finally:
-            _context.detach(self._token)
+            _reset_context(self._token)
             self.span.end()
 
     def __enter__(self) -> Span:
@@ -286,10 +329,12 @@ def current_traceparent() -> str | None:
 
 def traceparent_of(target: Span) -> str | None:
     """``target``'s W3C ``traceparent`` value, or None when its context is invalid."""
+    # A SpanContext is a tuple (trace id, span id, remote, flags, state, valid):
+    # indexed, not through its properties (a frame each).
     ctx = target.get_span_context()
-    if not ctx.is_valid:
+    if not ctx[5]:
         return None
-    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+    return f"00-{ctx[0]:032x}-{ctx[1]:016x}-{ctx[3]:02x}"
 
 
 def parse_traceparent(value: str | None) -> tuple[int, int, int] | None:
@@ -372,19 +417,19 @@ def extract(headers: Sequence[tuple[bytes, bytes]]) -> Any:
 def current_ids() -> tuple[str, str] | None:
     """``(trace_id, span_id)`` in hex of the current span, for log lines (when :func:`active`)."""
     ctx = current_span().get_span_context()
-    if not ctx.is_valid:
+    if not ctx[5]:  # indexed: see traceparent_of
         return None
-    return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
+    return f"{ctx[0]:032x}", f"{ctx[1]:016x}"
 
 
 def attach(parent: Any) -> object:
     """Make ``parent`` (a context) current; returns the token for :func:`detach`."""
-    return _context.attach(parent)
+    return _set_context(parent)
 
 
 def detach(token: object) -> None:
     """Undo :func:`attach`."""
-    _context.detach(token)
+    _reset_context(token)
 
 
 # -- the SDK (``serve --otel``) ---------------------------------------------------------
