@@ -391,3 +391,33 @@ async def test_with_no_provider_nothing_is_recorded_or_stored(store: Store) -> N
     assert await _stored_traceparent(store, "dec-1") is None
     entry = await outbox.get("dec-1")
     assert entry is not None and entry.traceparent is None
+
+
+def test_a_span_closed_in_another_context_is_logged_not_raised(
+    spans: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The span scope sets the current context through the API's ContextVar directly;
+    closing it where that token is not valid (another context) logs as the API's own
+    detach does, and still ends the span."""
+    import contextvars
+
+    assert tracing.active()
+    scope = tracing.span("opened here")
+    scope.open()
+    assert trace.get_current_span() is scope.span  # the API sees what was set directly
+    contextvars.copy_context().run(scope.close)  # another context: its token is foreign
+    assert "Failed to detach context" in caplog.text
+    assert [span.name for span in spans.get_finished_spans()] == ["opened here"]
+
+
+def test_the_current_context_is_read_from_the_default_runtime_only() -> None:
+    import types
+
+    from opentelemetry import context
+
+    var = tracing.context_var(context)
+    assert var is not None and var.get() is context.get_current()
+    # Another runtime context (OTEL_PYTHON_CONTEXT) has no such variable: the API's
+    # get_current/attach/detach are used instead.
+    other = types.SimpleNamespace(_RUNTIME_CONTEXT=types.SimpleNamespace())
+    assert tracing.context_var(other) is None
