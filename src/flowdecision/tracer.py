@@ -323,6 +323,7 @@ class LeanTracer(trace.Tracer):
     def __init__(self, provider: LeanTracerProvider, scope: InstrumentationScope) -> None:
         self.resource = provider.resource
         self.processors = provider.processors
+        self.starters = provider.starters
         self.limits = provider.limits
         self.scope = scope
         self._sampler = provider.sampler
@@ -389,7 +390,7 @@ class LeanTracer(trace.Tracer):
             links or (),
             start_time or time.time_ns(),
         )
-        for processor in self.processors:
+        for processor in self.starters:
             processor.on_start(span, parent_context=context)  # type: ignore[arg-type]
         return span
 
@@ -437,11 +438,15 @@ class LeanTracerProvider(trace.TracerProvider):
         self.sampler = sampler if sampler is not None else sampling._get_from_env_or_default()
         self.limits = _Limits(span_limits if span_limits is not None else SpanLimits())
         self.processors: list[SpanProcessor] = []
+        #: the processors whose ``on_start`` does something (called as a span starts)
+        self.starters: list[SpanProcessor] = []
         self._tracers: dict[tuple[str, str | None, str | None], LeanTracer] = {}
 
     def add_span_processor(self, processor: SpanProcessor) -> None:
         """Add a processor: it gets every sampled span when it ends."""
         self.processors.append(processor)
+        if type(processor).on_start is not LeanBatchProcessor.on_start:
+            self.starters.append(processor)
 
     def get_tracer(
         self,
@@ -550,7 +555,10 @@ def _sized_key_value(key: str, value: object) -> bytes:
     """A ``KeyValue`` message, its length first (a field of it is ``tag`` + this)."""
     head = _keys.get(key) or _key(str(key))
     if type(value) is str:
-        raw = _utf8(value)
+        try:  # _utf8, in line (hot: every text attribute value not cached)
+            raw = value.encode()
+        except UnicodeEncodeError:
+            raw = _utf8(value)
         size = len(raw)
         if size < 126:
             body = head + b"\x12" + _SMALL[size + 2] + b"\x0a" + _SMALL[size] + raw
@@ -616,7 +624,10 @@ def _span(span: Any) -> bytes:
         head += _text(b"\x1a", _trace_state(state))
     if parent is not None:
         head += b"\x22\x08" + parent[1].to_bytes(8, "big")
-    name = _utf8(span.name)
+    try:  # _utf8, in line (every span)
+        name = span.name.encode()
+    except UnicodeEncodeError:
+        name = _utf8(span.name)
     size = len(name)
     parts = [
         head,

@@ -330,8 +330,11 @@ def current_traceparent() -> str | None:
 def traceparent_of(target: Span) -> str | None:
     """``target``'s W3C ``traceparent`` value, or None when its context is invalid."""
     # A SpanContext is a tuple (trace id, span id, remote, flags, state, valid):
-    # indexed, not through its properties (a frame each).
-    ctx = target.get_span_context()
+    # indexed, not through its properties (a frame each). A span with a
+    # ``context`` attribute (the SDK's and the lean provider's) is read directly.
+    ctx: Any = getattr(target, "context", None)
+    if type(ctx) is not _trace.SpanContext:
+        ctx = target.get_span_context()
     if not ctx[5]:
         return None
     return f"00-{ctx[0]:032x}-{ctx[1]:016x}-{ctx[3]:02x}"
