@@ -403,8 +403,9 @@ def test_a_span_closed_in_another_context_is_logged_not_raised(
 
     assert tracing.active()
     scope = tracing.span("opened here")
-    scope.open()
-    assert trace.get_current_span() is scope.span  # the API sees what was set directly
+    opened = contextvars.copy_context()  # (the test's own context is left as it was)
+    opened.run(scope.open)
+    assert opened.run(trace.get_current_span) is scope.span  # the API sees it
     contextvars.copy_context().run(scope.close)  # another context: its token is foreign
     assert "Failed to detach context" in caplog.text
     assert [span.name for span in spans.get_finished_spans()] == ["opened here"]
@@ -421,3 +422,24 @@ def test_the_current_context_is_read_from_the_default_runtime_only() -> None:
     # get_current/attach/detach are used instead.
     other = types.SimpleNamespace(_RUNTIME_CONTEXT=types.SimpleNamespace())
     assert tracing.context_var(other) is None
+
+
+def test_traceparent_of_needs_no_active_provider() -> None:
+    """``traceparent_of`` is public: it formats any span's context, also in a process
+    where no tracer provider was ever registered (nothing bound yet)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from opentelemetry import trace\n"
+        "from flowdecision import tracing\n"
+        "span = trace.NonRecordingSpan(trace.SpanContext(1, 2, False, trace.TraceFlags(1)))\n"
+        "print(tracing.traceparent_of(span), tracing.traceparent_of(trace.INVALID_SPAN))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.split() == [
+        "00-00000000000000000000000000000001-0000000000000002-01",
+        "None",
+    ]

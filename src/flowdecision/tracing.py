@@ -333,7 +333,7 @@ def traceparent_of(target: Span) -> str | None:
     # indexed, not through its properties (a frame each). A span with a
     # ``context`` attribute (the SDK's and the lean provider's) is read directly.
     ctx: Any = getattr(target, "context", None)
-    if type(ctx) is not _trace.SpanContext:
+    if _trace is None or type(ctx) is not _trace.SpanContext:
         ctx = target.get_span_context()
     if not ctx[5]:
         return None
