@@ -48,7 +48,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry import context as context_api
 from opentelemetry import trace
@@ -749,19 +749,6 @@ class _Answer(BaseHTTPResult):
         return self.fields
 
 
-class _Headers(dict[str, str]):
-    """Response headers (names lower-cased), looked up without regard to case."""
-
-    def __getitem__(self, name: str) -> str:
-        return super().__getitem__(name.lower())
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return super().get(name.lower(), default)
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and super().__contains__(name.lower())
-
-
 class LeanHTTPTransport(BaseHTTPTransport):
     """The OTLP exporter's HTTP transport on ``http.client``: one kept-alive
     connection per endpoint, reopened when the collector closes it.
@@ -830,7 +817,8 @@ class LeanHTTPTransport(BaseHTTPTransport):
         except Exception as error:  # the client retries what is_connection_error says
             self._drop(key)
             return _Answer(error=error)
-        fields = _Headers((name.lower(), value) for name, value in response.getheaders())
+        # http.client's HTTPMessage: looked up without regard to case, as the API asks.
+        fields = cast(Mapping[str, str], response.headers)
         return _Answer(response.status, response.reason, None, body, fields)
 
     def _drop(self, key: tuple[str, str, int]) -> None:

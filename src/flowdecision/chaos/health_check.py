@@ -21,9 +21,10 @@ from typing import Any
 
 from ..ledger.machine import ClaimRecord
 from .config import ChaosConfig
+from .journal import in_doubt
 from .report import fmt_problems
 
-__all__ = ["HealthCheck", "check_health", "in_doubt"]
+__all__ = ["HealthCheck", "check_health"]
 
 Event = dict[str, Any]
 
@@ -79,12 +80,6 @@ def _check_snapshot(data: dict[str, Any], mine: list[Event]) -> list[str]:
     if data["final"] and (snap["in_flight"] or len(outs) != data["outcomes_logged"]):
         problems.append(f"{name}: exited with work unaccounted for")
     return problems
-
-
-def in_doubt(ev: Event) -> bool:
-    """A claim (or claim-and-complete) call whose error left its outcome unknown
-    (:func:`.journal.outcome_unknown`): it may have committed all the same."""
-    return ev.get("e") == "claim" and ev.get("r") == "error" and bool(ev.get("u"))
 
 
 def check_health(

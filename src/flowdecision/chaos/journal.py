@@ -18,7 +18,7 @@ from ..ledger.protocol import DelegatingLedger, Ledger
 from ..ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict, JointOutcome
 from .config import wall_ms
 
-__all__ = ["Journal", "JournalingLedger", "outcome_unknown", "read_journal"]
+__all__ = ["Journal", "JournalingLedger", "in_doubt", "outcome_unknown", "read_journal"]
 
 
 class Journal:
@@ -70,6 +70,12 @@ def outcome_unknown(error: LedgerError) -> bool:
         and not isinstance(error, StoreFullError)
         and not isinstance(error.__cause__, ConnectionRefusedError | FileNotFoundError)
     )
+
+
+def in_doubt(event: dict[str, Any]) -> bool:
+    """A journaled claim (or claim-and-complete) call whose error left its outcome
+    unknown (:func:`outcome_unknown`): it may have committed all the same."""
+    return event.get("e") == "claim" and event.get("r") == "error" and bool(event.get("u"))
 
 
 _CLAIM_RESULT = {Busy: "busy", Conflict: "conflict", AlreadyCompleted: "completed"}

@@ -47,8 +47,8 @@ from ..ledger.url import parse_ledger_url
 from ..model import request_hash
 from ..sinks.outbox import OutboxEntry, OutboxSink
 from .config import ChaosConfig
-from .health_check import check_health, in_doubt
-from .journal import read_journal
+from .health_check import check_health
+from .journal import in_doubt, read_journal
 from .report import ChaosReport, fmt_problems
 from .worker import open_run_ledger
 from .workload import decision_id, make_request
@@ -65,7 +65,7 @@ def _joint_unanswered(history: list[Event]) -> bool:
     learned, so claim and completion may have committed together, in one transaction,
     with no ``claimed`` line: cut off by a kill (``joint0`` is its last line), or its
     connection died around the commit (e.g. in a failover; see
-    :func:`.health_check.in_doubt`)."""
+    :func:`.journal.in_doubt`)."""
     return any(
         ev["e"] == "joint0" and (after is None or in_doubt(after))
         for ev, after in zip(history, [*history[1:], None], strict=True)
