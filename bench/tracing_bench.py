@@ -22,7 +22,11 @@ Method: ``--rounds`` interleaved rounds; each round starts every target fresh
 measures ``--seconds``. The table gives medians over rounds: requests/s (and
 its min-max), server CPU ms per request (user + system of the server process,
 less sensitive than rates to the shared machine), p50/p99 latency, and the
-ratio of each median rate to ``installed, off``. Raw samples go to
+ratio of each median rate to ``installed, off``, and the paired ratio: the
+median over rounds of each round's rate over the same round's ``installed,
+off`` (rounds run minutes apart on a machine whose speed drifts; within a
+round the targets run back to back, so the paired ratio cancels most of the
+drift and is the figure to hold a target against). Raw samples go to
 ``bench/results/tracing.json``; ``--write-docs`` updates docs/BENCHMARKS.md.
 ``--without-on`` runs only the two untraced targets, their order flipping
 every round (more pairs in the same time, for the 2% question); its samples go
@@ -238,18 +242,24 @@ def report(samples: list[Sample], args: argparse.Namespace) -> str:
         f"({datetime.date.today()}, {machine_description()}; "
         f"median 1-min load average {statistics.median(s.load for s in samples):.1f}):",
         "",
-        "| target | requests/s (median, min–max) | vs off | CPU ms/request | vs off "
-        "| p50 ms | p99 ms | failed |",
-        "|---|---|---|---|---|---|---|---|",
+        "| target | requests/s (median, min–max) | vs off | vs off, paired (min–max) "
+        "| CPU ms/request | vs off | p50 ms | p99 ms | failed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    # Paired: each round's rate over the same round's `off` (the rounds run minutes
+    # apart on a machine whose speed drifts; a ratio within one round cancels that).
+    off_by_round = {s.round: s.rate for s in by["installed, off"]}
     for target in targets:
         group = by[target]
         rate = statistics.median(s.rate for s in group)
         cpu = statistics.median(s.cpu_ms for s in group)
+        paired = [s.rate / off_by_round[s.round] for s in group if off_by_round.get(s.round)]
         lines.append(
             f"| {target} | {rate:,.0f} ({min(s.rate for s in group):,.0f}–"
-            f"{max(s.rate for s in group):,.0f}) | {rate / off:.3f}× | {cpu:.3f} "
-            f"| {cpu / off_cpu:.3f}× | {statistics.median(s.p50_ms for s in group):.1f} "
+            f"{max(s.rate for s in group):,.0f}) | {rate / off:.3f}× "
+            f"| {statistics.median(paired):.3f}× ({min(paired):.2f}–{max(paired):.2f}) "
+            f"| {cpu:.3f} | {cpu / off_cpu:.3f}× "
+            f"| {statistics.median(s.p50_ms for s in group):.1f} "
             f"| {statistics.median(s.p99_ms for s in group):.1f} | {sum(s.bad for s in group)} |"
         )
     traced = by.get(TARGETS[2])
