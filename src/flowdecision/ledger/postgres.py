@@ -294,9 +294,8 @@ class PostgresLedger(SqlLedger):
 
     async def db_now_ms(self) -> int:
         """The database clock, in Unix-epoch milliseconds."""
-        pool = await self._pg.ready()
         try:
-            value = int(await pool.fetchval(f"SELECT {_CLOCK}"))
+            value = int(await self._pg.fetchval(f"SELECT {_CLOCK}"))
         except Exception as error:
             raise self._pg.translate(error) from error
         self._clock_offset_ms = value - wall_clock_ms()
@@ -418,9 +417,8 @@ class PostgresLedger(SqlLedger):
                 return
         todo = items
         try:
-            pool = await self._pg.ready()
             attempts = 0
-            async with pool.acquire() as conn:
+            async with self._pg.connection() as conn:
                 while todo and attempts < _CAS_ATTEMPTS:
                     attempts += 1
                     try:
@@ -555,12 +553,11 @@ class PostgresLedger(SqlLedger):
 
     async def _joint_round(self, items: list[_Item]) -> None:
         try:
-            pool = await self._pg.ready()
             for _ in range(_MAX_RETRIES):
                 for item in items:
                     item.result, item.error = None, None
                 try:
-                    async with pool.acquire() as conn, conn.transaction():
+                    async with self._pg.connection() as conn, conn.transaction():
                         committed = await self._joint_transaction(conn, items)
                 except _LostInsert:
                     continue  # another host created one of these ids meanwhile: start over
@@ -728,10 +725,9 @@ class PostgresLedger(SqlLedger):
 
     async def _locked(self, decision_id: str, attempt: Callable[[Any], Awaitable[T]]) -> T:
         """Run ``attempt(conn)`` in a transaction, again after a serialization failure."""
-        pool = await self._pg.ready()
         for _ in range(_MAX_RETRIES):
             try:
-                async with pool.acquire() as conn, conn.transaction():
+                async with self._pg.connection() as conn, conn.transaction():
                     return await attempt(conn)
             except LedgerError:
                 raise
@@ -745,9 +741,8 @@ class PostgresLedger(SqlLedger):
         )
 
     async def _read(self, decision_id: str) -> ClaimRecord | None:
-        pool = await self._pg.ready()
         try:
-            row = await pool.fetchrow(
+            row = await self._pg.fetchrow(
                 f"SELECT record, traceparent FROM {_TABLE} WHERE decision_id = $1", decision_id
             )
         except Exception as error:
@@ -755,13 +750,12 @@ class PostgresLedger(SqlLedger):
         return None if row is None else self._decoded.decode(decision_id, row[0], row[1])
 
     async def _prune(self, before_ms: int, progress: PruneProgress | None, mode: PruneMode) -> int:
-        pool = await self._pg.ready()
         status = "tombstone" if mode is PruneMode.TOMBSTONES else "completed"
         total = 0
         try:
             while True:
                 if mode is PruneMode.TOMBSTONE:
-                    async with pool.acquire() as conn, conn.transaction():
+                    async with self._pg.connection() as conn, conn.transaction():
                         rows = await conn.fetch(_BURY_SELECT_SQL, before_ms, _PRUNE_BATCH)
                         columns: list[list[Any]] = [[], [], [], []]
                         for key, text in rows:
@@ -773,7 +767,7 @@ class PostgresLedger(SqlLedger):
                         await conn.execute(_BURY_SQL, *columns)
                     done = len(rows)
                 else:
-                    result = await pool.execute(_PRUNE_SQL, before_ms, _PRUNE_BATCH, status)
+                    result = await self._pg.execute(_PRUNE_SQL, before_ms, _PRUNE_BATCH, status)
                     done = int(result.rsplit(" ", 1)[-1])
                 total += done
                 if progress is not None:
@@ -806,9 +800,8 @@ class PostgresLedger(SqlLedger):
         return await self.db_now_ms()
 
     async def _select(self, sql: str, params: list[Any], convert: Callable[[Any], R]) -> list[R]:
-        pool = await self._pg.ready()
         try:
-            found = await pool.fetch(sql, *params)
+            found = await self._pg.fetch(sql, *params)
         except Exception as error:
             raise self._pg.translate(error) from error
         return [convert(row) for row in found]

@@ -798,9 +798,8 @@ class _PostgresOutbox:
         return await self._with_conn(lambda conn: pg_set(conn, name, position))
 
     async def _with_conn(self, work: Callable[[Any], Awaitable[T]]) -> T:
-        pool = await self._pg.ready()
         try:
-            async with pool.acquire() as conn:
+            async with self._pg.connection() as conn:
                 return await work(conn)
         except Exception as error:
             raise self._pg.translate(error) from error
@@ -808,9 +807,8 @@ class _PostgresOutbox:
     async def deliver(
         self, decision_id: str, text: str, hash_: str, attempt: int, traceparent: str | None
     ) -> bool:
-        pool = await self._pg.ready()
         try:
-            async with pool.acquire() as conn, conn.transaction():
+            async with self._pg.connection() as conn, conn.transaction():
                 row = await conn.fetchrow(
                     f"SELECT request_hash FROM {OUTBOX_TABLE} WHERE decision_id = $1 FOR UPDATE",
                     decision_id,
@@ -864,16 +862,14 @@ class _PostgresOutbox:
         return rows[0] if rows else None
 
     async def count(self) -> int:
-        pool = await self._pg.ready()
         try:
-            return int(await pool.fetchval(f"SELECT count(*) FROM {OUTBOX_TABLE}"))
+            return int(await self._pg.fetchval(f"SELECT count(*) FROM {OUTBOX_TABLE}"))
         except Exception as error:
             raise self._pg.translate(error) from error
 
     async def _query(self, sql: str, *args: Any) -> list[OutboxEntry]:
-        pool = await self._pg.ready()
         try:
-            rows = await pool.fetch(sql, *args)
+            rows = await self._pg.fetch(sql, *args)
         except Exception as error:
             raise self._pg.translate(error) from error
         return [_entry(tuple(row)) for row in rows]

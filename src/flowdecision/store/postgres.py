@@ -8,7 +8,9 @@ install it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from types import TracebackType
 from typing import Any
 
 from ..defaults import PG_COMMAND_TIMEOUT_S, PG_CONNECT_TIMEOUT_S, PG_MAX_SIZE, PG_MIN_SIZE
@@ -22,7 +24,7 @@ try:  # asyncpg is the optional `postgres` extra
 except ImportError:  # pragma: no cover - exercised only without the extra
     asyncpg = None  # type: ignore[assignment]
 
-__all__ = ["CLOCK_SQL", "PgPool", "asyncpg", "retryable"]
+__all__ = ["CLOCK_SQL", "PgPool", "asyncpg", "breaks_connection", "retryable"]
 
 
 class _QuietReconnects(logging.Filter):
@@ -55,17 +57,63 @@ if asyncpg is not None:
         locks, cursors or SET), so the default ``RESET ALL; UNLISTEN *; ...``
         on every release -- one more round trip per operation -- buys nothing.
         A connection released inside a transaction (it never is) still rolls back.
+
+        That round trip was also what found a connection left broken (its
+        protocol mid-operation after an interrupted or failed operation, as in
+        ``InternalClientError: cannot switch to state 15``) and made asyncpg
+        terminate it. Skipping it is safe
+        because every pooled connection is used through :meth:`PgPool.connection`,
+        which terminates such a connection before releasing it
+        (:func:`breaks_connection`): a broken one never goes back to the pool.
         """
 
         def get_reset_query(self) -> str:
             return "ROLLBACK" if self.is_in_transaction() else ""
 
 
+#: Errors after which a connection may be mid-operation or gone: it is terminated,
+#: never reused (see :func:`breaks_connection`). ``InternalClientError`` is not an
+#: ``InterfaceError`` in asyncpg, so both are named.
+_BREAKING: tuple[type[BaseException], ...] = (OSError, TimeoutError, asyncio.CancelledError)
+if asyncpg is not None:
+    _BREAKING += (asyncpg.InterfaceError, asyncpg.InternalClientError)
+
+#: SQLSTATE classes of server errors that end or doom the session:
+#: 08 connection exception, 57 operator intervention (e.g. 57P01 admin shutdown).
+_BREAKING_SQLSTATE_CLASSES = frozenset({"08", "57"})
+
+
+def breaks_connection(error: BaseException) -> bool:
+    """Whether a connection that raised ``error`` must be terminated, not reused.
+
+    True for a client-side or network failure (``InterfaceError``,
+    ``InternalClientError``, ``OSError``, ``TimeoutError``), a cancellation,
+    and a server error of SQLSTATE class 08 or 57; also when such an error is
+    the explicit cause (``raise ... from``) of ``error``. An ordinary server
+    error (a unique violation, a serialization failure, ...) was read to its
+    end by asyncpg and leaves the connection usable: False.
+    """
+    cause: BaseException | None = error
+    for _ in range(8):  # a chain of causes is short (and could, in theory, loop)
+        if cause is None:
+            break
+        if isinstance(cause, _BREAKING):
+            return True
+        if asyncpg is not None and isinstance(cause, asyncpg.PostgresError):
+            sqlstate = getattr(cause, "sqlstate", None) or ""
+            if sqlstate[:2] in _BREAKING_SQLSTATE_CLASSES:
+                return True
+        cause = cause.__cause__
+    return False
+
+
 def driver_error(error: BaseException) -> bool:
     """An error of the database or the connection (not of the caller's own code)."""
     if isinstance(error, OSError | TimeoutError):
         return True
-    return asyncpg is not None and isinstance(error, asyncpg.PostgresError | asyncpg.InterfaceError)
+    return asyncpg is not None and isinstance(
+        error, asyncpg.PostgresError | asyncpg.InterfaceError | asyncpg.InternalClientError
+    )
 
 
 def retryable(error: BaseException) -> bool:
@@ -80,7 +128,8 @@ class PgPool:
 
     ``where`` (``host:port/database``, no credentials) names the store in
     every message; :meth:`translate` turns driver and network errors into the
-    component's own.
+    component's own. Every use of a pooled connection goes through
+    :meth:`connection` (or :meth:`fetch` and its siblings, which use it).
     """
 
     def __init__(
@@ -139,27 +188,58 @@ class PgPool:
         async with self._lock:
             if not self._checked:
                 try:
-                    async with pool.acquire() as conn:
+                    async with self.connection(checked=False) as conn:
                         await pg_check(conn, self.component, self.where, create=self.create)
                 except Exception as error:
                     raise self.translate(error) from error
                 self._checked = True
         return pool
 
+    def connection(self, *, checked: bool = True) -> PooledConnection:
+        """``async with pg.connection() as conn``: a pooled connection, guarded.
+
+        Creates the pool (and, unless ``checked=False``, checks the schema) first
+        if needed. A connection whose block raised an error that may leave it
+        broken (:func:`breaks_connection`) is terminated before it is released,
+        so the pool opens a fresh one next time; after any other error it is
+        released as usual. Errors are not translated here.
+        """
+        return PooledConnection(self, checked)
+
+    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        """``conn.fetch`` on a guarded pooled connection (errors not translated)."""
+        async with self.connection() as conn:
+            rows: list[Any] = await conn.fetch(sql, *args)
+            return rows
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        """``conn.fetchrow`` on a guarded pooled connection (errors not translated)."""
+        async with self.connection() as conn:
+            return await conn.fetchrow(sql, *args)
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """``conn.fetchval`` on a guarded pooled connection (errors not translated)."""
+        async with self.connection() as conn:
+            return await conn.fetchval(sql, *args)
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        """``conn.execute`` on a guarded pooled connection (errors not translated)."""
+        async with self.connection() as conn:
+            status: str = await conn.execute(sql, *args)
+            return status
+
     async def schema_version(self) -> int:
         """The schema version recorded in the database (0 if never migrated)."""
-        pool = await self.pool()
         try:
-            async with pool.acquire() as conn:
+            async with self.connection(checked=False) as conn:
                 return await pg_schema_version(conn, self.component)
         except Exception as error:
             raise self.translate(error) from error
 
     async def migrate(self) -> tuple[int, int]:
         """Create or upgrade the schema; ``(version_before, version_after)``."""
-        pool = await self.pool()
         try:
-            async with pool.acquire() as conn:
+            async with self.connection(checked=False) as conn:
                 result = await pg_migrate(conn, self.component, self.where)
         except Exception as error:
             raise self.translate(error) from error
@@ -220,3 +300,46 @@ class PgPool:
         if isinstance(error, OSError | TimeoutError):
             return errors.unavailable(f"cannot {what} {self.where}: server unreachable ({detail})")
         return errors.unavailable(f"cannot {what} {self.where}: {detail}")
+
+
+class PooledConnection:
+    """:meth:`PgPool.connection`'s context manager: acquire, and on the way out
+    terminate a connection the block may have broken, then release.
+
+    The hot path costs a check that the pool is ready and one test on the way
+    out: no round trip. Terminating closes the socket at once and hands the
+    holder back to the pool (asyncpg's ``_release_on_close``); the release that
+    follows then finds the proxy detached and does nothing.
+    """
+
+    __slots__ = ("_checked", "_conn", "_pg", "_pool")
+
+    def __init__(self, pg: PgPool, checked: bool) -> None:
+        self._pg = pg
+        self._checked = checked
+        self._pool: Any = None
+        self._conn: Any = None
+
+    async def __aenter__(self) -> Any:
+        pg = self._pg
+        pool = pg._pool
+        if pool is None or pg.closed or (self._checked and not pg._checked):
+            # the slow path: create the pool, check the schema, or say it is closed
+            pool = await (pg.ready() if self._checked else pg.pool())
+        self._pool = pool
+        self._conn = await pool.acquire()
+        return self._conn
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        conn, self._conn = self._conn, None
+        if error is not None and breaks_connection(error):
+            # InterfaceError: asyncpg already closed it and released its holder
+            # (the socket was lost), so the proxy is detached.
+            with contextlib.suppress(asyncpg.InterfaceError):
+                conn.terminate()
+        await self._pool.release(conn)
