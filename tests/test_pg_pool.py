@@ -157,6 +157,20 @@ async def test_an_ordinary_server_error_keeps_the_connection(pg: PgPool, sql: st
     assert await _pid(pg) == before
 
 
+async def test_a_statement_cancelled_by_statement_timeout_keeps_the_connection(
+    pg: PgPool,
+) -> None:
+    # SQLSTATE 57014 (class 57, like an admin shutdown) ends the statement, not the
+    # session: a DBA's statement_timeout must not cost a reconnect.
+    before = await _pid(pg)
+    with pytest.raises(asyncpg.QueryCanceledError):
+        async with pg.connection() as conn, conn.transaction():
+            await conn.execute("SET LOCAL statement_timeout = '50ms'")
+            await conn.execute("SELECT pg_sleep(2)")
+    assert not breaks_connection(asyncpg.QueryCanceledError("canceling statement"))
+    assert await _pid(pg) == before
+
+
 async def test_an_error_of_the_callers_own_keeps_the_connection(pg: PgPool) -> None:
     before = await _pid(pg)
     with pytest.raises(ValueError, match="refused"):

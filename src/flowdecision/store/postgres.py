@@ -81,6 +81,9 @@ if asyncpg is not None:
 #: SQLSTATE classes of server errors that end or doom the session:
 #: 08 connection exception, 57 operator intervention (e.g. 57P01 admin shutdown).
 _BREAKING_SQLSTATE_CLASSES = frozenset({"08", "57"})
+#: ... except 57014 (query canceled: a ``statement_timeout`` or ``pg_cancel_backend``
+#: ends the statement, not the session, and the error was read to its end).
+_KEEPING_SQLSTATES = frozenset({"57014"})
 
 
 def breaks_connection(error: BaseException) -> bool:
@@ -88,7 +91,8 @@ def breaks_connection(error: BaseException) -> bool:
 
     True for a client-side or network failure (``InterfaceError``,
     ``InternalClientError``, ``OSError``, ``TimeoutError``), a cancellation,
-    and a server error of SQLSTATE class 08 or 57; also when such an error is
+    and a server error of SQLSTATE class 08 or 57 (but 57014, a cancelled
+    statement, which leaves the session usable); also when such an error is
     the explicit cause (``raise ... from``) of ``error``. An ordinary server
     error (a unique violation, a serialization failure, ...) was read to its
     end by asyncpg and leaves the connection usable: False.
@@ -101,7 +105,7 @@ def breaks_connection(error: BaseException) -> bool:
             return True
         if asyncpg is not None and isinstance(cause, asyncpg.PostgresError):
             sqlstate = getattr(cause, "sqlstate", None) or ""
-            if sqlstate[:2] in _BREAKING_SQLSTATE_CLASSES:
+            if sqlstate[:2] in _BREAKING_SQLSTATE_CLASSES and sqlstate not in _KEEPING_SQLSTATES:
                 return True
         cause = cause.__cause__
     return False
