@@ -71,11 +71,15 @@ def _record(provider: Any) -> list[Any]:
         "flags": (True, False),
         "numbers": [1, 2, 3],
         "empty": [],
+        "status": 201,  # two-byte varints: the shortcuts at their edges
+        "edge": 16383,
+        "over": 16384,
     }
     with tracer.start_as_current_span(
         "POST /v1/decisions", context=parent, kind=trace.SpanKind.SERVER, attributes=attributes
     ) as server:
         server.add_event("flowdecision.takeover", {"flowdecision.attempt": 2})
+        server.add_link(REMOTE)  # no attributes: as a decision's span links its batch
         with tracer.start_as_current_span(
             "flowdecision.dispatch",
             links=[trace.Link(REMOTE, {"flowdecision.link": "completed_original"})],
@@ -123,7 +127,7 @@ def test_a_span_records_what_the_sdk_records() -> None:
             span.kind,
             dict(span.attributes),
             [(event.name, sorted(event.attributes)) for event in span.events],
-            [(link.context, dict(link.attributes)) for link in span.links],
+            [(link.context, dict(link.attributes or {})) for link in span.links],
             span.status.status_code,
             span.status.description,
             span.parent is not None and span.parent.is_remote,

@@ -119,6 +119,19 @@ class _Event:
         self.timestamp = timestamp
 
 
+class _Link:
+    """A span link, as the API's ``Link`` reads to an exporter (plain slots, no
+    property frames; the encoder reads every link of every span)."""
+
+    __slots__ = ("attributes", "context")
+
+    dropped_attributes = 0
+
+    def __init__(self, context: SpanContext, attributes: Attributes) -> None:
+        self.context = context
+        self.attributes = attributes
+
+
 def _clean(key: object, value: object) -> AttributeValue | None:
     """``value`` as the API's attribute rules allow it, or None (dropped, with a warning)."""
     if not isinstance(key, str) or not key:
@@ -272,7 +285,7 @@ class LeanSpan(trace.Span):
         if len(self.links) >= self._limits.links:
             self.dropped_links += 1
             return
-        self.links.append(Link(context, attributes))
+        self.links.append(_Link(context, attributes))  # type: ignore[arg-type]
 
     def update_name(self, name: str) -> None:
         """Rename the span."""
@@ -497,7 +510,11 @@ def _varint(value: int) -> bytes:
 def _field(tag: bytes, payload: bytes) -> bytes:
     """A length-delimited field: its tag, the length, the bytes."""
     size = len(payload)
-    return tag + (_SMALL[size] if size < 128 else _varint(size)) + payload
+    if size < 128:
+        return tag + _SMALL[size] + payload
+    if size < 16384:  # a span's own length, most often: two bytes, no call
+        return tag + bytes(((size & 127) | 128, size >> 7)) + payload
+    return tag + _varint(size) + payload
 
 
 def _utf8(value: str) -> bytes:
@@ -566,6 +583,8 @@ def _sized_key_value(key: str, value: object) -> bytes:
             body = head + _field(b"\x12", _field(b"\x0a", raw))
     elif type(value) is int and 0 <= value < 128:
         body = head + b"\x12\x02\x18" + _SMALL[value]
+    elif type(value) is int and 0 <= value < 16384:  # a status code, a size
+        body = head + b"\x12\x03\x18" + bytes(((value & 127) | 128, value >> 7))
     else:
         body = head + _field(b"\x12", _any_value(value))
     size = len(body)
@@ -650,7 +669,8 @@ def _span(span: Any) -> bytes:
         linked = link.context
         body = b"\x0a\x10" + linked[0].to_bytes(16, "big")
         body += b"\x12\x08" + linked[1].to_bytes(8, "big")
-        body += _attributes(b"\x22", link.attributes)
+        if link.attributes:
+            body += _attributes(b"\x22", link.attributes)
         if link.dropped_attributes:
             body += b"\x28" + _varint(link.dropped_attributes)
         body += b"\x35" + (_IS_REMOTE if linked[2] else _HAS_REMOTE)
