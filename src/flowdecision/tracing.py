@@ -184,8 +184,14 @@ class SpanScope:
 
     Cheaper than the API's ``start_as_current_span`` (three nested generator
     context managers): one object, the span started with all its attributes
-    at once, its context attached on entry and detached before it ends. An
-    exception leaving the block fails the span (:func:`fail`).
+    at once, its context attached on entry and detached before it ends.
+    Call only when :func:`active`; :data:`span` is this class.
+
+    An exception leaving the block sets the span's status to ERROR with the
+    error's ``code`` (a :class:`~flowdecision.errors.FlowDecisionError`'s) as
+    its description and ``error.type`` attribute, and is recorded as an event.
+    ``parent`` is a context from :func:`extract` or :func:`context_of` (None:
+    the current one).
     """
 
     __slots__ = ("_token", "span")
@@ -193,12 +199,15 @@ class SpanScope:
     def __init__(
         self,
         name: str,
-        kind: SpanKind | None,
-        attributes: Mapping[str, AttributeValue] | None,
-        links: Sequence[Link],
-        parent: Any,
+        *,
+        kind: SpanKind | None = None,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        links: Sequence[Link] = (),
+        parent: Any = None,
     ) -> None:
-        self.span: Span = _tracer().start_span(
+        cached = _tracer_cache  # _tracer(), its common case in line (every span)
+        tracer = cached[1] if cached is not None and cached[0] is _seen[0] else _tracer()
+        self.span: Span = tracer.start_span(
             name,
             context=parent,
             kind=kind if kind is not None else _trace.SpanKind.INTERNAL,
@@ -234,23 +243,10 @@ class SpanScope:
         self.close(error)
 
 
-def span(
-    name: str,
-    *,
-    kind: SpanKind | None = None,
-    attributes: Mapping[str, AttributeValue] | None = None,
-    links: Sequence[Link] = (),
-    parent: Any = None,
-) -> SpanScope:
-    """A span made current for the block (call only when :func:`active`).
-
-    An exception leaving the block sets the span's status to ERROR with the
-    error's ``code`` (a :class:`~flowdecision.errors.FlowDecisionError`'s) as
-    its description and ``error.type`` attribute, and is recorded as an event.
-    ``parent`` is a context from :func:`extract` or :func:`context_of` (None:
-    the current one).
-    """
-    return SpanScope(name, kind, attributes, links, parent)
+#: ``span(name, *, kind=None, attributes=None, links=(), parent=None)``: a span made
+#: current for the block (call only when :func:`active`); the class itself, not a
+#: function returning one (a frame less per span). See :class:`SpanScope`.
+span = SpanScope
 
 
 def fail(target: Span, error: BaseException) -> None:
