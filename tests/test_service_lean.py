@@ -15,15 +15,19 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from flowdecision import tracing
 from flowdecision.ledger import MemoryLedger
 from flowdecision.service.app import Service, create_app
 from flowdecision.service.config import Settings
 from flowdecision.service.front import DecisionsFront
 from flowdecision.service.lean import LeanRouter, lean_stack
 from tests.helpers import RecordingSink
+from tests.otel_support import spans_fixture, traceparent  # noqa: F401 (the `spans` fixture)
 
 _DECISION = (
     b'{"decision_id":"d-1","run_id":"r","authority_branch_id":"production",'
@@ -258,3 +262,35 @@ async def test_the_front_answers_plain_submissions_and_sends_the_rest_down_the_s
         statuses.append((await client.get("/healthz")).status_code)
     assert statuses == [201, 200, 403, 421, 415, 422, 200]
     assert down == ["POST /v1/decisions"] * 3 + ["GET /healthz"]
+
+
+_CALLER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.mark.parametrize("caller", [None, _CALLER])
+async def test_traced_the_front_opens_the_server_span_the_stack_would(
+    spans: InMemorySpanExporter, caller: str | None
+) -> None:
+    """The front names its server span for the route as it starts it and extracts a
+    parent only when a header carries one: the finished span is the stack's."""
+    headers = {**_JSON, "X-Request-Id": "req-1"}
+    if caller is not None:
+        headers["traceparent"] = caller
+    finished = {}
+    for lean in (True, False):
+        await _answers(Settings(ledger="memory:", sink="memory:"), [_post(headers)], lean=lean)
+        [server] = [s for s in spans.get_finished_spans() if s.kind is SpanKind.SERVER]
+        spans.clear()
+        parent = server.parent
+        finished[lean] = (
+            server.name,
+            dict(server.attributes or {}),
+            None if parent is None else f"{parent.trace_id:032x}-{parent.span_id:016x}",
+        )
+        # The span's traceparent, formatted once and kept by the lean span, is W3C's.
+        assert tracing.traceparent_of(server) == traceparent(server)
+    assert finished[True] == finished[False]
+    name, attributes, parent_ids = finished[True]
+    assert name == "POST /v1/decisions" and attributes["http.route"] == "/v1/decisions"
+    assert attributes["http.response.status_code"] == 201
+    assert parent_ids == (None if caller is None else caller[3:52])

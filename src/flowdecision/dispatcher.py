@@ -579,7 +579,7 @@ class Dispatcher:
         traced = _tracing.active()
         # The dispatch span's context is stored with the completion (ledger side data):
         # a later duplicate links to it.
-        trace = _tracing.current_traceparent() if traced else None
+        trace = _tracing.traceparent_of(_tracing.current_span()) if traced else None
         if self.joint:
             return await self._joint_commit(request, hash_, identity, receipt, trace)
         step = _tracing.span if traced else _untraced

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import collections
 import http.client
+import itertools
 import logging
+import operator
 import os
 import random
 import ssl
@@ -73,7 +75,7 @@ from opentelemetry.util._decorator import _agnosticcontextmanager
 from opentelemetry.util.types import Attributes, AttributeValue
 
 from .errors import InvalidArgumentError
-from .tracing import context_var
+from .tracing import cache_traceparent_on, context_var
 
 __all__ = [
     "LeanBatchProcessor",
@@ -178,6 +180,7 @@ class LeanSpan(trace.Span):
         "parent",
         "start_time",
         "status",
+        "w3c",
     )
 
     def __init__(
@@ -207,8 +210,20 @@ class LeanSpan(trace.Span):
             self.dropped_links = len(self.links) - self._limits.links
             del self.links[self._limits.links :]
         self.status: Status = _UNSET
+        #: this span's W3C ``traceparent``, once :func:`flowdecision.tracing.traceparent_of`
+        #: has written it (a traced POST asks for it up to three times)
+        self.w3c: str | None = None
         if attributes:
-            self.set_attributes(attributes)
+            # set_attributes' common case in line (every span starts with attributes)
+            if (
+                _TEXT.issuperset(map(type, attributes))
+                and _SCALAR_TYPES.issuperset(map(type, attributes.values()))
+                and "" not in attributes
+                and len(attributes) <= self._limits.attributes
+            ):
+                self.attributes.update(attributes)
+            else:
+                self.set_attributes(attributes)
 
     # -- what exporters read (the SDK's ReadableSpan) -------------------------------
 
@@ -328,6 +343,9 @@ class LeanSpan(trace.Span):
         self.end_time = end_time or time.time_ns()
         for processor in self._tracer.processors:
             processor.on_end(self)  # type: ignore[arg-type]
+
+
+cache_traceparent_on(LeanSpan)
 
 
 class LeanTracer(trace.Tracer):
@@ -494,6 +512,16 @@ _pack_q = struct.Struct("<Q").pack
 _pack_d = struct.Struct("<d").pack
 _pack_i = struct.Struct("<I").pack
 _SMALL = [bytes([n]) for n in range(128)]
+_LOW64 = (1 << 64) - 1
+# A span's fixed fields, each group in one call with its tags: the trace id (in two
+# halves) and span id, then a child's parent span id (big-endian bytes, as OTLP's ids
+# are); the start and end times (fixed64, little-endian).
+_pack_ids = struct.Struct(">HQQHQ").pack
+_pack_child = struct.Struct(">HQQHQHQ").pack
+_pack_times = struct.Struct("<BQBQ").pack
+#: What comes between a short text attribute's key and its bytes: the ``value`` field
+#: (tag, length) and its ``AnyValue``'s ``string_value`` (tag, length), by length.
+_TEXT_HEADS = [bytes((0x12, size + 2, 0x0A, size)) for size in range(126)]
 
 
 def _varint(value: int) -> bytes:
@@ -578,7 +606,7 @@ def _sized_key_value(key: str, value: object) -> bytes:
             raw = _utf8(value)
         size = len(raw)
         if size < 126:
-            body = head + b"\x12" + _SMALL[size + 2] + b"\x0a" + _SMALL[size] + raw
+            body = head + _TEXT_HEADS[size] + raw
         else:
             body = head + _field(b"\x12", _field(b"\x0a", raw))
     elif type(value) is int and 0 <= value < 128:
@@ -616,6 +644,17 @@ def _attributes(tag: bytes, attributes: Mapping[str, object] | None) -> bytes:
                         _pairs[key] = None
                 out.append(tag + cached)
                 continue
+            # An id (a key whose values do not repeat): _sized_key_value's text case in line.
+            try:
+                raw = value.encode()
+            except UnicodeEncodeError:
+                raw = _utf8(value)
+            head = _keys.get(key) or _key(key)
+            size = len(raw)
+            whole = len(head) + 4 + size
+            if whole < 128:
+                out.append(tag + _SMALL[whole] + head + _TEXT_HEADS[size] + raw)
+                continue
         out.append(tag + _sized_key_value(key, value))
     return b"".join(out)
 
@@ -637,12 +676,16 @@ def _span(span: Any) -> bytes:
     # enums looked up by identity: no property or ``Enum.__hash__`` frames.
     ctx = span.context
     parent = span.parent
-    head = b"\x0a\x10" + ctx[0].to_bytes(16, "big") + b"\x12\x08" + ctx[1].to_bytes(8, "big")
+    high, low = ctx[0] >> 64, ctx[0] & _LOW64
     state = ctx[4]
-    if state is not _EMPTY_STATE and state:
-        head += _text(b"\x1a", _trace_state(state))
-    if parent is not None:
-        head += b"\x22\x08" + parent[1].to_bytes(8, "big")
+    if parent is not None and (state is _EMPTY_STATE or not state):  # a child: one pack
+        head = _pack_child(0x0A10, high, low, 0x1208, ctx[1], 0x2208, parent[1])
+    else:
+        head = _pack_ids(0x0A10, high, low, 0x1208, ctx[1])
+        if state is not _EMPTY_STATE and state:
+            head += _text(b"\x1a", _trace_state(state))
+        if parent is not None:
+            head += b"\x22\x08" + parent[1].to_bytes(8, "big")
     try:  # _utf8, in line (every span)
         name = span.name.encode()
     except UnicodeEncodeError:
@@ -652,7 +695,7 @@ def _span(span: Any) -> bytes:
         head,
         (b"\x2a" + _SMALL[size] + name) if size < 128 else _field(b"\x2a", name),
         _KINDS[id(span.kind)],
-        b"\x39" + _pack_q(span.start_time) + b"\x41" + _pack_q(span.end_time),
+        _pack_times(0x39, span.start_time, 0x41, span.end_time),
         _attributes(b"\x4a", span.attributes),
     ]
     if span.dropped_attributes:
@@ -715,6 +758,14 @@ def _request(encoded: Sequence[tuple[Resource, InstrumentationScope | None, byte
     """The request of spans already encoded, each with its resource and scope."""
     # Grouped by identity: a resource's hash is a JSON dump of its attributes, and
     # a process has one resource and a tracer (scope) per instrumentation.
+    if not encoded:
+        return b""
+    # The common case first, in C: every span from one resource and one scope.
+    resource, scope = encoded[0][0], encoded[0][1]
+    if all(map(operator.is_, map(_first, encoded), itertools.repeat(resource))) and all(
+        map(operator.is_, map(_second, encoded), itertools.repeat(scope))
+    ):
+        return _request_body(resource, [(scope, b"".join(map(_third, encoded)))])
     groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
     for resource, scope, span in encoded:
         group = groups.get(id(resource))
@@ -725,18 +776,31 @@ def _request(encoded: Sequence[tuple[Resource, InstrumentationScope | None, byte
         if entry is None:
             entry = group[1][id(scope)] = (scope, [])
         entry[1].append(span)
-    out = []
-    for resource, scopes in groups.values():
-        body = _field(b"\x0a", _attributes(b"\x0a", resource.attributes))
-        for scope, spans in scopes.values():
-            scope_body = _scope(scope) + b"".join(spans)
-            if scope is not None and scope.schema_url:
-                scope_body += _text(b"\x1a", scope.schema_url)
-            body += _field(b"\x12", scope_body)
-        if resource.schema_url:
-            body += _text(b"\x1a", resource.schema_url)
-        out.append(_field(b"\x0a", body))
-    return b"".join(out)
+    return b"".join(
+        _request_body(resource, [(scope, b"".join(spans)) for scope, spans in scopes.values()])
+        for resource, scopes in groups.values()
+    )
+
+
+_first, _second, _third = (operator.itemgetter(n) for n in range(3))
+
+
+def _request_body(resource: Resource, scopes: Sequence[tuple[Any, bytes]]) -> bytes:
+    """One ``ResourceSpans``: ``resource`` and its ``scopes`` (each with its spans, encoded).
+
+    Joined once, lengths first: a batch's spans are hundreds of kilobytes, which each
+    ``_field`` around them would copy again.
+    """
+    parts = [b"", _field(b"\x0a", _attributes(b"\x0a", resource.attributes))]
+    for scope, spans in scopes:
+        scope = scope or None
+        head = _scope(scope)
+        tail = _text(b"\x1a", scope.schema_url) if scope is not None and scope.schema_url else b""
+        parts += (b"\x12" + _varint(len(head) + len(spans) + len(tail)), head, spans, tail)
+    if resource.schema_url:
+        parts.append(_text(b"\x1a", resource.schema_url))
+    parts[0] = b"\x0a" + _varint(sum(map(len, parts)))
+    return b"".join(parts)
 
 
 def lean_exporter_problem() -> str | None:

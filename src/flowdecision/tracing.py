@@ -66,6 +66,17 @@ PREFIX = "flowdecision."
 _VERSION = "0.1.0"
 
 _tracer_cache: tuple[object, Any] | None = None
+#: The span class with a ``w3c`` slot where :func:`traceparent_of` keeps the value
+#: it formats (the lean provider's, which registers it with :func:`cache_traceparent_on`).
+_w3c_cache: type | None = None
+
+
+def cache_traceparent_on(kind: type) -> None:
+    """Let :func:`traceparent_of` keep each ``kind`` span's value in its ``w3c`` slot."""
+    global _w3c_cache
+    _w3c_cache = kind
+
+
 #: Span kinds, bound when tracing first turns out to be active (None until then).
 SERVER: Any = None
 CLIENT: Any = None
@@ -90,16 +101,17 @@ def context_var(context: Any) -> contextvars.ContextVar[Any] | None:
     return var if isinstance(var, contextvars.ContextVar) else None
 
 
-def _reset_with(var: contextvars.ContextVar[Any]) -> Callable[[Any], None]:
-    reset = var.reset
+def _detach(token: Any) -> None:
+    """Undo an attach (``_reset_context``); as the API's detach, a token made in
+    another context is logged, not raised."""
+    try:
+        _reset_context(token)
+    except ValueError:  # only the ContextVar's own reset raises
+        _detach_failed()
 
-    def reset_context(token: Any) -> None:
-        try:
-            reset(token)
-        except ValueError:  # made in another context: as the API's detach, log it
-            logging.getLogger(__name__).exception("Failed to detach context")
 
-    return reset_context
+def _detach_failed() -> None:
+    logging.getLogger(__name__).exception("Failed to detach context")
 
 
 def api_installed() -> bool:
@@ -157,7 +169,7 @@ def _bind(module: Any) -> None:
     # (OTEL_PYTHON_CONTEXT) goes through the API.
     var = context_var(context)
     if var is not None:
-        _get_context, _set_context, _reset_context = var.get, var.set, _reset_with(var)
+        _get_context, _set_context, _reset_context = var.get, var.set, var.reset
     else:
         _get_context, _set_context, _reset_context = (
             context.get_current,
@@ -233,7 +245,10 @@ class SpanScope:
             if error is not None:
                 fail(self.span, error)
         finally:
-            _reset_context(self._token)
+            try:
+                _reset_context(self._token)  # _detach in line (every span)
+            except ValueError:
+                _detach_failed()
             self.span.end()
 
     def __enter__(self) -> Span:
@@ -328,12 +343,20 @@ def traceparent_of(target: Span) -> str | None:
     # A SpanContext is a tuple (trace id, span id, remote, flags, state, valid):
     # indexed, not through its properties (a frame each). A span with a
     # ``context`` attribute (the SDK's and the lean provider's) is read directly.
+    # The lean provider's span keeps the value in its ``w3c`` slot: a traced POST
+    # asks for it up to three times (the ledger's side data, the outbox row, logs).
+    cached: str | None = getattr(target, "w3c", None)
+    if cached is not None:
+        return cached
     ctx: Any = getattr(target, "context", None)
     if _trace is None or type(ctx) is not _trace.SpanContext:
         ctx = target.get_span_context()
     if not ctx[5]:
         return None
-    return f"00-{ctx[0]:032x}-{ctx[1]:016x}-{ctx[3]:02x}"
+    value = f"00-{ctx[0]:032x}-{ctx[1]:016x}-{ctx[3]:02x}"
+    if type(target) is _w3c_cache:
+        target.w3c = value  # type: ignore[attr-defined]  # the lean span's slot
+    return value
 
 
 def parse_traceparent(value: str | None) -> tuple[int, int, int] | None:
@@ -415,10 +438,8 @@ def extract(headers: Sequence[tuple[bytes, bytes]]) -> Any:
 
 def current_ids() -> tuple[str, str] | None:
     """``(trace_id, span_id)`` in hex of the current span, for log lines (when :func:`active`)."""
-    ctx = current_span().get_span_context()
-    if not ctx[5]:  # indexed: see traceparent_of
-        return None
-    return f"{ctx[0]:032x}", f"{ctx[1]:016x}"
+    value = traceparent_of(current_span())
+    return None if value is None else (value[3:35], value[36:52])
 
 
 def attach(parent: Any) -> object:
@@ -428,7 +449,7 @@ def attach(parent: Any) -> object:
 
 def detach(token: object) -> None:
     """Undo :func:`attach`."""
-    _reset_context(token)
+    _detach(token)
 
 
 # -- the SDK (``serve --otel``) ---------------------------------------------------------

@@ -192,28 +192,42 @@ class Answer:
             raise error
 
 
-def start_server_span(scope: Scope, request_id: str) -> _tracing.SpanScope:
-    """Open and make current the request's server span (ended by :func:`end_server_span`)."""
+def start_server_span(
+    scope: Scope, request_id: str, route: str | None = None, *, extract: bool = True
+) -> _tracing.SpanScope:
+    """Open and make current the request's server span (ended by :func:`end_server_span`).
+
+    ``route``: the route template when it is known before routing (the front's one
+    path), so the span is named for it from the start; ``extract=False`` when the
+    caller saw that no header carries trace context.
+    """
     method = scope["method"]
     headers = scope.get("headers")
+    attributes = {
+        "http.request.method": method,
+        "url.path": scope["path"],
+        "url.scheme": scope.get("scheme", "http"),
+        "flowdecision.request_id": request_id,
+    }
+    if route is not None:
+        attributes["http.route"] = route
     server = _tracing.span(
-        method,  # renamed to "METHOD route" once the route is known
+        # renamed to "METHOD route" once the route is known
+        method if route is None else f"{method} {route}",
         kind=_tracing.SERVER,
-        parent=_tracing.extract(headers) if headers else None,
-        attributes={
-            "http.request.method": method,
-            "url.path": scope["path"],
-            "url.scheme": scope.get("scheme", "http"),
-            "flowdecision.request_id": request_id,
-        },
+        parent=_tracing.extract(headers) if headers and extract else None,
+        attributes=attributes,
     )
     server.open()
     return server
 
 
-def end_server_span(server: _tracing.SpanScope, scope: Scope, route: str, status: int) -> None:
+def end_server_span(
+    server: _tracing.SpanScope, scope: Scope, route: str | None, status: int
+) -> None:
+    """Name the span for ``route`` (None: named when it started), record ``status`` and end it."""
     current = server.span
-    if route != "<unmatched>":
+    if route is not None and route != "<unmatched>":
         current.update_name(f"{scope['method']} {route}")
         current.set_attributes({"http.route": route, "http.response.status_code": status})
     else:

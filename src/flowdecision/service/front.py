@@ -50,6 +50,9 @@ DECISIONS_PATH = "/v1/decisions"
 #: Headers that send a request down the stack: each asks for a rule the front
 #: does not run (CORS, 100-continue, chunked framing, a compressed body).
 _STACK_HEADERS = frozenset({b"origin", b"expect", b"transfer-encoding", b"content-encoding"})
+#: Headers a server span's parent is extracted from (when none is there, nothing is).
+_TRACE_HEADERS = frozenset({b"traceparent", b"tracestate", b"baggage"})
+_OTHER_HEADERS = {name: True for name in _STACK_HEADERS} | {name: False for name in _TRACE_HEADERS}
 _JSON = b"application/json"
 
 
@@ -95,7 +98,7 @@ class DecisionsFront:
         host = declared = content_type = None
         prefer: list[str] | None = None
         hosts = lengths = 0
-        has_id = False
+        has_id = has_trace = False
         for name, value in scope["headers"]:
             if name == b"host":
                 host = value
@@ -111,9 +114,13 @@ class DecisionsFront:
                 prefer.append(value.decode("latin-1"))
             elif name == b"x-request-id":
                 has_id = True
-            elif name in _STACK_HEADERS:
-                await self.app(scope, receive, send)
-                return
+            else:
+                stack = _OTHER_HEADERS.get(name)
+                if stack:
+                    await self.app(scope, receive, send)
+                    return
+                if stack is not None:
+                    has_trace = True
         guard = self._guard
         if (
             hosts != 1
@@ -130,7 +137,7 @@ class DecisionsFront:
         ):
             await self.app(scope, receive, send)
             return
-        await self._answer(scope, receive, send, declared, prefer, has_id)
+        await self._answer(scope, receive, send, declared, prefer, has_id, has_trace)
 
     async def _answer(
         self,
@@ -140,13 +147,18 @@ class DecisionsFront:
         declared: bytes,
         prefer: list[str] | None,
         has_id: bool,
+        has_trace: bool,
     ) -> None:
         started = time.perf_counter()
         request_id = request_id_for(scope) if has_id else new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
         token = request_id_var.set(request_id)
         # The server span (tracing on), as the boundary opens it: same name, attributes, parent.
-        server_span = start_server_span(scope, request_id) if _tracing.active() else None
+        server_span = (
+            start_server_span(scope, request_id, DECISIONS_PATH, extract=has_trace)
+            if _tracing.active()
+            else None
+        )
         context = self.context
         service = context.service
         assert service is not None
@@ -188,7 +200,7 @@ class DecisionsFront:
             assert self._boundary is not None
             self._boundary.finish(request_id, scope, DECISIONS_PATH, status, sent, started)
             if server_span is not None:
-                end_server_span(server_span, scope, DECISIONS_PATH, status)
+                end_server_span(server_span, scope, None, status)  # named as it started
             request_id_var.reset(token)
 
 
