@@ -74,6 +74,8 @@ def _record(provider: Any) -> list[Any]:
         "status": 201,  # two-byte varints: the shortcuts at their edges
         "edge": 16383,
         "over": 16384,
+        "k" * 130: 1,  # keys too long for the one-byte shortcuts
+        "t" * 120: "short",
     }
     with tracer.start_as_current_span(
         "POST /v1/decisions", context=parent, kind=trace.SpanKind.SERVER, attributes=attributes
@@ -110,6 +112,21 @@ def test_the_encoder_writes_the_sdks_bytes() -> None:
         "flowdecision.dispatch",
         "POST /v1/decisions",
     ]
+
+
+def test_ids_and_one_scope_encode_to_the_sdks_bytes() -> None:
+    """A key whose values do not repeat (an id: past the per-key cache) and a batch
+    from one resource and one scope (the export's common case) are written as the
+    SDK writes them."""
+    provider = LeanTracerProvider(resource=Resource.create({"service.name": "flowdecision"}))
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("flowdecision", "0.1.0")
+    for n in range(80):
+        attributes: dict[str, Any] = {"flowdecision.decision_id": f"d-{n}", "attempt": n}
+        tracer.start_span("flowdecision.dispatch", attributes=attributes).end()
+    spans = list(memory.get_finished_spans())
+    assert encode_spans(spans) == sdk_encode(spans).SerializeToString()
 
 
 def test_sdk_spans_encode_to_the_same_bytes_too() -> None:

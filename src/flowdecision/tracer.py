@@ -275,7 +275,17 @@ class LeanSpan(trace.Span):
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
         """Set one attribute."""
-        self.set_attributes({key: value})
+        mine = self.attributes
+        if (
+            type(value) in _SCALAR_TYPES
+            and type(key) is str
+            and key
+            and self.end_time is None
+            and (key in mine or len(mine) < self._limits.attributes)
+        ):
+            mine[key] = value
+        else:  # the checks, the warnings and the limit's count
+            self.set_attributes({key: value})
 
     def add_event(
         self, name: str, attributes: Attributes = None, timestamp: int | None = None
@@ -654,6 +664,11 @@ def _attributes(tag: bytes, attributes: Mapping[str, object] | None) -> bytes:
             whole = len(head) + 4 + size
             if whole < 128:
                 out.append(tag + _SMALL[whole] + head + _TEXT_HEADS[size] + raw)
+                continue
+        elif type(value) is int and 0 <= value < 128:  # an attempt, a count: in line too
+            head = _keys.get(key) or _key(key)
+            if len(head) < 124:
+                out.append(tag + _SMALL[len(head) + 4] + head + b"\x12\x02\x18" + _SMALL[value])
                 continue
         out.append(tag + _sized_key_value(key, value))
     return b"".join(out)
