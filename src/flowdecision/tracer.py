@@ -211,19 +211,10 @@ class LeanSpan(trace.Span):
             del self.links[self._limits.links :]
         self.status: Status = _UNSET
         #: this span's W3C ``traceparent``, once :func:`flowdecision.tracing.traceparent_of`
-        #: has written it (a traced POST asks for it up to three times)
+        #: has written it (the dispatch span's is asked for twice per traced POST)
         self.w3c: str | None = None
         if attributes:
-            # set_attributes' common case in line (every span starts with attributes)
-            if (
-                _TEXT.issuperset(map(type, attributes))
-                and _SCALAR_TYPES.issuperset(map(type, attributes.values()))
-                and "" not in attributes
-                and len(attributes) <= self._limits.attributes
-            ):
-                self.attributes.update(attributes)
-            else:
-                self.set_attributes(attributes)
+            self.set_attributes(attributes)
 
     # -- what exporters read (the SDK's ReadableSpan) -------------------------------
 

@@ -77,6 +77,8 @@ def cache_traceparent_on(kind: type) -> None:
     _w3c_cache = kind
 
 
+#: The request headers :func:`extract` reads a parent context from.
+CONTEXT_HEADERS: frozenset[bytes] = frozenset({b"traceparent", b"tracestate", b"baggage"})
 #: Span kinds, bound when tracing first turns out to be active (None until then).
 SERVER: Any = None
 CLIENT: Any = None
@@ -108,11 +110,7 @@ def _detach(token: Any) -> None:
     try:
         _reset_context(token)
     except ValueError:  # only the ContextVar's own reset raises
-        _detach_failed()
-
-
-def _detach_failed() -> None:
-    logging.getLogger(__name__).exception("Failed to detach context")
+        logging.getLogger(__name__).exception("Failed to detach context")
 
 
 def api_installed() -> bool:
@@ -243,10 +241,7 @@ class SpanScope:
             if error is not None:
                 fail(self.span, error)
         finally:
-            try:
-                _reset_context(self._token)  # _detach in line (every span)
-            except ValueError:
-                _detach_failed()
+            _detach(self._token)
             self.span.end()
 
     __enter__ = open  # (no frame of its own: entered on every traced dispatch)
@@ -341,7 +336,7 @@ def traceparent_of(target: Span) -> str | None:
     # indexed, not through its properties (a frame each). A span with a
     # ``context`` attribute (the SDK's and the lean provider's) is read directly.
     # The lean provider's span keeps the value in its ``w3c`` slot: a traced POST
-    # asks for it up to three times (the ledger's side data, the outbox row, logs).
+    # asks for its dispatch span's twice (the ledger's side data, the outbox row).
     cached: str | None = getattr(target, "w3c", None)
     if cached is not None:
         return cached
@@ -427,7 +422,7 @@ def extract(headers: Sequence[tuple[bytes, bytes]]) -> Any:
     """
     carrier: dict[str, str] = {}
     for name, value in headers:
-        if name in (b"traceparent", b"tracestate", b"baggage"):
+        if name in CONTEXT_HEADERS:
             carrier[name.decode("latin-1")] = value.decode("latin-1")
     if not carrier:
         return None

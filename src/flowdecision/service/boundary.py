@@ -212,7 +212,7 @@ def start_server_span(
     if route is not None:
         attributes["http.route"] = route
     server = _tracing.span(
-        # renamed to "METHOD route" once the route is known
+        # without a route: renamed to "METHOD route" once routing found it
         method if route is None else f"{method} {route}",
         kind=_tracing.SERVER,
         parent=_tracing.extract(headers) if headers and extract else None,

@@ -50,9 +50,11 @@ DECISIONS_PATH = "/v1/decisions"
 #: Headers that send a request down the stack: each asks for a rule the front
 #: does not run (CORS, 100-continue, chunked framing, a compressed body).
 _STACK_HEADERS = frozenset({b"origin", b"expect", b"transfer-encoding", b"content-encoding"})
-#: Headers a server span's parent is extracted from (when none is there, nothing is).
-_TRACE_HEADERS = frozenset({b"traceparent", b"tracestate", b"baggage"})
-_OTHER_HEADERS = {name: True for name in _STACK_HEADERS} | {name: False for name in _TRACE_HEADERS}
+#: The headers above (True: down the stack) and those a server span's parent is
+#: extracted from (False: when none came, no parent is looked for).
+_OTHER_HEADERS = {name: True for name in _STACK_HEADERS} | dict.fromkeys(
+    _tracing.CONTEXT_HEADERS, False
+)
 _JSON = b"application/json"
 
 
