@@ -112,6 +112,12 @@ SQLITE_CACHE_KIB = 16_384
 #: The SQLite ledger commits a lone mutation on its caller's event loop (no thread
 #: hand-off) while such commits take at most this long (0: always on its own thread).
 SQLITE_INLINE_MAX_MS = 5.0
+#: The SQLite ledger checkpoints its WAL on a thread of its own, at most this often
+#: while commits come (0: inside the commits, as SQLite does by default).
+SQLITE_CHECKPOINT_INTERVAL_MS = 100.0
+#: ... and its commits checkpoint only once the WAL holds this many pages (SQLite's
+#: ``wal_autocheckpoint``; its default is 1,000): a backstop if that thread falls behind.
+SQLITE_CHECKPOINT_BACKSTOP_PAGES = 4_000
 
 # -- group commit (the SQL ledgers) -----------------------------------------------------
 

@@ -35,12 +35,15 @@ from ..defaults import (
     MAX_WAIT_MS,
     SQLITE_BUSY_TIMEOUT_MS,
     SQLITE_CACHE_KIB,
+    SQLITE_CHECKPOINT_BACKSTOP_PAGES,
+    SQLITE_CHECKPOINT_INTERVAL_MS,
     SQLITE_INLINE_MAX_MS,
     SQLITE_SYNCHRONOUS,
     default_ledger_path,
 )
 from ..errors import LedgerCorruptError, LedgerError
 from ..store.batching import copy_error
+from ..store.checkpoint import Checkpointer
 from ..store.joint import JointWrite, StoreKey, sqlite_key
 from ..store.lifecycle import check_group_commit, started
 from ..store.migrations import sqlite_schema_version
@@ -163,6 +166,11 @@ class SqliteLedger(SqlLedger):
     ``max_wait_ms``; see :mod:`flowdecision.store.sqlite_thread` for the
     trade-off).
 
+    ``checkpoint_interval_ms``: the WAL is copied back into the database file
+    (checkpointed) on a thread of its own, at most this often while commits
+    come, instead of inside the commit that fills it (0: inside the commits,
+    SQLite's default; see :mod:`flowdecision.store.checkpoint`).
+
     ``keep_tombstones``: what :meth:`prune_completed` does when not told.
     """
 
@@ -179,6 +187,7 @@ class SqliteLedger(SqlLedger):
         max_wait_ms: float = MAX_WAIT_MS,
         cache_kib: int = SQLITE_CACHE_KIB,
         inline_max_ms: float = SQLITE_INLINE_MAX_MS,
+        checkpoint_interval_ms: float = SQLITE_CHECKPOINT_INTERVAL_MS,
         create: bool = True,
         keep_tombstones: bool = False,
     ) -> None:
@@ -186,6 +195,11 @@ class SqliteLedger(SqlLedger):
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise LedgerError(
                 f"sqlite ledger synchronous must be OFF, NORMAL, FULL or EXTRA, got {synchronous!r}"
+            )
+        if not 0 <= checkpoint_interval_ms < float("inf"):
+            raise LedgerError(
+                "sqlite ledger checkpoint_interval_ms must be 0 or more (milliseconds), "
+                f"got {checkpoint_interval_ms!r}"
             )
         max_batch, max_wait_ms = check_group_commit(
             "sqlite ledger", max_batch, max_wait_ms, LedgerError
@@ -215,6 +229,8 @@ class SqliteLedger(SqlLedger):
             max_batch=self.max_batch,
             max_wait_ms=self.max_wait_ms,
             inline_max_ms=self.inline_max_ms,
+            checkpoint_interval_ms=float(checkpoint_interval_ms),
+            checkpoint_backstop_pages=SQLITE_CHECKPOINT_BACKSTOP_PAGES,
         )
         self._decoded = DecodedRecords(f"sqlite ledger `{self.path}`")
         self._store_key: StoreKey | None = None
@@ -226,6 +242,12 @@ class SqliteLedger(SqlLedger):
     def inline_commits(self) -> int:
         """Mutations committed alone on their caller's event loop (``inline_max_ms``)."""
         return self._thread.inline_commits
+
+    @property
+    def checkpointer(self) -> Checkpointer | None:
+        """The thread that checkpoints the WAL (None until opened, or with
+        ``checkpoint_interval_ms=0``); its counters are for tests and benchmarks."""
+        return self._thread.checkpointer
 
     @property
     def version_at_open(self) -> int | None:

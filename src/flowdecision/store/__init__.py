@@ -7,7 +7,7 @@
   one policy: SQLite migrates on open, PostgreSQL only when asked;
 * :mod:`.sqlite` -- opening SQLite (WAL, ``0600`` files, read-only opens) and
   translating its errors; :mod:`.sqlite_thread` -- the connection thread with
-  group commit;
+  group commit; :mod:`.checkpoint` -- its WAL checkpoints, off the commit path;
 * :mod:`.postgres` -- the asyncpg pool, error translation, the database clock;
 * :mod:`.batching` -- answering the callers of a group-commit batch;
 * :mod:`.lifecycle` -- start-or-close, async context management, group-commit settings.

@@ -226,6 +226,11 @@ class SqliteOpener:
                 before = sqlite_check(conn, self.component, self.where)
             if self.version_at_open is None:
                 self.version_at_open = before
+            # A batch's multi-row INSERT keeps a statement journal; past 64 KiB SQLite
+            # spills it to a temporary file, created and unlinked once per batch. In
+            # memory it costs what the batch's pages cost. Set after migrating, whose
+            # index builds may sort a whole table (those may spill to disk).
+            conn.execute("PRAGMA temp_store = MEMORY")
         except sqlite3.Error as error:
             conn.close()
             raise self.translate(error) from error

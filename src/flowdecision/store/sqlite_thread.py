@@ -33,13 +33,13 @@ there, on the event loop's thread, with the same ``write_batch`` and the same
 as one batch, as before, so concurrent callers keep group commit.
 
 The price is that the event loop waits for that one commit (its fsync with
-``synchronous=FULL``: ~0.2 ms on a local SSD, more on network storage, and
-now and then a WAL checkpoint). Bounds: the loop never waits for another
-writer's lock (its ``BEGIN IMMEDIATE`` runs with a busy timeout of 0; when
-the lock is taken, the mutation goes to the connection thread, which waits
-with the store's busy timeout), and after three inline commits in a row
-that took longer than ``inline_max_ms`` lone mutations use the connection
-thread again for a second. The connection is shared by the two threads
+``synchronous=FULL``: ~0.2 ms on a local SSD, more on network storage; WAL
+checkpoints run on a thread of their own, :mod:`.checkpoint`). Bounds: the
+loop never waits for another writer's lock (its ``BEGIN IMMEDIATE`` runs
+with a busy timeout of 0; when the lock is taken, the mutation goes to the
+connection thread, which waits with the store's busy timeout), and after
+three inline commits in a row that took longer than ``inline_max_ms`` lone
+mutations use the connection thread again for a second. The connection is shared by the two threads
 (``check_same_thread=False``); one lock serializes every use of it.
 Tracing on, an inline commit is a batch of one: it has its batch span too.
 """
@@ -59,6 +59,7 @@ from ..errors import FlowDecisionError
 from ..tracing import active as tracing_active
 from ..tracing import batch_span, recording_span
 from .batching import copy_error, settle
+from .checkpoint import Checkpointer
 from .sqlite import SqliteOpener, sqlite_transaction
 
 #: Inline commits in a row slower than ``inline_max_ms`` before lone mutations pause
@@ -120,6 +121,8 @@ class SqliteThread:
         max_batch: int = 1,
         max_wait_ms: float = 0.0,
         inline_max_ms: float = 0.0,
+        checkpoint_interval_ms: float = 0.0,
+        checkpoint_backstop_pages: int = 0,
     ) -> None:
         self.opener = opener
         self.write_batch = write_batch
@@ -143,6 +146,11 @@ class SqliteThread:
         self._inline_after = 0.0
         #: Mutations committed inline (for tests and benchmarks).
         self.inline_commits = 0
+        #: Group commit with ``checkpoint_interval_ms`` > 0: WAL checkpoints run on a
+        #: thread of their own (:mod:`.checkpoint`), started with the connection.
+        self.checkpoint_interval_ms = checkpoint_interval_ms if write_batch else 0.0
+        self.checkpoint_backstop_pages = checkpoint_backstop_pages
+        self.checkpointer: Checkpointer | None = None
 
     # -- the event loop's side -------------------------------------------------
 
@@ -182,6 +190,8 @@ class SqliteThread:
             return
 
         def shut(conn: sqlite3.Connection | None) -> None:
+            if self.checkpointer is not None:
+                self.checkpointer.close()
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
@@ -343,6 +353,13 @@ class SqliteThread:
         if self._conn is None:
             self._conn = self.opener.connect()
             self._no_wait = False
+            if self.checkpoint_interval_ms > 0 and self.checkpointer is None:
+                # Commits checkpoint only if the checkpointer falls this far behind.
+                pages = int(self.checkpoint_backstop_pages)
+                self._conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+                self.checkpointer = Checkpointer(
+                    self.opener, interval_s=self.checkpoint_interval_ms / 1000
+                )
         elif self._no_wait:
             self._conn.execute(f"PRAGMA busy_timeout = {int(self.opener.busy_timeout_ms)}")
             self._no_wait = False
@@ -389,6 +406,8 @@ class SqliteThread:
             return
         if committed is not None:
             committed()
+        if self.checkpointer is not None:
+            self.checkpointer.wake()
 
     def _fail(self, batch: list[Job], error: BaseException) -> None:
         for index, job in enumerate(batch):
