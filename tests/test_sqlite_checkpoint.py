@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,11 @@ def _wal_frames(path: Path) -> int:
     wal = path.with_name(path.name + "-wal")
     if not wal.exists():
         return 0
-    page = sqlite3.connect(path).execute("PRAGMA page_size").fetchone()[0]
+    conn = sqlite3.connect(path)
+    try:
+        page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    finally:
+        conn.close()
     return max(0, (wal.stat().st_size - 32) // (page + 24))
 
 
@@ -41,10 +46,10 @@ def _checkpoint_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.endswith("-checkpoint")]
 
 
-async def _wait_for(condition: object, what: str, timeout_s: float = 30.0) -> None:
-    """Wait for ``condition()`` (a callable) to hold: the checkpointer is a thread."""
+async def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Wait for ``condition()`` to hold: the checkpointer is a thread."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():  # type: ignore[operator]
+    while not condition():
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"{what}: not after {timeout_s} s")
         await asyncio.sleep(0.02)

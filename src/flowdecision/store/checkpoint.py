@@ -11,9 +11,10 @@ most every ``interval_s``, so the log still grows by only a few hundred pages
 between checkpoints.
 
 The writer keeps SQLite's own checkpoints as a backstop: its
-``wal_autocheckpoint`` is raised to :data:`~flowdecision.defaults.SQLITE_CHECKPOINT_BACKSTOP_PAGES`.
-If this thread falls behind, or cannot checkpoint (a full disk; its
-connection cannot be opened), the writer's commits checkpoint as before once
+``wal_autocheckpoint`` is raised to
+:data:`~flowdecision.defaults.SQLITE_CHECKPOINT_BACKSTOP_PAGES`. If this
+thread falls behind, or cannot checkpoint (a full disk; its connection
+cannot be opened), the writer's commits checkpoint as before once
 the log reaches that size, so the log stays bounded either way. A failed
 checkpoint loses nothing: the frames stay in the log, and the next
 checkpoint, this thread's or the writer's, copies them.
@@ -33,9 +34,9 @@ class Checkpointer:
     """Runs a store's WAL checkpoints on a daemon thread (see the module docs).
 
     :meth:`wake` after a commit (cheap, from any thread); :meth:`close` stops
-    the thread and closes its connection. The counters are for tests,
-    benchmarks and operators' debugging: checkpoints run, checkpoints that
-    failed (with the last error's text).
+    the thread and closes its connection. The counters (checkpoints run,
+    checkpoints that failed, the last failure's text) are for tests and
+    benchmarks.
     """
 
     def __init__(self, opener: SqliteOpener, *, interval_s: float) -> None:

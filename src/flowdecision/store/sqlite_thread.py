@@ -39,8 +39,9 @@ loop never waits for another writer's lock (its ``BEGIN IMMEDIATE`` runs
 with a busy timeout of 0; when the lock is taken, the mutation goes to the
 connection thread, which waits with the store's busy timeout), and after
 three inline commits in a row that took longer than ``inline_max_ms`` lone
-mutations use the connection thread again for a second. The connection is shared by the two threads
-(``check_same_thread=False``); one lock serializes every use of it.
+mutations use the connection thread again for a second. The connection is
+shared by the two threads (``check_same_thread=False``); one lock serializes
+every use of it.
 Tracing on, an inline commit is a batch of one: it has its batch span too.
 """
 
