@@ -22,7 +22,8 @@ configuration and the same wire output, for less:
   encoder accept it too (the tests compare the two encoders' bytes);
 * :func:`encode_spans` writes ``ExportTraceServiceRequest`` protobuf bytes by
   hand (resource and scope encoded once per batch, attribute keys once per
-  process), and :class:`LeanOTLPExporter` sends them through the SDK's
+  process; a span in C where :mod:`flowdecision._otlp` was built, see
+  :func:`c_encoder`), and :class:`LeanOTLPExporter` sends them through the SDK's
   OTLP/HTTP exporter (``OTEL_EXPORTER_OTLP_*``: endpoint, headers, timeout,
   compression, certificates; its retries), over :class:`LeanHTTPTransport`
   (``http.client``, a third of the CPU of the default ``requests`` per POST).
@@ -48,7 +49,7 @@ import time
 import traceback
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -750,6 +751,35 @@ def _scope(scope: InstrumentationScope | None) -> bytes:
     return _field(b"\x0a", body)
 
 
+#: What ``FLOWDECISION_OTEL_ENCODER`` may say: ``c`` (the default) encodes a span
+#: with :mod:`flowdecision._otlp` where it was built, ``python`` with :func:`_span`.
+ENCODERS = ("c", "python")
+
+
+def c_encoder() -> Callable[[Any], bytes | None] | None:
+    """The C span encoder, or None (not built, or ``FLOWDECISION_OTEL_ENCODER=python``).
+
+    ``flowdecision._otlp.span(span)`` writes the bytes :func:`_span` writes, for
+    the spans a service ends most (scalar attributes, links without attributes,
+    no events, no trace state), and returns None for any other span, which
+    :func:`_span` then encodes. Encoding in Python was two thirds of what
+    tracing costs a traced ``POST`` (docs/BENCHMARKS.md, "Tracing overhead").
+    """
+    choice = os.environ.get("FLOWDECISION_OTEL_ENCODER", "c").strip().lower() or "c"
+    if choice not in ENCODERS:
+        raise InvalidArgumentError(
+            f"FLOWDECISION_OTEL_ENCODER `{choice}` is not supported: use c or python"
+        )
+    if choice == "python":
+        return None
+    try:
+        from . import _otlp
+    except ImportError:  # built without a C compiler: the Python encoder does it all
+        return None
+    _otlp.configure(tuple(SpanKind), tuple(StatusCode), _UNSET, _EMPTY_STATE)
+    return _otlp.span
+
+
 def encode_spans(spans: Sequence[Any]) -> bytes:
     """An OTLP ``ExportTraceServiceRequest`` of ``spans``, serialized.
 
@@ -757,7 +787,13 @@ def encode_spans(spans: Sequence[Any]) -> bytes:
     for the same spans (grouped by resource, then by instrumentation scope, in
     order of first appearance), for spans with the ``ReadableSpan`` fields.
     """
-    return _request([(span.resource, span.instrumentation_scope, _span(span)) for span in spans])
+    fast = c_encoder()
+    return _request(
+        [
+            (span.resource, span.instrumentation_scope, (fast and fast(span)) or _span(span))
+            for span in spans
+        ]
+    )
 
 
 def _request(encoded: Sequence[tuple[Resource, InstrumentationScope | None, bytes]]) -> bytes:
@@ -998,7 +1034,7 @@ class LeanBatchProcessor(SpanProcessor):
     The SDK's batch processor keeps every span alive in its queue until its
     thread encodes the batch, and that thread then holds the interpreter for
     milliseconds at a time, which the service's event loop waits out. Here the
-    thread that ends a span encodes it (a few µs: :func:`_span`), and the
+    thread that ends a span encodes it (:func:`c_encoder`, else :func:`_span`), and the
     sending thread only wraps the bytes and posts them. ``OTEL_BSP_SCHEDULE_DELAY``
     (ms, default 5000), ``OTEL_BSP_MAX_QUEUE_SIZE`` (2048; spans beyond it are
     dropped and counted in :attr:`dropped`), ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``
@@ -1011,6 +1047,7 @@ class LeanBatchProcessor(SpanProcessor):
         self.max_queue = _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
         self.batch = min(_env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), self.max_queue)
         self.dropped = 0
+        self._fast = c_encoder()
         self._queue: collections.deque[tuple[Any, Any, bytes]] = collections.deque()
         self._wake = threading.Event()
         self._sending = threading.Lock()
@@ -1032,7 +1069,10 @@ class LeanBatchProcessor(SpanProcessor):
             self.dropped += 1
             return
         try:
-            encoded = _span(span)
+            fast = self._fast
+            encoded = fast(span) if fast is not None else None
+            if encoded is None:
+                encoded = _span(span)
         except Exception as error:  # an unencodable attribute must not fail the caller
             _logger.error("failed to encode span %r: %s", span.name, error)
             return
