@@ -238,7 +238,8 @@ def report(samples: list[Sample], args: argparse.Namespace) -> str:
         f"{' --without-on' if args.without_on else ''}"
         f"{f' --also-ratio {args.also_ratio:g}' if args.also_ratio is not None else ''}"
         f"{' --sdk-provider' if args.sdk_provider else ''}"
-        f"{' --skip-not-installed' if args.skip_not_installed else ''}` "
+        f"{' --skip-not-installed' if args.skip_not_installed else ''}"
+        f"{''.join(f' --variant {v!r}' for v in args.asked_variants)}` "
         f"({datetime.date.today()}, {machine_description()}; "
         f"median 1-min load average {statistics.median(s.load for s in samples):.1f}):",
         "",
@@ -332,6 +333,7 @@ def main() -> None:
     )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
+    args.asked_variants = list(args.variant)
     if args.sdk_provider:
         args.variant.insert(0, "SDK's provider:FLOWDECISION_OTEL_PROVIDER=sdk")
     for variant in args.variant:
