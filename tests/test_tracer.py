@@ -179,6 +179,30 @@ def test_invalid_attributes_are_dropped_and_limits_counted() -> None:
     assert (encoded.dropped_attributes_count, encoded.dropped_events_count) == (1, 1)
 
 
+def test_an_integer_past_int64_is_left_out_as_the_sdk_leaves_it_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """OTLP's ``int_value`` is an int64: the SDK's encoder logs and leaves such an
+    attribute out (the rest of the span is exported); so does ours."""
+    provider = LeanTracerProvider()
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    attributes: dict[str, Any] = {
+        "kept": 1,
+        "huge": 2**63,
+        "tiny": -(2**63) - 1,
+        "numbers": [1, 2**64],
+        "edges": [2**63 - 1, -(2**63)],
+    }
+    provider.get_tracer("t").start_span("s", attributes=attributes).end()
+    spans = list(memory.get_finished_spans())
+    ours = encode_spans(spans)
+    assert ours == sdk_encode(spans).SerializeToString()
+    (span,) = ExportTraceServiceRequest.FromString(ours).resource_spans[0].scope_spans[0].spans
+    assert [attribute.key for attribute in span.attributes] == ["kept", "edges"]
+    assert sum("failed to encode span attribute" in r.getMessage() for r in caplog.records) == 3
+
+
 @pytest.mark.parametrize(
     ("sampler", "root", "child_of_sampled", "child_of_unsampled"),
     [

@@ -515,6 +515,7 @@ _pack_d = struct.Struct("<d").pack
 _pack_i = struct.Struct("<I").pack
 _SMALL = [bytes([n]) for n in range(128)]
 _LOW64 = (1 << 64) - 1
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # A span's fixed fields, each group in one call with its tags: the trace id (in two
 # halves) and span id, then a child's parent span id (big-endian bytes, as OTLP's ids
 # are); the start and end times (fixed64, little-endian).
@@ -580,6 +581,8 @@ def _any_value(value: object) -> bytes:
     if isinstance(value, str):
         return _text(b"\x0a", value)
     if isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:  # OTLP's int_value is an int64
+            raise InvalidArgumentError(f"integer attribute value out of int64 range: {value}")
         return b"\x18" + _varint(value)
     if isinstance(value, float):
         return b"\x21" + _pack_d(value)
@@ -662,7 +665,10 @@ def _attributes(tag: bytes, attributes: Mapping[str, object] | None) -> bytes:
             if len(head) < 124:
                 out.append(tag + _SMALL[len(head) + 4] + head + b"\x12\x02\x18" + _SMALL[value])
                 continue
-        out.append(tag + _sized_key_value(key, value))
+        try:
+            out.append(tag + _sized_key_value(key, value))
+        except Exception as error:  # as the SDK's encoder: this attribute left out, logged
+            _logger.error("failed to encode span attribute %r: %s", key, error)
     return b"".join(out)
 
 
