@@ -274,18 +274,38 @@ static void put_count(Out *out, unsigned char tag, PyObject *owner, PyObject *na
     Py_DECREF(count);
 }
 
+/* Each of `names` read from `owner` into `values` (new references); -1 (and the
+ * span left to Python, which reports what is missing) if one is not there. */
+static int read_fields(Out *out, PyObject *owner, PyObject **names, PyObject **values, int n) {
+    for (int i = 0; i < n; i++) {
+        values[i] = PyObject_GetAttr(owner, names[i]);
+        if (values[i] == NULL) {
+            for (int j = 0; j < i; j++)
+                Py_DECREF(values[j]);
+            PyErr_Clear();
+            give_up(out);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A context's trace id and span id fields (the same tags in a Span and a Link). */
+static void put_ids(Out *out, PyObject *context) {
+    put(out, "\x0a\x10", 2);
+    put_id(out, PyTuple_GET_ITEM(context, 0), 16);
+    put(out, "\x12\x08", 2);
+    put_id(out, PyTuple_GET_ITEM(context, 1), 8);
+}
+
 static const unsigned char HAS_REMOTE[4] = {0x00, 0x01, 0x00, 0x00};
 static const unsigned char IS_REMOTE[4] = {0x00, 0x03, 0x00, 0x00};
 
 static void put_link(Out *out, PyObject *link) {
-    PyObject *context = PyObject_GetAttr(link, s_context);
-    PyObject *attributes = context ? PyObject_GetAttr(link, s_attributes) : NULL;
-    if (attributes == NULL) {
-        PyErr_Clear();
-        Py_XDECREF(context);
-        give_up(out);
+    PyObject *names[2] = {s_context, s_attributes}, *fields[2];
+    if (read_fields(out, link, names, fields, 2) < 0)
         return;
-    }
+    PyObject *context = fields[0], *attributes = fields[1];
     int has_attributes = PyObject_IsTrue(attributes);
     if (has_attributes != 0 || !PyTuple_Check(context) || PyTuple_GET_SIZE(context) < 3) {
         if (has_attributes < 0)
@@ -293,10 +313,7 @@ static void put_link(Out *out, PyObject *link) {
         give_up(out);
     } else {
         Py_ssize_t at = open_field(out, 0x6A);
-        put(out, "\x0a\x10", 2);
-        put_id(out, PyTuple_GET_ITEM(context, 0), 16);
-        put(out, "\x12\x08", 2);
-        put_id(out, PyTuple_GET_ITEM(context, 1), 8);
+        put_ids(out, context);
         put_count(out, 0x28, link, s_dropped_attributes);
         int remote = PyObject_IsTrue(PyTuple_GET_ITEM(context, 2));
         if (remote < 0) {
@@ -316,14 +333,10 @@ static void put_status(Out *out, PyObject *status) {
         put(out, "\x7a\x00", 2);
         return;
     }
-    PyObject *code = PyObject_GetAttr(status, s_status_code);
-    PyObject *description = code ? PyObject_GetAttr(status, s_description) : NULL;
-    if (description == NULL) {
-        PyErr_Clear();
-        Py_XDECREF(code);
-        give_up(out);
+    PyObject *names[2] = {s_status_code, s_description}, *fields[2];
+    if (read_fields(out, status, names, fields, 2) < 0)
         return;
-    }
+    PyObject *code = fields[0], *description = fields[1];
     int value = -1;
     for (int i = 0; i < 3; i++)
         if (code == codes[i])
@@ -348,19 +361,6 @@ static void put_status(Out *out, PyObject *status) {
     Py_DECREF(description);
 }
 
-/* Each of `names` read from `span` into `values` (new references); -1 on error. */
-static int read_fields(PyObject *span, PyObject **names, PyObject **values, int n) {
-    for (int i = 0; i < n; i++) {
-        values[i] = PyObject_GetAttr(span, names[i]);
-        if (values[i] == NULL) {
-            for (int j = 0; j < i; j++)
-                Py_DECREF(values[j]);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 static PyObject *encode_span(PyObject *module, PyObject *span) {
     if (!configured) {
         PyErr_SetString(PyExc_RuntimeError, "flowdecision._otlp.configure() was not called");
@@ -370,13 +370,11 @@ static PyObject *encode_span(PyObject *module, PyObject *span) {
     PyObject *names[N] = {s_context, s_parent, s_name,   s_kind,  s_start_time,
                           s_end_time, s_attributes, s_events, s_links, s_status};
     PyObject *f[N];
-    if (read_fields(span, names, f, N) < 0) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
     Out out = {0};
     out.data = out.stack;
     out.cap = sizeof(out.stack);
+    if (read_fields(&out, span, names, f, N) < 0)
+        Py_RETURN_NONE;
     PyObject *result = NULL;
 
     PyObject *ctx = f[CONTEXT], *parent = f[PARENT];
@@ -406,10 +404,7 @@ static PyObject *encode_span(PyObject *module, PyObject *span) {
     }
 
     Py_ssize_t whole = open_field(&out, 0x12);
-    put(&out, "\x0a\x10", 2);
-    put_id(&out, PyTuple_GET_ITEM(ctx, 0), 16);
-    put(&out, "\x12\x08", 2);
-    put_id(&out, PyTuple_GET_ITEM(ctx, 1), 8);
+    put_ids(&out, ctx);
     if (parent != Py_None) {
         put(&out, "\x22\x08", 2);
         put_id(&out, PyTuple_GET_ITEM(parent, 1), 8);
