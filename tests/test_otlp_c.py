@@ -147,6 +147,10 @@ def _rare_spans() -> list[tuple[str, Any]]:
     end("a lone surrogate", tracer.start_span("surrogate", attributes={"s": "a\udc80b"}))
     end("a lone surrogate in a name", tracer.start_span("\udc80"))
     end("a link with attributes", tracer.start_span("link", links=[trace.Link(REMOTE, {"k": "v"})]))
+    wide = trace.SpanContext(1 << 128, 1, is_remote=False)  # invalid: the API takes it as is
+    negative = trace.SpanContext(1, -1, is_remote=False)
+    end("a trace id over 128 bits", tracer.start_span("wide", links=[trace.Link(wide)]))
+    end("a negative span id", tracer.start_span("negative", links=[trace.Link(negative)]))
     return list(zip(reasons, memory.get_finished_spans(), strict=True))
 
 
@@ -154,9 +158,10 @@ def test_rare_spans_are_left_to_python_and_still_encoded_as_the_sdk_does(fast: A
     rare = _rare_spans()
     for reason, span in rare:
         assert fast(span) is None, reason
-    # The SDK refuses lone surrogates (ints past int64: the attribute is left out, logged).
-    spans = [span for reason, span in rare if "surrogate" not in reason]
-    assert len(spans) == len(rare) - 2
+    # The SDK refuses lone surrogates and ids out of range, as the Python encoder does
+    # (ints past int64: the attribute is left out, logged).
+    spans = [span for reason, span in rare if not {"surrogate", "id"} & set(reason.split())]
+    assert len(spans) == len(rare) - 4
     assert encode_spans(spans) == sdk_encode(spans).SerializeToString()
 
 

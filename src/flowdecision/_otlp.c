@@ -151,12 +151,14 @@ static int as_u64(Out *out, PyObject *value, uint64_t *result) {
     return 0;
 }
 
-/* A trace id (128 bits) or span id (64 bits), big-endian, as OTLP writes ids. */
+/* A trace id (128 bits) or span id (64 bits), big-endian, as OTLP writes ids; a
+ * negative or wider id is left to Python (which refuses it, as the SDK does). */
 static void put_id(Out *out, PyObject *value, int bytes) {
     if (!PyLong_Check(value)) {
         give_up(out);
         return;
     }
+    uint64_t low;
     if (bytes == 16) {
         static PyObject *sixty_four;
         if (sixty_four == NULL && (sixty_four = PyLong_FromLong(64)) == NULL) {
@@ -168,13 +170,21 @@ static void put_id(Out *out, PyObject *value, int bytes) {
             out->failed = 1;
             return;
         }
-        uint64_t h = PyLong_AsUnsignedLongLongMask(high);
+        uint64_t h = PyLong_AsUnsignedLongLong(high);
         Py_DECREF(high);
+        if (h == (uint64_t)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            give_up(out);
+            return;
+        }
         put_be64(out, h);
+        low = PyLong_AsUnsignedLongLongMask(value);
+    } else {
+        low = PyLong_AsUnsignedLongLong(value);
     }
-    uint64_t low = PyLong_AsUnsignedLongLongMask(value);
     if (low == (uint64_t)-1 && PyErr_Occurred()) {
-        out->failed = 1;
+        PyErr_Clear();
+        give_up(out);
         return;
     }
     put_be64(out, low);
@@ -426,8 +436,11 @@ static PyObject *encode_span(PyObject *module, PyObject *span) {
     put_attributes(&out, 0x4A, f[ATTRIBUTES]);
     put_count(&out, 0x50, span, s_dropped_attributes);
     put_count(&out, 0x60, span, s_dropped_events);
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(f[LINKS]) && !out.failed && !out.fallback; i++)
-        put_link(&out, PyList_GET_ITEM(f[LINKS], i));
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(f[LINKS]) && !out.failed && !out.fallback; i++) {
+        PyObject *link = Py_NewRef(PyList_GET_ITEM(f[LINKS], i)); /* reading it may run Python */
+        put_link(&out, link);
+        Py_DECREF(link);
+    }
     put_count(&out, 0x70, span, s_dropped_links);
     put_status(&out, f[STATUS]);
     int remote = 0;
