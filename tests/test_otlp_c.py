@@ -238,17 +238,31 @@ def _c_encoder_in(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_python_encoder_on_request_and_a_bad_choice_refused_by_name() -> None:
+def test_the_python_encoder_on_request_and_a_bad_choice_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     python = _c_encoder_in({"FLOWDECISION_OTEL_ENCODER": "python"})
     assert python.returncode == 0 and python.stdout.strip() == "None"
     c = _c_encoder_in({"FLOWDECISION_OTEL_ENCODER": "C"})
     assert c.returncode == 0 and "built-in function span" in c.stdout
+    monkeypatch.setenv("FLOWDECISION_OTEL_ENCODER", "rust")
     with pytest.raises(InvalidArgumentError, match="FLOWDECISION_OTEL_ENCODER `rust`"):
-        os.environ["FLOWDECISION_OTEL_ENCODER"] = "rust"
-        try:
-            c_encoder()
-        finally:
-            del os.environ["FLOWDECISION_OTEL_ENCODER"]
+        c_encoder()
+
+
+def test_serve_refuses_a_bad_encoder_choice_by_name(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "flowdecision.cli", "serve", "--otel", "--port", "0"],
+        cwd=tmp_path,
+        env={**os.environ, "FLOWDECISION_OTEL_ENCODER": "rust"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: FLOWDECISION_OTEL_ENCODER `rust` is not supported: use c or python"
+    )
 
 
 def test_the_batch_processor_encodes_in_c(fast: Any) -> None:
