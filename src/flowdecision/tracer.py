@@ -35,6 +35,7 @@ extra is installed.
 from __future__ import annotations
 
 import collections
+import functools
 import http.client
 import itertools
 import logging
@@ -776,14 +777,24 @@ def c_encoder() -> Callable[[Any], bytes | None] | None:
         raise InvalidArgumentError(
             f"FLOWDECISION_OTEL_ENCODER `{choice}` is not supported: use c or python"
         )
-    if choice == "python":
-        return None
+    return None if choice == "python" else _built_c_encoder()
+
+
+@functools.cache
+def _built_c_encoder() -> Callable[[Any], bytes | None] | None:
+    # Imported and configured once per process, however often c_encoder() is asked.
     try:
         from . import _otlp
     except ImportError:  # built without a C compiler: the Python encoder does it all
         return None
     _otlp.configure(tuple(SpanKind), tuple(StatusCode), _UNSET, _EMPTY_STATE)
     return _otlp.span
+
+
+def _encoded(fast: Callable[[Any], bytes | None] | None, span: Any) -> bytes:
+    """``span`` encoded by ``fast`` (the C encoder) where it takes it, else by :func:`_span`."""
+    encoded = fast(span) if fast is not None else None
+    return _span(span) if encoded is None else encoded
 
 
 def encode_spans(spans: Sequence[Any]) -> bytes:
@@ -795,10 +806,7 @@ def encode_spans(spans: Sequence[Any]) -> bytes:
     """
     fast = c_encoder()
     return _request(
-        [
-            (span.resource, span.instrumentation_scope, (fast and fast(span)) or _span(span))
-            for span in spans
-        ]
+        [(span.resource, span.instrumentation_scope, _encoded(fast, span)) for span in spans]
     )
 
 
@@ -1075,10 +1083,7 @@ class LeanBatchProcessor(SpanProcessor):
             self.dropped += 1
             return
         try:
-            fast = self._fast
-            encoded = fast(span) if fast is not None else None
-            if encoded is None:
-                encoded = _span(span)
+            encoded = _encoded(self._fast, span)
         except Exception as error:  # an unencodable attribute must not fail the caller
             _logger.error("failed to encode span %r: %s", span.name, error)
             return
