@@ -10,7 +10,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml setup.py src/flowdecision/_otlp.c
+$(STAMP): $(BIN)/python pyproject.toml setup.py src/flowdecision/_otlp.c src/flowdecision/_fastreq.c
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 

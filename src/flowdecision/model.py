@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
@@ -47,6 +47,12 @@ from flowdecision.jsonwire import (
 from flowdecision.limits import I64_MIN, U32_MAX, U64_MAX
 
 from .errors import InvalidRequestError, RetryPolicyError
+
+_fast_decode: Callable[[object], tuple[Any, ...] | None] | None
+try:  # built by pip where a C compiler is at hand (setup.py); else parse does it all
+    from ._fastreq import decode as _fast_decode
+except ImportError:  # pragma: no cover - the tests run with the extension built
+    _fast_decode = None
 
 __all__ = [
     "DEFAULT_RETRY_POLICY",
@@ -685,6 +691,7 @@ class DecisionRequest:
     _json: bytes | None = field(default=None, init=False, repr=False, compare=False)
     _decision_json: bytes | None = field(default=None, init=False, repr=False, compare=False)
     _hash: str | None = field(default=None, init=False, repr=False, compare=False)
+    _canonical: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in _REQUEST_FIELDS[:4]:
@@ -719,6 +726,10 @@ class DecisionRequest:
         """
         if isinstance(data, Mapping):
             return cls.from_dict(data)
+        if type(data) is bytes and _fast_decode is not None:
+            fast = _fast_decode(data)
+            if fast is not None:
+                return _from_fast(fast)
         if not isinstance(data, (bytes, bytearray, memoryview, str)):
             raise InvalidArgumentTypeError(
                 f"expected JSON text or a mapping, got {type(data).__qualname__}"
@@ -787,6 +798,9 @@ class DecisionRequest:
         order).  Built from the same cached free-form encodings as
         :meth:`to_json`, so the (possibly large) values are encoded only once.
         """
+        cached = self._canonical
+        if cached is not None:
+            return cached
         text = (
             f'{{"authority_branch_id":{quote_str(self.authority_branch_id)}'
             f',"causation_event_id":{quote_str(self.causation_event_id)}'
@@ -794,7 +808,9 @@ class DecisionRequest:
             f',"decision_id":{quote_str(self.decision_id)}'
             f',"run_id":{quote_str(self.run_id)}}}'
         )
-        return text.encode("utf-8")
+        cached = text.encode("utf-8")
+        object.__setattr__(self, "_canonical", cached)
+        return cached
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not DecisionRequest:
@@ -841,6 +857,33 @@ def _parse_ignoring_unkept(
     return request
 
 
+def _from_fast(fields: tuple[Any, ...]) -> DecisionRequest:
+    """The request :func:`flowdecision._fastreq.decode` read: a schedule_step with the
+    default retry policy, its texts already written (the ones the methods write)."""
+    (decision_id, run_id, branch, cause, step_id, step_name, value, value_text, wire,
+     decision_json, canonical) = fields  # fmt: skip
+    step = _build(
+        DecisionStep,
+        step_id=step_id,
+        step_name=step_name,
+        input=value,
+        retry=DEFAULT_RETRY_POLICY,
+        _input_text=value_text,
+    )
+    return _build(
+        DecisionRequest,
+        decision_id=decision_id,
+        run_id=run_id,
+        authority_branch_id=branch,
+        causation_event_id=cause,
+        decision=_build(ScheduleStep, step=step),
+        _json=wire,
+        _decision_json=decision_json,
+        _hash=None,
+        _canonical=canonical,
+    )
+
+
 def _parse_request(obj: object, *, trusted: bool) -> DecisionRequest:
     if trusted and type(obj) is dict:
         # Values straight from parse_json: a plain dict repeated no key (those are
@@ -865,6 +908,7 @@ def _parse_request(obj: object, *, trusted: bool) -> DecisionRequest:
                 _json=None,
                 _decision_json=None,
                 _hash=None,
+                _canonical=None,
             )
     m = _struct(obj, "", "FlowDecisionRequest")
     _reject_duplicates(m, "", _REQUEST_FIELDS)
@@ -878,6 +922,7 @@ def _parse_request(obj: object, *, trusted: bool) -> DecisionRequest:
         _json=None,
         _decision_json=None,
         _hash=None,
+        _canonical=None,
     )
 
 

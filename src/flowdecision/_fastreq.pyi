@@ -1,0 +1,5 @@
+"""Types of the optional C extension built from _fastreq.c (see model.DecisionRequest.parse)."""
+
+from typing import Any
+
+def decode(body: object, /) -> tuple[Any, ...] | None: ...
