@@ -204,6 +204,8 @@ class ExecutionIdentity(_JsonForm):
     digest: str
     # Set once validate() has passed; the instance is immutable, so it stays valid.
     _valid: bool = field(default=False, init=False, repr=False, compare=False)
+    # json_text(), once written (a POST writes it into its answer and its ledger row).
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
     _what: ClassVar[str] = "execution identity"
     _error: ClassVar[type[ExecutionContractError]] = ExecutionIdentityError
 
@@ -268,10 +270,14 @@ class ExecutionIdentity(_JsonForm):
     def json_text(self) -> str:
         """:meth:`to_dict` as compact JSON text, written directly (receipts and
         stored records carry one)."""
-        return (
-            f'{{"schema":{quote_str(self.schema)},"domain":{quote_str(self.domain)},'
-            f'"digest":{quote_str(self.digest)}}}'
-        )
+        text = self._text
+        if text is None:
+            text = (
+                f'{{"schema":{quote_str(self.schema)},"domain":{quote_str(self.domain)},'
+                f'"digest":{quote_str(self.digest)}}}'
+            )
+            object.__setattr__(self, "_text", text)
+        return text
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> Self:
@@ -322,6 +328,8 @@ class ResultReceipt(_JsonForm):
     outcome: ResultOutcome
     result_digest: str | None
     result_bytes: int
+    # json_text(), once written (a POST writes it into its answer and its ledger row).
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
     _what: ClassVar[str] = "execution result receipt"
     _error: ClassVar[type[ExecutionContractError]] = ResultReceiptError
 
@@ -389,6 +397,7 @@ class ResultReceipt(_JsonForm):
             ("outcome", outcome),
             ("result_digest", result_digest),
             ("result_bytes", result_bytes),
+            ("_text", None),
         ):
             object.__setattr__(receipt, name, value)
         return receipt
@@ -440,14 +449,18 @@ class ResultReceipt(_JsonForm):
     def json_text(self) -> str:
         """:meth:`to_dict` as compact JSON text, written directly (a ``POST``'s answer
         carries one); the same text ``json.dumps`` writes for it."""
-        digest = self.result_digest
-        return (
-            f'{{"schema":{quote_str(self.schema)},"identity":{self.identity.json_text()},'
-            f'"evidence_digest":{quote_str(self.evidence_digest)},'
-            f'"outcome":{quote_str(self.outcome.value)},'
-            + ("" if digest is None else f'"result_digest":{quote_str(digest)},')
-            + f'"result_bytes":{int(self.result_bytes)}}}'
-        )
+        text = self._text
+        if text is None:
+            digest = self.result_digest
+            text = (
+                f'{{"schema":{quote_str(self.schema)},"identity":{self.identity.json_text()},'
+                f'"evidence_digest":{quote_str(self.evidence_digest)},'
+                f'"outcome":{quote_str(self.outcome.value)},'
+                + ("" if digest is None else f'"result_digest":{quote_str(digest)},')
+                + f'"result_bytes":{int(self.result_bytes)}}}'
+            )
+            object.__setattr__(self, "_text", text)
+        return text
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> Self:
@@ -494,6 +507,7 @@ def decision_receipt(request: DecisionRequest) -> tuple[ExecutionIdentity, Resul
         ("domain", DECISION_IDENTITY_DOMAIN),
         ("digest", digest_bytes(DECISION_IDENTITY_DOMAIN, request.canonical_json())),
         ("_valid", True),
+        ("_text", None),
     ):
         object.__setattr__(identity, name, value)
     # Every field is valid by construction (a derived identity, fresh digests, a
