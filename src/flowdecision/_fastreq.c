@@ -6,7 +6,8 @@
  * decodes the shape almost every client sends -- a schedule_step decision
  * whose strings are plain ASCII, whose numbers are integers within i64, with
  * no repeated keys, unknown fields or non-default retry policy -- and returns
- * its fields with the three texts model.py would write for it. For anything
+ * its fields with the three texts model.py would write for it and their
+ * digests (with hashlib's SHA-256, as identity.py digests). For anything
  * else it returns None and model.py parses in Python, which also names every
  * error: this never decides that a body is invalid. Optional: without a
  * compiler the package installs without it. tests/test_fastreq.py compares
@@ -525,6 +526,64 @@ static int canonical_text(Buf *b, const Request *r) {
 
 static PyObject *text_str(Text t) { return PyUnicode_FromStringAndSize(t.s, t.n); }
 
+/* ----------------------------------------------------------------- digests */
+
+/* Set by configure(): hashlib.sha256, and each receipt domain's UTF-8 bytes
+ * followed by NUL (identity.digest_bytes digests domain || 0x00 || data). */
+static PyObject *sha256_new;
+static PyObject *identity_prefix, *evidence_prefix, *result_prefix;
+static PyObject *s_hexdigest, *s_tag;
+
+/* hex(SHA-256(prefix || data)), "sha256:"-tagged when prefix is given. */
+static PyObject *hex_digest(PyObject *prefix, const char *data, Py_ssize_t n) {
+    Py_ssize_t head = prefix == NULL ? 0 : PyBytes_GET_SIZE(prefix);
+    PyObject *input = PyBytes_FromStringAndSize(NULL, head + n);
+    if (input == NULL) return NULL;
+    if (head) memcpy(PyBytes_AS_STRING(input), PyBytes_AS_STRING(prefix), (size_t)head);
+    memcpy(PyBytes_AS_STRING(input) + head, data, (size_t)n);
+    PyObject *hasher = PyObject_CallOneArg(sha256_new, input);
+    Py_DECREF(input);
+    if (hasher == NULL) return NULL;
+    PyObject *hex = PyObject_CallMethodNoArgs(hasher, s_hexdigest);
+    Py_DECREF(hasher);
+    if (hex == NULL || prefix == NULL) return hex;
+    PyObject *tagged = PyUnicode_Concat(s_tag, hex);
+    Py_DECREF(hex);
+    return tagged;
+}
+
+static PyObject *domain_prefix(PyObject *domain) {
+    if (!PyUnicode_Check(domain)) {
+        PyErr_SetString(PyExc_TypeError, "a receipt domain must be a str");
+        return NULL;
+    }
+    Py_ssize_t n;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(domain, &n);
+    if (utf8 == NULL) return NULL;
+    PyObject *prefix = PyBytes_FromStringAndSize(NULL, n + 1);
+    if (prefix == NULL) return NULL;
+    memcpy(PyBytes_AS_STRING(prefix), utf8, (size_t)n);
+    PyBytes_AS_STRING(prefix)[n] = '\0';
+    return prefix;
+}
+
+static PyObject *configure(PyObject *module, PyObject *args) {
+    PyObject *sha256, *identity, *evidence, *result;
+    if (!PyArg_ParseTuple(args, "OUUU:configure", &sha256, &identity, &evidence, &result))
+        return NULL;
+    PyObject *prefixes[3] = {domain_prefix(identity), domain_prefix(evidence),
+                             domain_prefix(result)};
+    if (prefixes[0] == NULL || prefixes[1] == NULL || prefixes[2] == NULL) {
+        for (int i = 0; i < 3; i++) Py_XDECREF(prefixes[i]);
+        return NULL;
+    }
+    Py_XSETREF(identity_prefix, prefixes[0]);
+    Py_XSETREF(evidence_prefix, prefixes[1]);
+    Py_XSETREF(result_prefix, prefixes[2]);
+    Py_XSETREF(sha256_new, Py_NewRef(sha256));
+    Py_RETURN_NONE;
+}
+
 static PyObject *decode(PyObject *module, PyObject *body) {
     if (!PyBytes_CheckExact(body)) Py_RETURN_NONE;
     Cur c = {PyBytes_AS_STRING(body), PyBytes_AS_STRING(body) + PyBytes_GET_SIZE(body)};
@@ -541,12 +600,30 @@ static PyObject *decode(PyObject *module, PyObject *body) {
     if (decision_text(&decision_buf, &r) < 0 ||
         wire_text(&wire_buf, &r, &decision_buf) < 0 || canonical_text(&canonical_buf, &r) < 0)
         goto done;
+    /* model.request_hash and identity.decision_receipt's three digests (None
+     * until configure() ran: then they are computed in Python as needed). */
+    PyObject *request_hash = Py_None, *digests = Py_None;
+    if (sha256_new != NULL) {
+        request_hash = hex_digest(NULL, wire_buf.data, wire_buf.len);
+        digests = Py_BuildValue(
+            "(NNN)", hex_digest(identity_prefix, canonical_buf.data, canonical_buf.len),
+            hex_digest(evidence_prefix, r.cause.s, r.cause.n),
+            hex_digest(result_prefix, decision_buf.data, decision_buf.len));
+        if (request_hash == NULL || digests == NULL) {
+            Py_XDECREF(request_hash);
+            Py_XDECREF(digests);
+            goto done;
+        }
+    } else {
+        Py_INCREF(request_hash);
+        Py_INCREF(digests);
+    }
     result = Py_BuildValue(
-        "(NNNNNNONy#y#y#)", text_str(r.decision_id), text_str(r.run_id), text_str(r.branch),
+        "(NNNNNNONy#y#y#NN)", text_str(r.decision_id), text_str(r.run_id), text_str(r.branch),
         text_str(r.cause), text_str(r.step_id), text_str(r.step_name), r.input,
         PyUnicode_FromStringAndSize(r.input_text.data, r.input_text.len), wire_buf.data,
         wire_buf.len, decision_buf.data, decision_buf.len, canonical_buf.data,
-        canonical_buf.len);
+        canonical_buf.len, request_hash, digests);
 done:
     Py_XDECREF(r.input);
     buf_free(&r.input_text);
@@ -559,8 +636,12 @@ done:
 static PyMethodDef methods[] = {
     {"decode", decode, METH_O,
      "decode(body) -> tuple | None\n\n"
-     "The fields of a common decision request and its wire, decision and canonical\n"
-     "JSON bytes; None for any body model.py must parse itself."},
+     "The fields of a common decision request, its wire, decision and canonical\n"
+     "JSON bytes, its request hash and its receipt digests; None for any body\n"
+     "model.py must parse itself."},
+    {"configure", configure, METH_VARARGS,
+     "configure(sha256, identity_domain, evidence_domain, result_domain)\n\n"
+     "The hash constructor and the receipt domains decode() digests with."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -569,4 +650,9 @@ static struct PyModuleDef module = {
     "The common decision request body, decoded in C (see model.py).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__fastreq(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fastreq(void) {
+    s_hexdigest = PyUnicode_InternFromString("hexdigest");
+    s_tag = PyUnicode_InternFromString("sha256:");
+    if (s_hexdigest == NULL || s_tag == NULL) return NULL;
+    return PyModule_Create(&module);
+}

@@ -3,3 +3,6 @@
 from typing import Any
 
 def decode(body: object, /) -> tuple[Any, ...] | None: ...
+def configure(
+    sha256: Any, identity_domain: str, evidence_domain: str, result_domain: str, /
+) -> None: ...

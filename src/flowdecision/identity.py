@@ -65,6 +65,13 @@ RECEIPT_SCHEMA: Final = "a3s.code.execution-result-receipt.v1"
 DECISION_IDENTITY_DOMAIN: Final = "a3s.code.flow-decision.identity.v1"
 EVIDENCE_DOMAIN: Final = "a3s.code.flow-decision.evidence.v1"
 RESULT_DOMAIN: Final = "a3s.code.flow-decision.result.v1"
+
+try:  # the C decoder of model.py digests the requests it reads as decision_receipt does
+    from . import _fastreq
+except ImportError:  # pragma: no cover - the tests run with the extension built
+    pass
+else:
+    _fastreq.configure(hashlib.sha256, DECISION_IDENTITY_DOMAIN, EVIDENCE_DOMAIN, RESULT_DOMAIN)
 #: Largest ``result_bytes`` a receipt may carry (1 MiB).
 
 _DOMAIN_INVALID: Final = "execution identity domain is empty or invalid"
@@ -499,13 +506,20 @@ def decision_receipt(request: DecisionRequest) -> tuple[ExecutionIdentity, Resul
     result = request.decision_json()
     if len(result) > RESULT_RECEIPT_MAX_BYTES:
         raise DecisionTooLargeError(request.decision_id, len(result))
+    digests = request._digests  # the C decoder's, when it read the request
+    if digests is None:
+        digests = (
+            digest_bytes(DECISION_IDENTITY_DOMAIN, request.canonical_json()),
+            digest_bytes(EVIDENCE_DOMAIN, request.causation_event_id.encode("utf-8")),
+            digest_bytes(RESULT_DOMAIN, result),
+        )
     # What ExecutionIdentity.derive(DECISION_IDENTITY_DOMAIN, request) returns, built
     # directly and marked valid: the domain is a valid constant and the digest fresh.
     identity = object.__new__(ExecutionIdentity)
     for name, value in (
         ("schema", IDENTITY_SCHEMA),
         ("domain", DECISION_IDENTITY_DOMAIN),
-        ("digest", digest_bytes(DECISION_IDENTITY_DOMAIN, request.canonical_json())),
+        ("digest", digests[0]),
         ("_valid", True),
         ("_text", None),
     ):
@@ -513,10 +527,6 @@ def decision_receipt(request: DecisionRequest) -> tuple[ExecutionIdentity, Resul
     # Every field is valid by construction (a derived identity, fresh digests, a
     # size within the limit), so skip the per-field checks on this hot path.
     receipt = ResultReceipt._trusted(
-        identity,
-        digest_bytes(EVIDENCE_DOMAIN, request.causation_event_id.encode("utf-8")),
-        ResultOutcome.SUCCEEDED,
-        digest_bytes(RESULT_DOMAIN, result),
-        len(result),
+        identity, digests[1], ResultOutcome.SUCCEEDED, digests[2], len(result)
     )
     return identity, receipt

@@ -692,6 +692,11 @@ class DecisionRequest:
     _decision_json: bytes | None = field(default=None, init=False, repr=False, compare=False)
     _hash: str | None = field(default=None, init=False, repr=False, compare=False)
     _canonical: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    #: The receipt's digests (identity, evidence, result) when the C decoder computed
+    #: them (identity.decision_receipt's; None: computed there).
+    _digests: tuple[str, str, str] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         for name in _REQUEST_FIELDS[:4]:
@@ -859,10 +864,11 @@ def _parse_ignoring_unkept(
 
 def _from_fast(fields: tuple[Any, ...]) -> DecisionRequest:
     """The request :func:`flowdecision._fastreq.decode` read: a schedule_step with the
-    default retry policy, its texts already written (the ones the methods write).
+    default retry policy, its texts and digests already written (the ones the
+    methods, :func:`request_hash` and ``identity.decision_receipt`` write).
     Every slot set directly, as :func:`_build` does, without its keyword loop."""
     (decision_id, run_id, branch, cause, step_id, step_name, value, value_text, wire,
-     decision_json, canonical) = fields  # fmt: skip
+     decision_json, canonical, hash_, digests) = fields  # fmt: skip
     new, put = object.__new__, object.__setattr__
     step = new(DecisionStep)
     put(step, "step_id", step_id)
@@ -880,8 +886,9 @@ def _from_fast(fields: tuple[Any, ...]) -> DecisionRequest:
     put(request, "decision", decision)
     put(request, "_json", wire)
     put(request, "_decision_json", decision_json)
-    put(request, "_hash", None)
+    put(request, "_hash", hash_)
     put(request, "_canonical", canonical)
+    put(request, "_digests", digests)
     return request
 
 
@@ -910,6 +917,7 @@ def _parse_request(obj: object, *, trusted: bool) -> DecisionRequest:
                 _decision_json=None,
                 _hash=None,
                 _canonical=None,
+                _digests=None,
             )
     m = _struct(obj, "", "FlowDecisionRequest")
     _reject_duplicates(m, "", _REQUEST_FIELDS)
@@ -924,6 +932,7 @@ def _parse_request(obj: object, *, trusted: bool) -> DecisionRequest:
         _decision_json=None,
         _hash=None,
         _canonical=None,
+        _digests=None,
     )
 
 
