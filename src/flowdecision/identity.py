@@ -397,16 +397,14 @@ class ResultReceipt(_JsonForm):
     ) -> ResultReceipt:
         """Build a receipt from values the caller guarantees valid, without checks."""
         receipt = object.__new__(cls)
-        for name, value in (
-            ("schema", RECEIPT_SCHEMA),
-            ("identity", identity),
-            ("evidence_digest", evidence_digest),
-            ("outcome", outcome),
-            ("result_digest", result_digest),
-            ("result_bytes", result_bytes),
-            ("_text", None),
-        ):
-            object.__setattr__(receipt, name, value)
+        put = object.__setattr__  # every slot, one call each (a POST builds one)
+        put(receipt, "schema", RECEIPT_SCHEMA)
+        put(receipt, "identity", identity)
+        put(receipt, "evidence_digest", evidence_digest)
+        put(receipt, "outcome", outcome)
+        put(receipt, "result_digest", result_digest)
+        put(receipt, "result_bytes", result_bytes)
+        put(receipt, "_text", None)
         return receipt
 
     def validate(self) -> None:
@@ -516,14 +514,12 @@ def decision_receipt(request: DecisionRequest) -> tuple[ExecutionIdentity, Resul
     # What ExecutionIdentity.derive(DECISION_IDENTITY_DOMAIN, request) returns, built
     # directly and marked valid: the domain is a valid constant and the digest fresh.
     identity = object.__new__(ExecutionIdentity)
-    for name, value in (
-        ("schema", IDENTITY_SCHEMA),
-        ("domain", DECISION_IDENTITY_DOMAIN),
-        ("digest", digests[0]),
-        ("_valid", True),
-        ("_text", None),
-    ):
-        object.__setattr__(identity, name, value)
+    put = object.__setattr__
+    put(identity, "schema", IDENTITY_SCHEMA)
+    put(identity, "domain", DECISION_IDENTITY_DOMAIN)
+    put(identity, "digest", digests[0])
+    put(identity, "_valid", True)
+    put(identity, "_text", None)
     # Every field is valid by construction (a derived identity, fresh digests, a
     # size within the limit), so skip the per-field checks on this hot path.
     receipt = ResultReceipt._trusted(
