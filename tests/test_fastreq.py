@@ -332,3 +332,26 @@ def test_no_reference_or_memory_is_leaked(decode: Any) -> None:
         tracemalloc.stop()
     assert after == before
     assert grown < 64 * 1024, grown
+
+
+def test_builds_only_the_classes_it_was_shown(decode: Any) -> None:
+    """It fills a class's slots directly, so a class whose slots are not exactly the
+    ones it knows is refused when configured (none is ever left unset)."""
+    from dataclasses import dataclass
+
+    from flowdecision import _fastreq
+    from flowdecision.model import DecisionStep
+
+    @dataclass(frozen=True, slots=True)
+    class Grown:
+        step: Any
+        extra: Any = None
+
+    with pytest.raises(TypeError, match="slots are not the ones"):
+        _fastreq.configure_types(DecisionRequest, Grown, DecisionStep, DEFAULT_RETRY_POLICY)
+    with pytest.raises(TypeError, match="takes classes"):
+        _fastreq.configure_types(DecisionRequest, ScheduleStep, object(), DEFAULT_RETRY_POLICY)
+    _fastreq.configure_types(DecisionRequest, ScheduleStep, DecisionStep, DEFAULT_RETRY_POLICY)
+    request = decode(body_of(BASE))
+    assert type(request) is DecisionRequest and type(request.decision) is ScheduleStep
+    assert type(request.decision.step) is DecisionStep

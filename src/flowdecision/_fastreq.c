@@ -6,8 +6,8 @@
  * decodes the shape almost every client sends -- a schedule_step decision
  * whose strings are plain ASCII, whose numbers are integers within i64, with
  * no repeated keys, unknown fields or non-default retry policy -- and returns
- * its fields with the three texts model.py would write for it and their
- * digests (with hashlib's SHA-256, as identity.py digests). For anything
+ * the DecisionRequest model.py would build, with the three texts it would
+ * write and their digests (with hashlib's SHA-256, as identity.py digests). For anything
  * else it returns None and model.py parses in Python, which also names every
  * error: this never decides that a body is invalid. Optional: without a
  * compiler the package installs without it. tests/test_fastreq.py compares
@@ -110,6 +110,16 @@ static int same(const char *s, Py_ssize_t n, const char *lit) {
     return (Py_ssize_t)strlen(lit) == n && memcmp(s, lit, (size_t)n) == 0;
 }
 
+/* Whether the next token closes the container (consumed if so). */
+static int closes(Cur *c, char ch) {
+    skip_ws(c);
+    if (c->p < c->end && *c->p == ch) {
+        c->p++;
+        return 1;
+    }
+    return 0;
+}
+
 /* One member's key, then the colon; NOT_HERE for '}' (the caller checks). */
 static int member_key(Cur *c, const char **key, Py_ssize_t *len) {
     if (plain_string(c, key, len) != OK) return NOT_HERE;
@@ -118,14 +128,11 @@ static int member_key(Cur *c, const char **key, Py_ssize_t *len) {
 
 /* After a member: 1 for another one (','), 0 for the end ('}'), NOT_HERE else. */
 static int next_member(Cur *c, int *more) {
-    skip_ws(c);
-    if (c->p < c->end && *c->p == ',') {
-        c->p++;
+    if (closes(c, ',')) {
         *more = 1;
         return OK;
     }
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
+    if (closes(c, '}')) {
         *more = 0;
         return OK;
     }
@@ -162,9 +169,7 @@ static int object(Cur *c, int depth, Buf *out, PyObject **result) {
     Member *members = NULL;
     Py_ssize_t count = 0, cap = 0;
     int rc = NOT_HERE;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
+    if (closes(c, '}')) {
         rc = PUT_LIT(out, "{}") < 0 ? FAILED : OK;
         goto done;
     }
@@ -236,9 +241,7 @@ static int array(Cur *c, int depth, Buf *out, PyObject **result) {
     if (list == NULL) return FAILED;
     int rc;
     if ((rc = PUT_LIT(out, "[") < 0 ? FAILED : OK) != OK) goto done;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == ']') {
-        c->p++;
+    if (closes(c, ']')) {
         rc = PUT_LIT(out, "]") < 0 ? FAILED : OK;
         goto done;
     }
@@ -251,21 +254,14 @@ static int array(Cur *c, int depth, Buf *out, PyObject **result) {
             rc = FAILED;
             goto done;
         }
-        skip_ws(c);
-        if (c->p < c->end && *c->p == ',') {
-            c->p++;
+        if (closes(c, ',')) {
             if (PUT_LIT(out, ",") < 0) {
                 rc = FAILED;
                 goto done;
             }
             continue;
         }
-        if (c->p < c->end && *c->p == ']') {
-            c->p++;
-            rc = PUT_LIT(out, "]") < 0 ? FAILED : OK;
-            goto done;
-        }
-        rc = NOT_HERE;
+        rc = !closes(c, ']') ? NOT_HERE : PUT_LIT(out, "]") < 0 ? FAILED : OK;
         goto done;
     }
 done:
@@ -526,9 +522,92 @@ static int canonical_text(Buf *b, const Request *r) {
 
 static PyObject *text_str(Text t) { return PyUnicode_FromStringAndSize(t.s, t.n); }
 
+/* ----------------------------------------------------------------- objects */
+
+/* Set by configure_types(): the classes model.py builds a request of (frozen
+ * dataclasses with slots), the member descriptor of each slot, in the order
+ * build() takes values, and the default retry policy. A class whose slots are
+ * not exactly these is refused there, so none is ever left unset. */
+typedef struct {
+    const char *const *names;
+    int count;
+    PyTypeObject *type;
+    PyObject *slots[10];
+} Shape;
+
+static const char *const step_names[] = {"step_id", "step_name", "input", "retry",
+                                         "_input_text"};
+static const char *const schedule_names[] = {"step"};
+static const char *const request_names[] = {
+    "decision_id", "run_id", "authority_branch_id", "causation_event_id", "decision",
+    "_json", "_decision_json", "_hash", "_canonical", "_digests"};
+static Shape step_shape = {step_names, 5};
+static Shape schedule_shape = {schedule_names, 1};
+static Shape request_shape = {request_names, 10};
+static PyObject *default_retry;
+
+static int learn(Shape *shape, PyObject *type) {
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "configure_types() takes classes");
+        return -1;
+    }
+    PyObject *slots = PyObject_GetAttrString(type, "__slots__");
+    if (slots == NULL) return -1;
+    int same_slots = PyTuple_Check(slots) && PyTuple_GET_SIZE(slots) == shape->count;
+    for (int i = 0; same_slots && i < shape->count; i++) {
+        PyObject *name = PyTuple_GET_ITEM(slots, i);
+        same_slots = PyUnicode_Check(name) &&
+                     PyUnicode_CompareWithASCIIString(name, shape->names[i]) == 0;
+    }
+    Py_DECREF(slots);
+    if (!same_slots) {
+        PyErr_Format(PyExc_TypeError, "%s's slots are not the ones _fastreq.c fills",
+                     ((PyTypeObject *)type)->tp_name);
+        return -1;
+    }
+    for (int i = 0; i < shape->count; i++) {
+        PyObject *slot = PyDict_GetItemString(((PyTypeObject *)type)->tp_dict, shape->names[i]);
+        if (slot == NULL || !PyObject_TypeCheck(slot, &PyMemberDescr_Type)) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot",
+                         ((PyTypeObject *)type)->tp_name, shape->names[i]);
+            return -1;
+        }
+        Py_XSETREF(shape->slots[i], Py_NewRef(slot));
+    }
+    Py_XSETREF(shape->type, (PyTypeObject *)Py_NewRef(type));
+    return 0;
+}
+
+static PyObject *configure_types(PyObject *module, PyObject *args) {
+    PyObject *request, *schedule, *step, *retry;
+    if (!PyArg_ParseTuple(args, "OOOO:configure_types", &request, &schedule, &step, &retry) ||
+        learn(&request_shape, request) < 0 || learn(&schedule_shape, schedule) < 0 ||
+        learn(&step_shape, step) < 0)
+        return NULL;
+    Py_XSETREF(default_retry, Py_NewRef(retry));
+    Py_RETURN_NONE;
+}
+
+/* A new instance of shape's class with values (new references, consumed; NULL
+ * for a value that could not be made) in its slots, as object.__new__ and
+ * object.__setattr__ make one. */
+static PyObject *build(Shape *shape, PyObject **values) {
+    PyObject *obj = NULL;
+    for (int i = 0; i < shape->count; i++)
+        if (values[i] == NULL) goto done;
+    obj = shape->type->tp_alloc(shape->type, 0);
+    for (int i = 0; obj != NULL && i < shape->count; i++) {
+        PyObject *slot = shape->slots[i];
+        if (Py_TYPE(slot)->tp_descr_set(slot, obj, values[i]) < 0) Py_CLEAR(obj);
+    }
+done:
+    for (int i = 0; i < shape->count; i++) Py_XDECREF(values[i]);
+    return obj;
+}
+
 /* ----------------------------------------------------------------- digests */
 
-/* Set by configure(): hashlib.sha256, and each receipt domain's UTF-8 bytes
+/* Set by configure_digests(): hashlib.sha256, and each receipt domain's UTF-8 bytes
  * followed by NUL (identity.digest_bytes digests domain || 0x00 || data). */
 static PyObject *sha256_new;
 static PyObject *identity_prefix, *evidence_prefix, *result_prefix;
@@ -567,9 +646,9 @@ static PyObject *domain_prefix(PyObject *domain) {
     return prefix;
 }
 
-static PyObject *configure(PyObject *module, PyObject *args) {
+static PyObject *configure_digests(PyObject *module, PyObject *args) {
     PyObject *sha256, *identity, *evidence, *result;
-    if (!PyArg_ParseTuple(args, "OUUU:configure", &sha256, &identity, &evidence, &result))
+    if (!PyArg_ParseTuple(args, "OUUU:configure_digests", &sha256, &identity, &evidence, &result))
         return NULL;
     PyObject *prefixes[3] = {domain_prefix(identity), domain_prefix(evidence),
                              domain_prefix(result)};
@@ -585,7 +664,7 @@ static PyObject *configure(PyObject *module, PyObject *args) {
 }
 
 static PyObject *decode(PyObject *module, PyObject *body) {
-    if (!PyBytes_CheckExact(body)) Py_RETURN_NONE;
+    if (!PyBytes_CheckExact(body) || request_shape.type == NULL) Py_RETURN_NONE;
     Cur c = {PyBytes_AS_STRING(body), PyBytes_AS_STRING(body) + PyBytes_GET_SIZE(body)};
     Request r;
     memset(&r, 0, sizeof r);
@@ -601,7 +680,7 @@ static PyObject *decode(PyObject *module, PyObject *body) {
         wire_text(&wire_buf, &r, &decision_buf) < 0 || canonical_text(&canonical_buf, &r) < 0)
         goto done;
     /* model.request_hash and identity.decision_receipt's three digests (None
-     * until configure() ran: then they are computed in Python as needed). */
+     * until configure_digests() ran: then they are computed in Python). */
     PyObject *request_hash = Py_None, *digests = Py_None;
     if (sha256_new != NULL) {
         request_hash = hex_digest(NULL, wire_buf.data, wire_buf.len);
@@ -618,12 +697,18 @@ static PyObject *decode(PyObject *module, PyObject *body) {
         Py_INCREF(request_hash);
         Py_INCREF(digests);
     }
-    result = Py_BuildValue(
-        "(NNNNNNONy#y#y#NN)", text_str(r.decision_id), text_str(r.run_id), text_str(r.branch),
-        text_str(r.cause), text_str(r.step_id), text_str(r.step_name), r.input,
-        PyUnicode_FromStringAndSize(r.input_text.data, r.input_text.len), wire_buf.data,
-        wire_buf.len, decision_buf.data, decision_buf.len, canonical_buf.data,
-        canonical_buf.len, request_hash, digests);
+    PyObject *step_values[] = {
+        text_str(r.step_id), text_str(r.step_name), Py_NewRef(r.input),
+        Py_NewRef(default_retry),
+        PyUnicode_FromStringAndSize(r.input_text.data, r.input_text.len)};
+    PyObject *schedule_values[] = {build(&step_shape, step_values)};
+    PyObject *request_values[] = {
+        text_str(r.decision_id), text_str(r.run_id), text_str(r.branch), text_str(r.cause),
+        build(&schedule_shape, schedule_values),
+        PyBytes_FromStringAndSize(wire_buf.data, wire_buf.len),
+        PyBytes_FromStringAndSize(decision_buf.data, decision_buf.len), request_hash,
+        PyBytes_FromStringAndSize(canonical_buf.data, canonical_buf.len), digests};
+    result = build(&request_shape, request_values);
 done:
     Py_XDECREF(r.input);
     buf_free(&r.input_text);
@@ -635,12 +720,15 @@ done:
 
 static PyMethodDef methods[] = {
     {"decode", decode, METH_O,
-     "decode(body) -> tuple | None\n\n"
-     "The fields of a common decision request, its wire, decision and canonical\n"
-     "JSON bytes, its request hash and its receipt digests; None for any body\n"
-     "model.py must parse itself."},
-    {"configure", configure, METH_VARARGS,
-     "configure(sha256, identity_domain, evidence_domain, result_domain)\n\n"
+     "decode(body) -> DecisionRequest | None\n\n"
+     "A common decision request, with its wire, decision and canonical JSON, its\n"
+     "request hash and its receipt digests; None for any body model.py must parse\n"
+     "itself (and until configure_types() ran)."},
+    {"configure_types", configure_types, METH_VARARGS,
+     "configure_types(DecisionRequest, ScheduleStep, DecisionStep, default_retry)\n\n"
+     "The classes decode() builds (their slots checked) and the default retry policy."},
+    {"configure_digests", configure_digests, METH_VARARGS,
+     "configure_digests(sha256, identity_domain, evidence_domain, result_domain)\n\n"
      "The hash constructor and the receipt domains decode() digests with."},
     {NULL, NULL, 0, NULL},
 };

@@ -71,7 +71,9 @@ try:  # the C decoder of model.py digests the requests it reads as decision_rece
 except ImportError:  # pragma: no cover - the tests run with the extension built
     pass
 else:
-    _fastreq.configure(hashlib.sha256, DECISION_IDENTITY_DOMAIN, EVIDENCE_DOMAIN, RESULT_DOMAIN)
+    _fastreq.configure_digests(
+        hashlib.sha256, DECISION_IDENTITY_DOMAIN, EVIDENCE_DOMAIN, RESULT_DOMAIN
+    )
 #: Largest ``result_bytes`` a receipt may carry (1 MiB).
 
 _DOMAIN_INVALID: Final = "execution identity domain is empty or invalid"

@@ -48,7 +48,7 @@ from flowdecision.limits import I64_MIN, U32_MAX, U64_MAX
 
 from .errors import InvalidRequestError, RetryPolicyError
 
-_fast_decode: Callable[[object], tuple[Any, ...] | None] | None
+_fast_decode: Callable[[object], DecisionRequest | None] | None
 try:  # built by pip where a C compiler is at hand (setup.py); else parse does it all
     from ._fastreq import decode as _fast_decode
 except ImportError:  # pragma: no cover - the tests run with the extension built
@@ -732,9 +732,11 @@ class DecisionRequest:
         if isinstance(data, Mapping):
             return cls.from_dict(data)
         if type(data) is bytes and _fast_decode is not None:
+            # The common body, decoded in C with its texts and digests (_fastreq.c);
+            # None for any other, parsed (and refused, naming why) below.
             fast = _fast_decode(data)
             if fast is not None:
-                return _from_fast(fast)
+                return fast
         if not isinstance(data, (bytes, bytearray, memoryview, str)):
             raise InvalidArgumentTypeError(
                 f"expected JSON text or a mapping, got {type(data).__qualname__}"
@@ -859,36 +861,6 @@ def _parse_ignoring_unkept(
         for prefix in kept:
             if path == prefix or (path.startswith(prefix) and path[len(prefix)] in ".["):
                 raise InvalidRequestError(path, problem) from error
-    return request
-
-
-def _from_fast(fields: tuple[Any, ...]) -> DecisionRequest:
-    """The request :func:`flowdecision._fastreq.decode` read: a schedule_step with the
-    default retry policy, its texts and digests already written (the ones the
-    methods, :func:`request_hash` and ``identity.decision_receipt`` write).
-    Every slot set directly, as :func:`_build` does, without its keyword loop."""
-    (decision_id, run_id, branch, cause, step_id, step_name, value, value_text, wire,
-     decision_json, canonical, hash_, digests) = fields  # fmt: skip
-    new, put = object.__new__, object.__setattr__
-    step = new(DecisionStep)
-    put(step, "step_id", step_id)
-    put(step, "step_name", step_name)
-    put(step, "input", value)
-    put(step, "retry", DEFAULT_RETRY_POLICY)
-    put(step, "_input_text", value_text)
-    decision = new(ScheduleStep)
-    put(decision, "step", step)
-    request = new(DecisionRequest)
-    put(request, "decision_id", decision_id)
-    put(request, "run_id", run_id)
-    put(request, "authority_branch_id", branch)
-    put(request, "causation_event_id", cause)
-    put(request, "decision", decision)
-    put(request, "_json", wire)
-    put(request, "_decision_json", decision_json)
-    put(request, "_hash", hash_)
-    put(request, "_canonical", canonical)
-    put(request, "_digests", digests)
     return request
 
 
@@ -1040,3 +1012,9 @@ def json_schemas(ref_prefix: str = _SCHEMA_REF) -> dict[str, dict[str, Any]]:
             optional=("backoff", "max_delay_ms", "on_exhausted"),
         ),
     }
+
+
+if _fast_decode is not None:
+    from ._fastreq import configure_types
+
+    configure_types(DecisionRequest, ScheduleStep, DecisionStep, DEFAULT_RETRY_POLICY)
