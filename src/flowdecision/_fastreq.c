@@ -7,11 +7,11 @@
  * whose strings are plain ASCII, whose numbers are integers within i64, with
  * no repeated keys, unknown fields or non-default retry policy -- and returns
  * the DecisionRequest model.py would build, with the three texts it would
- * write and their digests (with hashlib's SHA-256, as identity.py digests). For anything
- * else it returns None and model.py parses in Python, which also names every
- * error: this never decides that a body is invalid. Optional: without a
- * compiler the package installs without it. tests/test_fastreq.py compares
- * every field and text with the Python parser's.
+ * write and their digests (hashlib's SHA-256, as identity.py digests). For
+ * anything else it returns None and model.py parses in Python, which also
+ * names every error: this never decides that a body is invalid. Optional:
+ * without a compiler the package installs without it. tests/test_fastreq.py
+ * compares every field, text and digest with the Python parser's.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -66,16 +66,6 @@ DECISION_IDENTITY_DOMAIN: Final = "a3s.code.flow-decision.identity.v1"
 EVIDENCE_DOMAIN: Final = "a3s.code.flow-decision.evidence.v1"
 RESULT_DOMAIN: Final = "a3s.code.flow-decision.result.v1"
 
-try:  # the C decoder of model.py digests the requests it reads as decision_receipt does
-    from . import _fastreq
-except ImportError:  # pragma: no cover - the tests run with the extension built
-    pass
-else:
-    _fastreq.configure_digests(
-        hashlib.sha256, DECISION_IDENTITY_DOMAIN, EVIDENCE_DOMAIN, RESULT_DOMAIN
-    )
-#: Largest ``result_bytes`` a receipt may carry (1 MiB).
-
 _DOMAIN_INVALID: Final = "execution identity domain is empty or invalid"
 _DIGEST_INVALID: Final = "execution identity digest is invalid"
 _RECEIPT_TOO_LARGE: Final = "execution result receipt exceeds its byte limit"
@@ -528,3 +518,13 @@ def decision_receipt(request: DecisionRequest) -> tuple[ExecutionIdentity, Resul
         identity, digests[1], ResultOutcome.SUCCEEDED, digests[2], len(result)
     )
     return identity, receipt
+
+
+try:  # the C decoder of model.py digests the requests it reads as decision_receipt does
+    from . import _fastreq
+except ImportError:  # pragma: no cover - the tests run with the extension built
+    pass
+else:
+    _fastreq.configure_digests(
+        hashlib.sha256, DECISION_IDENTITY_DOMAIN, EVIDENCE_DOMAIN, RESULT_DOMAIN
+    )
