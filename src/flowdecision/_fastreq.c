@@ -76,13 +76,14 @@ static void skip_ws(Cur *c) {
         c->p++;
 }
 
-static int expect(Cur *c, char ch) {
+/* Whether the next token is ch (consumed if so). */
+static int take(Cur *c, char ch) {
     skip_ws(c);
     if (c->p < c->end && *c->p == ch) {
         c->p++;
-        return OK;
+        return 1;
     }
-    return NOT_HERE;
+    return 0;
 }
 
 /* A string of printable ASCII with nothing to escape (0x20..0x7E but '"' and
@@ -110,29 +111,19 @@ static int same(const char *s, Py_ssize_t n, const char *lit) {
     return (Py_ssize_t)strlen(lit) == n && memcmp(s, lit, (size_t)n) == 0;
 }
 
-/* Whether the next token closes the container (consumed if so). */
-static int closes(Cur *c, char ch) {
-    skip_ws(c);
-    if (c->p < c->end && *c->p == ch) {
-        c->p++;
-        return 1;
-    }
-    return 0;
-}
-
 /* One member's key, then the colon; NOT_HERE for '}' (the caller checks). */
 static int member_key(Cur *c, const char **key, Py_ssize_t *len) {
     if (plain_string(c, key, len) != OK) return NOT_HERE;
-    return expect(c, ':');
+    return take(c, ':') ? OK : NOT_HERE;
 }
 
 /* After a member: 1 for another one (','), 0 for the end ('}'), NOT_HERE else. */
 static int next_member(Cur *c, int *more) {
-    if (closes(c, ',')) {
+    if (take(c, ',')) {
         *more = 1;
         return OK;
     }
-    if (closes(c, '}')) {
+    if (take(c, '}')) {
         *more = 0;
         return OK;
     }
@@ -169,7 +160,7 @@ static int object(Cur *c, int depth, Buf *out, PyObject **result) {
     Member *members = NULL;
     Py_ssize_t count = 0, cap = 0;
     int rc = NOT_HERE;
-    if (closes(c, '}')) {
+    if (take(c, '}')) {
         rc = PUT_LIT(out, "{}") < 0 ? FAILED : OK;
         goto done;
     }
@@ -241,7 +232,7 @@ static int array(Cur *c, int depth, Buf *out, PyObject **result) {
     if (list == NULL) return FAILED;
     int rc;
     if ((rc = PUT_LIT(out, "[") < 0 ? FAILED : OK) != OK) goto done;
-    if (closes(c, ']')) {
+    if (take(c, ']')) {
         rc = PUT_LIT(out, "]") < 0 ? FAILED : OK;
         goto done;
     }
@@ -254,14 +245,14 @@ static int array(Cur *c, int depth, Buf *out, PyObject **result) {
             rc = FAILED;
             goto done;
         }
-        if (closes(c, ',')) {
+        if (take(c, ',')) {
             if (PUT_LIT(out, ",") < 0) {
                 rc = FAILED;
                 goto done;
             }
             continue;
         }
-        rc = !closes(c, ']') ? NOT_HERE : PUT_LIT(out, "]") < 0 ? FAILED : OK;
+        rc = !take(c, ']') ? NOT_HERE : PUT_LIT(out, "]") < 0 ? FAILED : OK;
         goto done;
     }
 done:
@@ -364,7 +355,7 @@ typedef struct {
 /* {"max_attempts":3,"delay_ms":0}, either order: the default policy, whose texts
  * are known. Any other policy is Python's (its checks and texts are there). */
 static int retry(Cur *c) {
-    if (expect(c, '{') != OK) return NOT_HERE;
+    if (!take(c, '{')) return NOT_HERE;
     int attempts = 0, delay = 0, more = 1;
     while (more) {
         const char *key;
@@ -394,7 +385,7 @@ static int retry(Cur *c) {
 }
 
 static int step(Cur *c, Request *r) {
-    if (expect(c, '{') != OK) return NOT_HERE;
+    if (!take(c, '{')) return NOT_HERE;
     int have_id = 0, have_name = 0, have_retry = 0, more = 1, rc;
     while (more) {
         const char *key;
@@ -420,7 +411,7 @@ static int step(Cur *c, Request *r) {
 }
 
 static int decision(Cur *c, Request *r) {
-    if (expect(c, '{') != OK) return NOT_HERE;
+    if (!take(c, '{')) return NOT_HERE;
     int have_type = 0, have_step = 0, more = 1, rc;
     while (more) {
         const char *key;
@@ -443,7 +434,7 @@ static int decision(Cur *c, Request *r) {
 }
 
 static int request(Cur *c, Request *r) {
-    if (expect(c, '{') != OK) return NOT_HERE;
+    if (!take(c, '{')) return NOT_HERE;
     int have_decision = 0, more = 1, rc;
     while (more) {
         const char *key;
