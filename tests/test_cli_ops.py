@@ -87,8 +87,9 @@ def test_bulk_release_previews_then_acts_with_yes_and_is_audited(ledger_url: str
     assert [(e["decision_id"], e["attempts"], e["actor"]) for e in entries] == [
         ("b-0", 2, "alice"), ("b-1", 2, "alice"),
     ]  # fmt: skip
+    # A refusal exits 3 as README says (1 is for ledger and store errors).
     refused = flowdecision("release", "--ledger", ledger_url, "a-0", "--reason", "x")
-    assert refused.returncode == 1 and "only a pending claim can be released" in refused.stderr
+    assert refused.returncode == 3 and "only a pending claim can be released" in refused.stderr
     trail = flowdecision("audit", "--ledger", ledger_url, "--json")
     assert [e["reason"] for e in json.loads(trail.stdout)["entries"]] == ["owner died"] * 2
 
@@ -114,6 +115,43 @@ def test_forget_needs_a_reason_and_frees_the_id(ledger_url: str, tmp_path: Path)
             await ledger.close()
 
     assert asyncio.run(resubmit())
+
+
+def test_forget_of_an_unknown_decision_exits_3_as_inspect_does(ledger_url: str) -> None:
+    inspected = flowdecision("inspect", "--ledger", ledger_url, "nope")
+    forgot = flowdecision("forget", "--ledger", ledger_url, "nope", "--reason", "x")
+    released = flowdecision("release", "--ledger", ledger_url, "nope", "--reason", "x")
+    assert (inspected.returncode, forgot.returncode, released.returncode) == (3, 3, 3)
+    assert "nope" in forgot.stderr and "Traceback" not in forgot.stderr
+
+
+def test_bulk_forget_over_pending_claims_lists_each_as_refused(ledger_url: str) -> None:
+    text = flowdecision(
+        "forget", "--ledger", ledger_url, "--state", "pending_expired", "--reason", "x", "--yes"
+    )
+    assert text.returncode == 3, text.stderr
+    assert text.stdout == ""
+    assert text.stderr.count("not forgot") == 2 and "it is pending_expired" in text.stderr
+    as_json = flowdecision(
+        "forget", "--ledger", ledger_url, "--state", "pending_expired", "--reason", "x",
+        "--yes", "--json",
+    )  # fmt: skip
+    assert as_json.returncode == 3
+    body = json.loads(as_json.stdout)
+    assert body["audit"] == []
+    assert [item["decision_id"] for item in body["refused"]] == ["b-0", "b-1"]
+    # A mixed bulk action acts on what it takes and lists the rest.
+    mixed = flowdecision("forget", "--ledger", ledger_url, "--reason", "x", "--after", "0", "--yes")
+    assert "forgot" in mixed.stdout, mixed.stderr
+    assert mixed.returncode == 3
+    assert mixed.stdout.count("forgot `a-") == 3 and mixed.stderr.count("not forgot") == 2
+
+
+def test_a_tampered_cursor_is_a_usage_error_not_a_crash(ledger_url: str) -> None:
+    for cursor in ("WzEsIlx1ZDgwMCJd", "Wzk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5LCJhIl0"):  # \ud800; 2**76
+        listed = flowdecision("list", "--ledger", ledger_url, "--cursor", cursor)
+        assert listed.returncode == 2, listed.stderr
+        assert "is not a cursor this query returned" in listed.stderr
 
 
 def test_prune_keep_tombstones_then_the_horizon(ledger_url: str, tmp_path: Path) -> None:
@@ -142,6 +180,11 @@ def test_prune_keep_tombstones_then_the_horizon(ledger_url: str, tmp_path: Path)
     assert body["receipt_digest"].startswith("sha256:")
     tombs = flowdecision("list", "--ledger", ledger_url, "--state", "tombstoned", "--json")
     assert len(json.loads(tombs.stdout)["decisions"]) == 3
+    # `inspect` names it as `list` does, and keeps its completion time.
+    inspected = json.loads(flowdecision("inspect", "--ledger", ledger_url, "a-1", "--json").stdout)
+    assert inspected["state"] == "tombstoned" and inspected["completed_at_ms"] is not None
+    table = flowdecision("inspect", "--ledger", ledger_url, "a-1").stdout
+    assert "tombstoned" in table and "completed_at_ms" in table
     horizon = flowdecision("prune", "--ledger", ledger_url, "--tombstones-older-than", "0s")
     assert horizon.returncode == 0, horizon.stderr
     assert "removed 3 tombstone(s)" in horizon.stdout

@@ -28,7 +28,7 @@ from flowdecision.identity import (
     ResultReceipt,
     decision_receipt,
 )
-from flowdecision.ledger.states import Completed, Pending, Unavailable
+from flowdecision.ledger.states import Completed, Pending, Tombstoned, Unavailable
 from flowdecision.service.errors import HTTP_ERRORS, SERVICE_ERRORS
 from flowdecision.service.openapi import openapi_document, openapi_json
 
@@ -165,7 +165,7 @@ def test_enumerations_follow_the_library() -> None:
     schemas = openapi_document()["components"]["schemas"]
     assert schemas["Receipt"]["properties"]["outcome"]["enum"] == [o.value for o in ResultOutcome]
     assert schemas["DecisionState"]["properties"]["state"]["enum"] == [
-        state.kind for state in (Pending, Completed, Unavailable)
+        state.kind for state in (Pending, Completed, Tombstoned, Unavailable)
     ]
 
 

@@ -119,12 +119,14 @@ class DecisionStateBody(TypedDict):
     """``GET /v1/decisions/{decision_id}``: the claim record (never the owner).
 
     ``lease_expires_at_ms`` is present while ``pending``, ``completed_at_ms``
-    once ``completed`` (null for records written before it was kept).
-    ``unavailable`` is the state a custom ledger without inspection reports.
+    once ``completed`` or ``tombstoned`` (null for records written before it was
+    kept). ``tombstoned``: completed, then pruned with ``keep_tombstones`` (no
+    identity or receipt is left). ``unavailable`` is the state a custom ledger
+    without inspection reports.
     """
 
     decision_id: str
-    state: Annotated[str, Schema(enum=("pending", "completed", "unavailable"))]
+    state: Annotated[str, Schema(enum=("pending", "completed", "tombstoned", "unavailable"))]
     attempts: NonNegative
     request_hash: RequestHash
     lease_expires_at_ms: NotRequired[int]

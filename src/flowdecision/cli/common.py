@@ -13,7 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from ..defaults import DEFAULT_STORE_URL, LEGACY_LEDGER_URL, default_ledger_url
-from ..errors import FlowDecisionError, StoreMissingError
+from ..errors import ActionRefusedError, FlowDecisionError, StoreMissingError
 from ..redact import json_safe, printable, redact_text
 
 T = TypeVar("T")
@@ -63,12 +63,15 @@ def fail(message: object, code: int = EXIT_ERROR) -> NoReturn:
 def fail_for(error: BaseException) -> NoReturn:
     """Report any exception as one clean line with the exit code its kind maps to.
 
-    A missing store exits 4; other flowdecision and OS errors exit 1 with their
+    A missing store exits 4, an operator action refused (an unknown decision, or
+    one whose state the action does not take) 3; other flowdecision and OS errors exit 1 with their
     message; anything else (a bug) names its type too, and ``FLOWDECISION_DEBUG=1``
     re-raises it for the traceback.
     """
     if isinstance(error, StoreMissingError):
         fail(error, EXIT_STORE_MISSING)
+    if isinstance(error, ActionRefusedError):  # an unknown decision, or one in another state
+        fail(error, EXIT_NOT_FOUND)
     if isinstance(error, ModuleNotFoundError) and (error.name or "").split(".")[0] in (
         SERVICE_MODULES
     ):

@@ -30,6 +30,7 @@ from ..ledger.query import (
 from ..ledger.states import AuditEntry, DecisionState
 from ..redact import printable
 from .common import (
+    EXIT_NOT_FOUND,
     EXIT_USAGE,
     emit_json,
     fail,
@@ -267,6 +268,14 @@ def _act(
                 for row in page.decisions:
                     if row.state in allowed:
                         await act(ledger, row.decision_id)
+                    else:  # listed, so a bulk action never skips a match silently
+                        refused.append(
+                            {
+                                "decision_id": row.decision_id,
+                                "error": f"it is {row.state.value}; {name} takes "
+                                + " or ".join(sorted(state.value for state in allowed)),
+                            }
+                        )
                 cursor = page.next_cursor
                 if cursor is None:
                     return None
@@ -287,6 +296,8 @@ def _act(
         emit_json(
             {"action": name, "audit": [entry.to_dict() for entry in done], "refused": refused}
         )
+        if refused:
+            raise SystemExit(EXIT_NOT_FOUND)
         return
     past = {"release": "released", "forget": "forgot"}[name]
     for entry in done:
@@ -297,7 +308,7 @@ def _act(
     for item in refused:
         click.echo(f"not {past} `{printable(item['decision_id'])}`: {item['error']}", err=True)
     if refused:
-        raise SystemExit(1)
+        raise SystemExit(EXIT_NOT_FOUND)  # refused, as a single id's refusal exits
 
 
 def _action_command(

@@ -482,7 +482,7 @@ class Ledger(Closable, abc.ABC):
         return LedgerEntry(
             decision_id=decision_id,
             request_hash=record.request_hash,
-            state=machine.state_of(record),
+            state=machine.lookup_state(record),
             attempts=record.attempts,
             execution_identity=record.execution_identity,
             result_receipt=record.result_receipt,

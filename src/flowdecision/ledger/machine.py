@@ -36,6 +36,7 @@ from .states import (
     DecisionState,
     Missing,
     Pending,
+    Tombstoned,
 )
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "inspect",
     "is_prunable",
     "is_tombstone_prunable",
+    "lookup_state",
     "operator_release",
     "receipt_digest",
     "release",
@@ -480,6 +482,14 @@ def state_of(record: ClaimRecord | None) -> ClaimState:
     if record.status is ClaimStatus.PENDING:
         return Pending(record.lease_expires_at_ms, record.attempts)
     return Completed(record.completed_at_ms)  # a tombstone too: it was completed
+
+
+def lookup_state(record: ClaimRecord) -> ClaimState:
+    """The state a lookup by id shows (``GET /v1/decisions/{id}``, ``inspect``): as
+    :func:`state_of`, with a tombstone named as one, as operator queries name it."""
+    if record.status is ClaimStatus.TOMBSTONE:
+        return Tombstoned(record.completed_at_ms)
+    return state_of(record)
 
 
 def decision_state(record: ClaimRecord, now_ms: int) -> DecisionState:

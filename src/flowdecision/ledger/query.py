@@ -29,7 +29,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from ..limits import U64_MAX
+from ..limits import I64_MAX, U64_MAX, identifier_problem
 from .machine import ClaimRecord, ClaimStatus, Creation, decision_state
 from .states import AuditEntry, DecisionState
 
@@ -76,9 +76,25 @@ def decode_cursor(cursor: str, shape: tuple[type, ...]) -> list[Any]:
             isinstance(item, kind) and not isinstance(item, bool)
             for item, kind in zip(value, shape, strict=True)
         )
+        # A lone surrogate (a tampered cursor) that no store can bind as text.
+        or not all(_storable(item) for item in value)
     ):
         raise InvalidArgumentError(f"`cursor` is not a cursor this query returned: {cursor!r}")
     return value
+
+
+def _storable(item: object) -> bool:
+    """Whether a store can bind a cursor's value: a tampered cursor may hold an integer
+    past 64 bits or a lone surrogate, which the drivers refuse with their own errors."""
+    if isinstance(item, int):
+        return 0 <= item <= I64_MAX
+    if not isinstance(item, str) or item.isascii():
+        return True
+    try:
+        item.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_time(name: str, value: int | None) -> int | None:
@@ -149,8 +165,12 @@ class DecisionQuery:
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _choice("state", self.state, DecisionState))
         object.__setattr__(self, "by", _choice("by", self.by, TimeField) or TimeField.CLAIMED)
-        if self.run_id is not None and not isinstance(self.run_id, str):
-            raise InvalidArgumentError(f"`run_id` must be a string, got {self.run_id!r}")
+        if self.run_id is not None:
+            if not isinstance(self.run_id, str):
+                raise InvalidArgumentError(f"`run_id` must be a string, got {self.run_id!r}")
+            problem = identifier_problem(self.run_id)
+            if problem is not None:  # no decision can have it: a 1 MB filter is a mistake
+                raise InvalidArgumentError(f"`run_id` {problem}")
         if self.by is TimeField.COMPLETED and self.state in _PENDING:
             assert self.state is not None
             raise InvalidArgumentError(

@@ -30,6 +30,7 @@ __all__ = [
     "LedgerEntry",
     "Missing",
     "Pending",
+    "Tombstoned",
     "Unavailable",
     "decision_state_body",
     "new_claim_key",
@@ -163,13 +164,23 @@ class Completed(_StateBase):
 
 
 @dataclass(frozen=True, slots=True)
+class Tombstoned(Completed):
+    """A completed claim pruned with ``keep_tombstones``: only its request hash,
+    attempts, completion time and receipt digest remain (so it is still
+    :class:`Completed`, and a late duplicate is answered). The operator's
+    view of a lookup names it, as ``list`` does (``tombstoned``)."""
+
+    kind: ClassVar[str] = "tombstoned"
+
+
+@dataclass(frozen=True, slots=True)
 class Unavailable(_StateBase):
     """The ledger does not expose inspection (custom host ledgers)."""
 
     kind: ClassVar[str] = "unavailable"
 
 
-ClaimState = Missing | Pending | Completed | Unavailable
+ClaimState = Missing | Pending | Completed | Tombstoned | Unavailable
 
 
 @dataclass(frozen=True, slots=True)

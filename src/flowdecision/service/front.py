@@ -41,6 +41,7 @@ from .auth import AuthMiddleware, presented_token, token_matches
 from .boundary import Answer, BoundaryMiddleware, end_server_span, start_server_span
 from .guards import BrowserGuardMiddleware, JsonContentTypeMiddleware
 from .handlers import AppContext, answer_post, read_post_body
+from .inputs import declared_over
 from .logs import new_request_id, request_id_for, request_id_var
 
 __all__ = ["DECISIONS_PATH", "DecisionsFront"]
@@ -133,7 +134,7 @@ class DecisionsFront:
             or guard is None
             or content_type.split(b";", 1)[0].strip().lower() != _JSON
             or not declared.isdigit()
-            or int(declared) > self.context.settings.max_body_bytes
+            or declared_over(declared, self.context.settings.max_body_bytes)
             or (guard.check_host and not guard.host_allowed(host))
             or (self._tokens and not _authorized(scope, self._tokens))
         ):

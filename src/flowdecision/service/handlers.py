@@ -18,10 +18,10 @@ from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import Receive
+from starlette.types import Receive, Scope
 
 from ..errors import DispatchError, LedgerError
 from ..health import HealthStatus
@@ -40,6 +40,7 @@ from .errors import (
     response_for_error,
     static_error,
 )
+from .inputs import BadParam, bad_param, bounded_int, one_header, one_param, read_body_within
 from .logs import describe_cause
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .operations import list_decisions, operation_routes, recent_actions, status_finder
@@ -103,36 +104,6 @@ def _log_failure(error: BaseException, code: str, decision_id: str | None) -> No
 
 
 # -- POST /v1/decisions -----------------------------------------------------------
-
-
-class _TooLarge(Exception):
-    pass
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    """The request body, read whole (what ``Request.stream`` reads, without its generator).
-
-    Raises :class:`_TooLarge` past ``limit`` bytes and ``ClientDisconnect`` if the
-    client hangs up meanwhile (the boundary then records a 499).
-    """
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        kind = message["type"]
-        if kind == "http.request":
-            chunk: bytes = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _TooLarge
-            if not message.get("more_body", False):
-                if not chunks:
-                    return chunk  # the usual case: the whole body in one message
-                chunks.append(chunk)
-                return b"".join(chunks)
-            chunks.append(chunk)
-        elif kind == "http.disconnect":
-            raise ClientDisconnect
 
 
 class _Encoded(Response):
@@ -200,18 +171,7 @@ async def read_post_body(
     """The body of a ``POST``, or the 413 when it (or its ``Content-Length``,
     ``declared``) exceeds ``max_body_bytes``: the one answer sent before the
     body was read whole."""
-    limit = context.settings.max_body_bytes
-    try:
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise _TooLarge
-        return await _read_body(receive, limit)
-    except _TooLarge:
-        return error_response(
-            413,
-            "payload_too_large",
-            f"request body exceeds {limit} bytes",
-            limit_bytes=limit,
-        )
+    return await read_body_within(receive, declared, context.settings.max_body_bytes)
 
 
 async def answer_post(
@@ -316,25 +276,9 @@ async def get_decision(request: Request) -> Response:
     return JSONResponse(entry.to_dict())
 
 
-class _BadParam(Exception):
-    def __init__(self, name: str, problem: str) -> None:
-        super().__init__(name, problem)
-        self.name = name
-        self.problem = problem
-
-
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    values = request.query_params.getlist(name)
-    if len(values) > 1:
-        # Starlette would use the last one and drop the rest unread (found by Schemathesis).
-        raise _BadParam(name, f"must be given at most once, got {len(values)} values")
-    raw = values[0] if values else None
-    if raw is None or raw == "":
-        return default
-    # ASCII digits only: int() and str.isdigit() also take fullwidth and Arabic-Indic ones.
-    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
-        raise _BadParam(name, f"must be an integer in {low}..{high}, got `{raw[:40]}`")
-    return int(raw)
+    raw = one_param(request.query_params, name, empty_ok=True)
+    return default if raw is None else bounded_int(name, raw, low, high)
 
 
 async def get_outbox(request: Request) -> Response:
@@ -354,14 +298,11 @@ async def get_outbox(request: Request) -> Response:
         after = _int_param(request, "after", 0, 0, I64_MAX)
         limit = _int_param(request, "limit", 100, 1, OUTBOX_MAX_LIMIT)
         wait_s = _int_param(request, "wait", 0, 0, MAX_WAIT_S)
-        resume = _last_event_id(request.headers, after)  # checked even where unused
+        resume = _last_event_id(request.scope, after)  # checked even where unused
         if stream:
             after = resume
-    except _BadParam as bad:
-        return error_response(
-            422, "invalid_parameter", f"query parameter `{bad.name}` {bad.problem}",
-            field=bad.name, problem=bad.problem,
-        )  # fmt: skip
+    except BadParam as bad:
+        return bad_param(bad)
     if stream:
         return StreamingResponse(
             _event_stream(service, fetch, after, limit),
@@ -396,15 +337,12 @@ def _wants_event_stream(headers: Headers) -> bool:
     )
 
 
-def _last_event_id(headers: Headers, after: int) -> int:
+def _last_event_id(scope: Scope, after: int) -> int:
     """Where a reconnecting event stream resumes: ``Last-Event-ID`` (a seq) over ``after``."""
-    raw = headers.get("last-event-id")
+    raw = one_header(scope, "Last-Event-ID")
     if raw is None or raw.strip() == "":
         return after
-    raw = raw.strip()
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > I64_MAX:
-        raise _BadParam("Last-Event-ID", f"must be an outbox seq (0..{I64_MAX}), got `{raw[:40]}`")
-    return int(raw)
+    return bounded_int("Last-Event-ID", raw.strip(), 0, I64_MAX, where="header")
 
 
 async def _until_closing(service: Service, work: Awaitable[list[Any]]) -> list[Any]:

@@ -417,7 +417,9 @@ def _operation_paths(schemas: _Schemas, paths: dict[str, Any]) -> None:
                 "summary": summary,
                 "description": "Needs an admin token (never the submit token): 401 without "
                 "one, 403 `forbidden` with another, 403 `admin_disabled` on a service that "
-                "has none. Written to the audit trail in the action's transaction.",
+                "has none. Written to the audit trail in the action's transaction. The "
+                "body is at most 64 KiB (and `max_body_bytes`): 413 above it, before it is "
+                "read whole; a field given twice is a 422.",
                 "security": [{"bearerAuth": []}],
                 "parameters": [{"$ref": "#/components/parameters/X-Request-Id"}],
                 "requestBody": {"required": True, "content": {_JSON: {"schema": action}}},
@@ -427,6 +429,7 @@ def _operation_paths(schemas: _Schemas, paths: dict[str, Any]) -> None:
                         "admin_disabled",
                         "forbidden",
                         "not_found",
+                        "payload_too_large",
                         "action_refused",
                         "invalid_action",
                         "unsupported_media_type",

@@ -35,6 +35,7 @@ from ..ledger.query import (
 from ..limits import U64_MAX
 from .auth import presented_token
 from .errors import error_response, response_for_error
+from .inputs import BadParam, bad_param, bounded_int, one_param, read_body_within
 from .runtime import Service
 from .status import FIND_PARAMS, Finder, RecentActions
 
@@ -44,36 +45,13 @@ __all__ = ["ADMIN_ROUTES", "operation_routes", "recent_actions", "status_finder"
 ADMIN_ROUTES = ("/v1/actions/release", "/v1/actions/forget")
 
 
-class _BadParam(Exception):
-    def __init__(self, name: str, problem: str) -> None:
-        super().__init__(name, problem)
-        self.name = name
-        self.problem = problem
-
-
 def _one(request: Request, name: str) -> str | None:
-    values = request.query_params.getlist(name)
-    if len(values) > 1:
-        raise _BadParam(name, f"must be given at most once, got {len(values)} values")
-    if values and values[0] == "":
-        raise _BadParam(name, "must not be empty (leave it out instead)")
-    return values[0] if values else None
+    return one_param(request.query_params, name)
 
 
 def _number(request: Request, name: str, low: int, high: int) -> int | None:
     raw = _one(request, name)
-    if raw is None:
-        return None
-    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
-        raise _BadParam(name, f"must be an integer in {low}..{high}, got `{raw[:40]}`")
-    return int(raw)
-
-
-def _bad(name: str, problem: str) -> JSONResponse:
-    return error_response(
-        422, "invalid_parameter", f"query parameter `{name}` {problem}", field=name,
-        problem=problem,
-    )  # fmt: skip
+    return None if raw is None else bounded_int(name, raw, low, high)
 
 
 def _service(request: Request) -> Service:
@@ -95,7 +73,7 @@ def _now(service: Service) -> Any:
     return _error_context(service)
 
 
-async def _page(request: Request, run_id: str | None) -> Response:
+async def _page(request: Request, run_id: str | None, run_where: str) -> Response:
     service = _service(request)
     try:
         query = DecisionQuery(
@@ -109,13 +87,16 @@ async def _page(request: Request, run_id: str | None) -> Response:
         )
         count_text = _one(request, "count") or "false"
         if count_text not in ("true", "false"):
-            raise _BadParam("count", f"must be `true` or `false`, got `{count_text[:40]}`")
+            raise BadParam("count", f"must be `true` or `false`, got `{count_text[:40]}`")
         with_count = count_text == "true"
-    except _BadParam as bad:
-        return _bad(bad.name, bad.problem)
+    except BadParam as bad:
+        return bad_param(bad)
     except InvalidArgumentError as error:
-        name = next((n for n in ("by", "state", "cursor") if f"`{n}`" in str(error)), "query")
-        return _bad(name, str(error))
+        name = next(
+            (n for n in ("by", "state", "cursor", "run_id") if f"`{n}`" in str(error)), "query"
+        )
+        where = run_where if name == "run_id" else "query parameter"
+        return bad_param(BadParam(name, str(error), where=where))
     page = await _ledger_call(service, service.ledger.list_decisions(query))
     if isinstance(page, Response):
         return page
@@ -132,14 +113,19 @@ async def list_decisions(request: Request) -> Response:
     """A keyset page of decisions by run, state and first-claim or completion time."""
     try:
         run_id = _one(request, "run_id")
-    except _BadParam as bad:
-        return _bad(bad.name, bad.problem)
-    return await _page(request, run_id)
+    except BadParam as bad:
+        return bad_param(bad)
+    return await _page(request, run_id, "query parameter")
 
 
 async def get_run(request: Request) -> Response:
     """One run's decisions, in the order they were first claimed."""
-    return await _page(request, request.path_params["run_id"])
+    run_id = request.path_params["run_id"]
+    if run_id == "":  # `/v1/runs/` (where `/v1/runs` redirects): no run named
+        return bad_param(
+            BadParam("run_id", "must not be empty: name the run", where="path parameter")
+        )
+    return await _page(request, run_id, "path parameter")
 
 
 async def get_audit(request: Request) -> Response:
@@ -153,10 +139,10 @@ async def get_audit(request: Request) -> Response:
             cursor=_one(request, "cursor"),
             limit=_number(request, "limit", 1, MAX_PAGE_LIMIT) or DEFAULT_PAGE_LIMIT,
         )
-    except _BadParam as bad:
-        return _bad(bad.name, bad.problem)
+    except BadParam as bad:
+        return bad_param(bad)
     except InvalidArgumentError as error:
-        return _bad("cursor", str(error))
+        return bad_param(BadParam("cursor", str(error)))
     page = await _ledger_call(service, service.ledger.audit(query))
     if isinstance(page, Response):
         return page
@@ -185,13 +171,47 @@ def _admin_refusal(request: Request) -> Response | None:
     return None
 
 
+#: An action's body holds an id (1 KiB), an actor and a reason (2,000 characters each):
+#: a body past this is refused before it is read whole, whatever ``max_body_bytes`` is.
+ACTION_MAX_BODY_BYTES = 64 * 1024
+
+
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _refuse_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (json.loads would keep the last)."""
+    body: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in body:
+            raise _RepeatedKey(key)
+        body[key] = value
+    return body
+
+
+def _declared(request: Request) -> bytes | None:
+    for name, value in request.scope["headers"]:
+        if name == b"content-length":
+            return bytes(value)
+    return None
+
+
 async def _action(request: Request, name: str) -> Response:
     refusal = _admin_refusal(request)
     if refusal is not None:
         return refusal
     service = _service(request)
+    limit = min(ACTION_MAX_BODY_BYTES, request.app.state.settings.max_body_bytes)
+    raw = await read_body_within(request.receive, _declared(request), limit)
+    if isinstance(raw, Response):
+        return raw
     try:
-        body = json.loads(await request.body())
+        body = json.loads(raw, object_pairs_hook=_refuse_repeats)
+    except _RepeatedKey as repeated:
+        return error_response(422, "invalid_action", f"field `{repeated.key}` is given twice")
     except (ValueError, UnicodeDecodeError) as error:
         return error_response(422, "invalid_action", f"the body is not JSON: {error}")
     fields = ("decision_id", "actor", "reason")
