@@ -37,6 +37,8 @@ async def outbox_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
         await conn.execute("DROP TABLE IF EXISTS flow_decision_outbox")
         await conn.execute("DROP TABLE IF EXISTS flow_decision_outbox_schema")
         await conn.execute("DROP TABLE IF EXISTS flow_decision_outbox_cursor")
+        await conn.execute("DROP TABLE IF EXISTS flow_decision_outbox_parked")
+        await conn.execute("DROP TABLE IF EXISTS flow_decision_outbox_audit")
         await conn.execute("DROP FUNCTION IF EXISTS flow_decision_outbox_notify")
     finally:
         await conn.close()

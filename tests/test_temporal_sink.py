@@ -275,10 +275,12 @@ def test_url_parsing_and_bad_urls() -> None:
             parse_temporal_url(bad)
 
 
-async def test_a_url_naming_an_unreachable_server_is_a_clear_error() -> None:
+async def test_a_url_naming_an_unreachable_server_is_a_clear_transient_error() -> None:
+    # Transient, not a configuration error: a relay keeps trying until Temporal is up.
     url = f"temporal://127.0.0.1:{free_port()}/default?task_queue=q&workflow=W&timeout=3"
-    with pytest.raises(SinkConfigError, match=r"cannot connect to 127\.0\.0\.1"):
+    with pytest.raises(TemporalSinkError, match=r"cannot connect to 127\.0\.0\.1") as raised:
         await open_sink(url)
+    assert not isinstance(raised.value, SinkConfigError)
 
 
 async def test_serve_with_a_temporal_sink_url(

@@ -55,6 +55,7 @@ __all__ = [
     "ProcrastinateConflictError",
     "ProcrastinateSinkError",
     "RelayError",
+    "RestateRejectedError",
     "RestateSinkError",
     "ResultReceiptError",
     "RetryPolicyError",
@@ -62,8 +63,10 @@ __all__ = [
     "SinkConflictError",
     "SinkContentConflictError",
     "SinkError",
+    "SinkRefusedError",
     "StoreFullError",
     "StoreMissingError",
+    "TemporalRejectedError",
     "TemporalRunClosedError",
     "TemporalSinkError",
     "UnauthorizedBranchError",
@@ -73,6 +76,7 @@ __all__ = [
     "WebhookRejectedError",
     "classified_code",
     "classify",
+    "sink_refused",
 ]
 
 T = TypeVar("T")
@@ -300,7 +304,30 @@ class SinkConflictError(SinkError, code="sink_conflict"):
         self.detail = detail
 
 
-class SinkContentConflictError(FlowDecisionError, code="sink_content_conflict"):
+class SinkRefusedError(FlowDecisionError, code="sink_refused"):
+    """The sink refuses this decision for good: retrying it cannot succeed.
+
+    Every sink raises a subclass for its permanent failures (a webhook's 4xx, a
+    closed Temporal run, an unknown Restate handler, a content conflict); a
+    custom sink may raise it too. An outbox relay *parks* such a row instead of
+    retrying it (see :mod:`flowdecision.sinks.relay`); any other exception is
+    transient and retried with backoff.
+    """
+
+
+def sink_refused(error: BaseException) -> bool:
+    """True when ``error`` (or an exception it was raised from) is a :class:`SinkRefusedError`."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a cause chain is short; a cycle must not loop forever
+        if seen is None:
+            return False
+        if isinstance(seen, SinkRefusedError):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+class SinkContentConflictError(SinkRefusedError, code="sink_content_conflict"):
     """Base of a sink's own "this id already holds different content" refusal.
 
     The outbox's and procrastinate's conflicts derive from it; a custom sink may
@@ -489,8 +516,8 @@ class WebhookError(FlowDecisionError, code="webhook_failed"):
         self.tries = tries
 
 
-class WebhookRejectedError(WebhookError, code="webhook_rejected"):
-    """The receiver answered with a non-retryable status (3xx or 4xx other than 429)."""
+class WebhookRejectedError(WebhookError, SinkRefusedError, code="webhook_rejected"):
+    """The receiver answered with a non-retryable status (3xx, or 4xx other than 408 and 429)."""
 
 
 class DBOSSinkError(FlowDecisionError, code="dbos_sink"):
@@ -514,7 +541,12 @@ class TemporalSinkError(FlowDecisionError, code="temporal_sink"):
     was rejected or failed), or the sink is misconfigured."""
 
 
-class TemporalRunClosedError(TemporalSinkError, code="temporal_run_closed"):
+class TemporalRejectedError(TemporalSinkError, SinkRefusedError, code="temporal_rejected"):
+    """Temporal refused the decision for good: its arguments are invalid, or the run's
+    workflow rejected the update. Retrying does not help."""
+
+
+class TemporalRunClosedError(TemporalRejectedError, code="temporal_run_closed"):
     """Run mode: a new decision for a run whose workflow has already closed.
 
     Temporal refuses to start the run's workflow id again (reuse policy
@@ -525,6 +557,11 @@ class TemporalRunClosedError(TemporalSinkError, code="temporal_run_closed"):
 
 class RestateSinkError(FlowDecisionError, code="restate_sink"):
     """Restate's ingress answered something the sink cannot read as an acceptance."""
+
+
+class RestateRejectedError(RestateSinkError, SinkRefusedError, code="restate_rejected"):
+    """Restate's ingress refused the decision for good (an unknown service or handler,
+    a request it cannot read: a 4xx other than 408 and 429)."""
 
 
 class DeliveryError(FlowDecisionError, code="invalid_delivery"):

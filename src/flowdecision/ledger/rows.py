@@ -75,6 +75,8 @@ LEDGER = Component(
         "flow_decision_outbox",
         "flow_decision_outbox_schema",
         "flow_decision_outbox_cursor",
+        "flow_decision_outbox_parked",
+        "flow_decision_outbox_audit",
     ),
 )
 

@@ -49,6 +49,7 @@ __all__ = [
 
 CURSOR_TABLE = "flow_decision_outbox_cursor"
 _OUTBOX = "flow_decision_outbox"
+_PARKED = "flow_decision_outbox_parked"
 #: The longest cursor name, in characters.
 CURSOR_NAME_MAX = 200
 
@@ -122,6 +123,19 @@ class CursorState:
     oldest_pending_at_ms: int | None
     #: the store's clock when this was read
     now_ms: int
+    #: rows this relay parked (its sink refused them; they wait for an operator)
+    parked_rows: int = 0
+    #: rows held behind a parked row of their run (delivered once it is retried or skipped)
+    held_rows: int = 0
+    #: when the oldest parked row was parked (None: none parked)
+    oldest_parked_at_ms: int | None = None
+
+    @property
+    def parked_seconds(self) -> float:
+        """Age of the oldest parked row (0 when none is parked)."""
+        if self.oldest_parked_at_ms is None:
+            return 0.0
+        return max(self.now_ms - self.oldest_parked_at_ms, 0) / 1000
 
     @property
     def lag_rows(self) -> int:
@@ -153,6 +167,9 @@ class CursorState:
             "head_seq": self.head_seq,
             "lag_rows": self.lag_rows,
             "lag_seconds": round(self.lag_seconds, 3),
+            "parked_rows": self.parked_rows,
+            "held_rows": self.held_rows,
+            "parked_seconds": round(self.parked_seconds, 3),
         }
 
 
@@ -240,7 +257,11 @@ _STATE_SQL = (
     "SELECT c.name, c.position, c.owner, c.fence, c.lease_expires_at_ms, c.delivered, "
     f"c.updated_at_ms, (SELECT coalesce(max(seq), 0) FROM {_OUTBOX}), "
     f"(SELECT o.accepted_at_ms FROM {_OUTBOX} o WHERE o.seq > c.position "
-    "ORDER BY o.seq LIMIT 1) "
+    "ORDER BY o.seq LIMIT 1), "
+    f"(SELECT count(*) FROM {_PARKED} p WHERE p.relay = c.name AND p.state = 'parked'), "
+    f"(SELECT count(*) FROM {_PARKED} p WHERE p.relay = c.name AND p.state = 'held'), "
+    f"(SELECT min(p.parked_at_ms) FROM {_PARKED} p WHERE p.relay = c.name "
+    "AND p.state = 'parked') "
     f"FROM {CURSOR_TABLE} c"
 )
 
@@ -257,6 +278,9 @@ def _state(row: Any, now: int) -> CursorState:
         head_seq=int(row[7]),
         oldest_pending_at_ms=None if row[8] is None else int(row[8]),
         now_ms=now,
+        parked_rows=int(row[9]),
+        held_rows=int(row[10]),
+        oldest_parked_at_ms=None if row[11] is None else int(row[11]),
     )
 
 

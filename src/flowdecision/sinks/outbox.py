@@ -54,6 +54,7 @@ from typing import Any, Self, TypeVar
 from ..bodies import OutboxEntryBody, outbox_entry_body
 from ..defaults import SQLITE_BUSY_TIMEOUT_MS
 from ..errors import (
+    ActionRefusedError,
     InvalidArgumentError,
     OutboxConflictError,
     OutboxCursorLeasedError,
@@ -87,6 +88,25 @@ from .cursor import (
     sqlite_cursors,
     sqlite_release,
     sqlite_set,
+)
+from .parking import (
+    OutboxAuditEntry,
+    ParkedRow,
+    check_action,
+    pg_act,
+    pg_audit,
+    pg_park,
+    pg_parked,
+    pg_ready_runs,
+    pg_run_rows,
+    pg_unpark,
+    sqlite_act,
+    sqlite_audit,
+    sqlite_park,
+    sqlite_parked,
+    sqlite_ready_runs,
+    sqlite_run_rows,
+    sqlite_unpark,
 )
 from .wake import Wakeup, wakeup_for
 
@@ -467,6 +487,58 @@ class OutboxSink(Closable):
         if held is not None:
             raise OutboxCursorLeasedError(held.name, held.owner)
 
+    # -- parked rows (see :mod:`.parking`) -----------------------------------------------
+
+    async def park(
+        self,
+        lease: CursorLease,
+        rows: Sequence[OutboxEntry],
+        run_id: str,
+        *,
+        state: str,
+        error: str | None = None,
+        attempts: int = 0,
+    ) -> bool:
+        """Record run ``run_id``'s ``rows`` as ``parked`` or ``held`` for the relay holding
+        ``lease``; False, writing nothing, when that lease was lost."""
+        keys = [(row.seq, row.decision_id, run_id) for row in rows]
+        return await (await self._ready()).park(lease, keys, state, error, attempts)
+
+    async def unpark(self, lease: CursorLease, seq: int) -> bool:
+        """Delete a held row its sink accepted; False when the lease was lost."""
+        return await (await self._ready()).unpark(lease, seq)
+
+    async def parked(self, name: str | None = None) -> list[ParkedRow]:
+        """Every parked and held row (of relay ``name``), by relay and seq."""
+        return await (await self._ready()).parked(name)
+
+    async def ready_runs(self, name: str) -> tuple[set[str], list[str]]:
+        """For relay ``name``: the runs with rows parked or held, and those of them
+        whose first row is held (deliverable now), oldest first."""
+        return await (await self._ready()).ready_runs(name)
+
+    async def run_rows(self, name: str, run_id: str) -> list[tuple[str, int, OutboxEntry]]:
+        """Run ``run_id``'s parked and held rows for relay ``name`` in seq order (up to
+        100): ``(state, attempts, row)``."""
+        rows = await (await self._ready()).run_rows(name, run_id)
+        return [(str(row[0]), int(row[1]), _entry(row[2:])) for row in rows]
+
+    async def act_on_parked(
+        self, name: str, action: str, decision_id: str, *, actor: str, reason: str
+    ) -> OutboxAuditEntry:
+        """``retry`` (deliver it again, next in its run) or ``skip`` (drop it: its run goes
+        on) the row relay ``name`` parked for ``decision_id``, audited in the same
+        transaction. Raises :class:`~flowdecision.errors.UnknownDecisionError` when no
+        such row is parked, :class:`~flowdecision.errors.ActionRefusedError` when it is
+        only held behind another."""
+        check_cursor_name(name)
+        check_action(action, decision_id, actor, reason)
+        return await (await self._ready()).act(name, action, decision_id, actor, reason)
+
+    async def audit(self, name: str | None = None) -> list[OutboxAuditEntry]:
+        """The outbox's audit trail of operator actions on parked rows, oldest first."""
+        return await (await self._ready()).audit(name)
+
 
 # ------------------------------------------------------------------------------- SQLite
 
@@ -626,6 +698,48 @@ class _SqliteOutbox:
                 return sqlite_set(conn, name, position, _now_ms())
 
         return await self._thread.run(work)
+
+    async def park(
+        self,
+        lease: CursorLease,
+        rows: Sequence[tuple[int, str, str]],
+        state: str,
+        error: str | None,
+        attempts: int,
+    ) -> bool:
+        def work(conn: sqlite3.Connection) -> bool:
+            with sqlite_transaction(conn):
+                return sqlite_park(conn, lease, rows, state, error, attempts, _now_ms())
+
+        return await self._thread.run(work)
+
+    async def unpark(self, lease: CursorLease, seq: int) -> bool:
+        def work(conn: sqlite3.Connection) -> bool:
+            with sqlite_transaction(conn):
+                return sqlite_unpark(conn, lease, seq)
+
+        return await self._thread.run(work)
+
+    async def parked(self, name: str | None) -> list[ParkedRow]:
+        return await self._thread.run(lambda conn: sqlite_parked(conn, name))
+
+    async def ready_runs(self, name: str) -> tuple[set[str], list[str]]:
+        return await self._thread.run(lambda conn: sqlite_ready_runs(conn, name))
+
+    async def run_rows(self, name: str, run_id: str) -> list[tuple[Any, ...]]:
+        return await self._thread.run(lambda conn: sqlite_run_rows(conn, name, run_id))
+
+    async def act(
+        self, name: str, action: str, decision_id: str, actor: str, reason: str
+    ) -> OutboxAuditEntry:
+        def work(conn: sqlite3.Connection) -> OutboxAuditEntry:
+            with sqlite_transaction(conn):
+                return sqlite_act(conn, name, action, decision_id, actor, reason, _now_ms())
+
+        return await self._thread.run(work)
+
+    async def audit(self, name: str | None) -> list[OutboxAuditEntry]:
+        return await self._thread.run(lambda conn: sqlite_audit(conn, name))
 
     async def deliver(
         self, decision_id: str, text: str, hash_: str, attempt: int, traceparent: str | None
@@ -797,10 +911,46 @@ class _PostgresOutbox:
     async def set_cursor(self, name: str, position: int) -> LeaseHeld | None:
         return await self._with_conn(lambda conn: pg_set(conn, name, position))
 
+    async def park(
+        self,
+        lease: CursorLease,
+        rows: Sequence[tuple[int, str, str]],
+        state: str,
+        error: str | None,
+        attempts: int,
+    ) -> bool:
+        return await self._with_conn(
+            lambda conn: pg_park(conn, lease, rows, state, error, attempts)
+        )
+
+    async def unpark(self, lease: CursorLease, seq: int) -> bool:
+        return await self._with_conn(lambda conn: pg_unpark(conn, lease, seq))
+
+    async def parked(self, name: str | None) -> list[ParkedRow]:
+        return await self._with_conn(lambda conn: pg_parked(conn, name))
+
+    async def ready_runs(self, name: str) -> tuple[set[str], list[str]]:
+        return await self._with_conn(lambda conn: pg_ready_runs(conn, name))
+
+    async def run_rows(self, name: str, run_id: str) -> list[tuple[Any, ...]]:
+        return await self._with_conn(lambda conn: pg_run_rows(conn, name, run_id))
+
+    async def act(
+        self, name: str, action: str, decision_id: str, actor: str, reason: str
+    ) -> OutboxAuditEntry:
+        return await self._with_conn(
+            lambda conn: pg_act(conn, name, action, decision_id, actor, reason)
+        )
+
+    async def audit(self, name: str | None) -> list[OutboxAuditEntry]:
+        return await self._with_conn(lambda conn: pg_audit(conn, name))
+
     async def _with_conn(self, work: Callable[[Any], Awaitable[T]]) -> T:
         try:
             async with self._pg.connection() as conn:
                 return await work(conn)
+        except ActionRefusedError:
+            raise  # the rules' own answer, not a store failure
         except Exception as error:
             raise self._pg.translate(error) from error
 

@@ -1,44 +1,61 @@
-"""The outbox relay: drain an outbox into any sink, at least once, in ``seq`` order.
+"""The outbox relay: drain an outbox into any sink, at least once, ordered per run.
 
 ``OutboxRelay(outbox, sink, name="billing")`` reads the outbox's rows after its
-named cursor, hands each to ``sink.submit(request, attempt)`` in ``seq`` order
-and advances the cursor -- kept in the outbox's own store
-(:mod:`.cursor`) -- only after the sink accepted. A relay that dies between
-the sink's accept and the cursor's advance delivers those rows again when it
-(or another relay of that name) starts: delivery is **at least once**, and
-the sink's dedup on ``decision_id`` (every flowdecision sink has one; so do
-Temporal, Restate, DBOS and procrastinate through their sinks) makes the
-effect exactly once.
+named cursor -- kept in the outbox's own store (:mod:`.cursor`) -- and hands
+each to ``sink.submit(request, attempt)``. A relay that dies delivers the rows
+after its saved cursor again when it (or another relay of that name) starts:
+delivery is **at least once**, and the sink's dedup on ``decision_id`` (every
+flowdecision sink has one; so do Temporal, Restate, DBOS and procrastinate
+through their sinks) makes the effect exactly once.
 
-* **Order and progress.** Rows go one at a time, in ``seq`` order; the cursor
-  advances after each batch, and before the relay starts retrying a failed row
-  (so progress is kept through an outage).
-* **Retries.** A failed delivery (the sink raised, the engine is down) is
-  retried with full-jitter exponential backoff, forever: later rows wait
-  behind it (the lag grows and shows on ``/metrics``). A row the sink can
-  never accept stalls the relay until an operator moves the cursor past it
-  (``flowdecision outbox cursors --set``).
+* **Ordered per run, concurrent across runs.** One reader reads rows in
+  ``seq`` order into per-run *lanes*; up to ``concurrency`` lanes deliver at
+  once, each one row at a time, so a run's decisions reach the sink in ``seq``
+  order (Temporal's updates to one workflow, Restate's virtual object) while
+  different runs overlap. ``concurrency=1`` is a single line in ``seq`` order.
+* **A durable low-water mark.** The cursor is the highest ``seq`` below which
+  every row is done (accepted by the sink, or parked); it is saved every
+  ``save_interval_s`` while it moves, and each save renews the lease. The
+  reader never runs more than ``window`` rows past the mark, so a relay killed
+  at any point redelivers **at most ``window`` rows** (default
+  ``max(batch, 8 × concurrency)``: 256).
+* **Permanent vs transient failures.** A row the sink refuses for good (it
+  raised a :class:`~flowdecision.errors.SinkRefusedError`: a webhook 4xx, a
+  closed Temporal run, an unknown Restate handler, a content conflict) is
+  **parked** (:mod:`.parking`): recorded with its error, attempts and time; the
+  run's later rows are held behind it, in order, and every other run goes on.
+  An operator retries or skips it (``flowdecision outbox retry|skip``). Any
+  other failure is transient: that lane backs off (full jitter, up to
+  ``retry_cap_s``) and tries again, forever. When failures come from more than
+  one run with no success between them the sink looks down: one delivery at a
+  time probes it, backing off, until one passes; the relay logs one warning
+  when that starts and one when it ends, not one per try.
 * **One relay per name.** A relay holds a lease on its cursor and renews it
   while it works; a second relay with the same name waits until the lease is
   released or expires. Taking a lease over raises its fencing token, so a
-  stalled former holder can no longer move the cursor and stops delivering
-  when it notices. Relays with different names drain the same outbox
-  independently.
-* **Waiting.** Caught up, the relay waits in :meth:`OutboxSink.fetch` with
+  stalled former holder can no longer move the cursor or touch parked rows,
+  and stops delivering when it notices. Relays with different names drain the
+  same outbox independently.
+* **Waiting.** Caught up, the reader waits in :meth:`OutboxSink.fetch` with
   ``wait_s``: woken by this process's commits, by ``LISTEN/NOTIFY`` on
   PostgreSQL, or by a poll backing off to ``poll_max_s`` on SQLite.
+* **Opening.** An engine that is down when the relay starts is retried with
+  backoff (the status says ``opening``); a malformed URL or a missing package
+  fails at once (:class:`~flowdecision.errors.SinkConfigError`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import os
 import random
 import socket
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Self
 
@@ -46,7 +63,13 @@ import flowdecision.tracing as tracing
 
 from ..backoff import full_jitter
 from ..closing import Closable
-from ..errors import FlowDecisionError, InvalidArgumentError, RelayError, SinkConfigError
+from ..errors import (
+    FlowDecisionError,
+    InvalidArgumentError,
+    RelayError,
+    SinkConfigError,
+    sink_refused,
+)
 from ..model import DecisionRequest
 from .base import Sink, check_sink
 from .cursor import CursorLease, CursorState, LeaseHeld, check_cursor_name
@@ -58,17 +81,25 @@ __all__ = ["DEFAULT_RELAY_NAME", "OutboxRelay", "RelayError", "RelayStatus"]
 log = logging.getLogger("flowdecision.relay")
 
 DEFAULT_RELAY_NAME = "default"
+#: Lanes delivering at once, unless told otherwise.
+DEFAULT_CONCURRENCY = 32
+#: Failures from this many runs in a row, with no success between: the sink looks down.
+OUTAGE_STREAK = 2
+#: A repeated failure is logged again at most this often (with the count meanwhile).
+LOG_EVERY_S = 30.0
+#: How often a running relay looks for parked rows an operator released.
+PARKED_POLL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class RelayStatus:
-    """What one relay is doing, for ``/metrics``, the status page and the CLI."""
+    """What one relay is doing, for ``/metrics``, the status page, ``/healthz`` and the CLI."""
 
     name: str
     owner: str
-    #: starting, waiting_for_lease, delivering, idle, retrying or stopped
+    #: starting, opening, waiting_for_lease, delivering, idle, retrying, backing_off or stopped
     state: str
-    #: the seq of the last row the sink accepted (as far as this relay knows)
+    #: the saved low-water mark: every row up to it is delivered or parked
     position: int
     #: the fencing token of the lease held (0: none yet)
     fence: int
@@ -85,6 +116,15 @@ class RelayStatus:
     last_error: str | None = None
     last_error_at_ms: int | None = None
     last_delivered_at_ms: int | None = None
+    #: lanes that may deliver at once
+    concurrency: int = 1
+    #: rows read and not yet done
+    in_flight: int = 0
+    #: rows this relay parked (since it started)
+    parked: int = 0
+    #: rows parked and held in the outbox for this relay's name, when last read
+    parked_rows: int = 0
+    held_rows: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +142,11 @@ class RelayStatus:
             "last_error": self.last_error,
             "last_error_at_ms": self.last_error_at_ms,
             "last_delivered_at_ms": self.last_delivered_at_ms,
+            "concurrency": self.concurrency,
+            "in_flight": self.in_flight,
+            "parked": self.parked,
+            "parked_rows": self.parked_rows,
+            "held_rows": self.held_rows,
         }
 
 
@@ -121,15 +166,74 @@ class _LeaseLost(Exception):
     """Another relay of this name holds the cursor now."""
 
 
+#: A lane item: deliver the run's parked-table rows (an operator released one).
+_RESUME = object()
+
+
+class _Tenure:
+    """One lease's worth of delivering: the lanes, the low-water mark, the held runs."""
+
+    def __init__(self, lease: CursorLease) -> None:
+        self.lease = lease
+        #: the highest seq read
+        self.read = lease.position
+        #: the mark last saved in the cursor
+        self.saved = lease.position
+        #: rows delivered since the last save (the cursor's ``delivered`` counter)
+        self.unsaved = 0
+        #: seqs read and not yet done (a heap; ``finished`` holds done ones not yet popped)
+        self.pending: list[int] = []
+        self.finished: set[int] = set()
+        self.lanes: dict[str, deque[Any]] = {}
+        self.ready: asyncio.Queue[str] = asyncio.Queue()
+        #: runs with rows parked or held: their rows go through the parked table
+        self.blocked: set[str] = set()
+        self.resuming: set[str] = set()
+        #: lane items not yet done (rows and resumes)
+        self.outstanding = 0
+        self.progress = asyncio.Event()
+        self.fatal: BaseException | None = None
+
+    def mark(self) -> int:
+        """The low-water mark: every row up to it is done."""
+        pending, finished = self.pending, self.finished
+        while pending and pending[0] in finished:
+            finished.discard(heapq.heappop(pending))
+        return pending[0] - 1 if pending else self.read
+
+    def put(self, run_id: str, item: Any) -> None:
+        lane = self.lanes.get(run_id)
+        if lane is None:
+            self.lanes[run_id] = deque([item])
+            self.ready.put_nowait(run_id)
+        else:
+            lane.append(item)
+        self.outstanding += 1
+        if item is not _RESUME:
+            heapq.heappush(self.pending, item.seq)
+            self.read = max(self.read, item.seq)
+
+    def done(self, item: Any) -> None:
+        self.outstanding -= 1
+        if item is not _RESUME:
+            self.finished.add(item.seq)
+        self.progress.set()
+
+    def resume(self, run_id: str) -> None:
+        if run_id not in self.resuming:
+            self.resuming.add(run_id)
+            self.put(run_id, _RESUME)
+
+
 class OutboxRelay(Closable):
-    """Deliver an outbox's rows to a sink, at least once, under a named cursor.
+    """Deliver an outbox's rows to a sink, at least once, ordered per run, under a named cursor.
 
     ``outbox`` and ``sink`` are objects or URLs (an outbox URL as for
     :class:`OutboxSink`; any sink URL :func:`~.loader.open_sink` takes). What
     the relay opened from a URL it also closes; objects stay the caller's.
 
     :meth:`run` works until :meth:`stop` (or cancellation); :meth:`drain`
-    delivers what is there now and returns; :meth:`status` says where it is.
+    delivers what is deliverable now and returns; :meth:`status` says where it is.
     """
 
     def __init__(
@@ -139,29 +243,44 @@ class OutboxRelay(Closable):
         *,
         name: str = DEFAULT_RELAY_NAME,
         batch: int = 200,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        window: int | None = None,
         lease_ms: int = 15_000,
         owner: str | None = None,
         retry_base_s: float = 0.05,
         retry_cap_s: float = 10.0,
         idle_wait_s: float = 1.0,
+        save_interval_s: float = 0.1,
         rng: random.Random | None = None,
         webhook: WebhookOptions | None = None,
     ) -> None:
         self.name = check_cursor_name(name)
-        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10_000:
-            raise InvalidArgumentError(f"batch must be an integer in 1..=10000, got {batch!r}")
+        for field, value, low, high in (
+            ("batch", batch, 1, 10_000),
+            ("concurrency", concurrency, 1, 1_000),
+            ("window", batch if window is None else window, 1, 100_000),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidArgumentError(
+                    f"{field} must be an integer in {low}..={high}, got {value!r}"
+                )
         if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 100:
             raise InvalidArgumentError(f"lease_ms must be an integer >= 100, got {lease_ms!r}")
-        for field, value in (("retry_base_s", retry_base_s), ("retry_cap_s", retry_cap_s),
-                             ("idle_wait_s", idle_wait_s)):  # fmt: skip
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise InvalidArgumentError(f"{field} must be a number > 0, got {value!r}")
+        for field, number in (("retry_base_s", retry_base_s), ("retry_cap_s", retry_cap_s),
+                              ("idle_wait_s", idle_wait_s),
+                              ("save_interval_s", save_interval_s)):  # fmt: skip
+            if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0:
+                raise InvalidArgumentError(f"{field} must be a number > 0, got {number!r}")
         self.batch = batch
+        self.concurrency = concurrency
+        #: rows the reader may run ahead of the saved mark: the redelivery bound
+        self.window = max(batch, 8 * concurrency) if window is None else window
         self.lease_ms = lease_ms
         self.owner = owner or _default_owner()
         self.retry_base_s = float(retry_base_s)
         self.retry_cap_s = float(retry_cap_s)
         self.idle_wait_s = float(idle_wait_s)
+        self.save_interval_s = float(save_interval_s)
         self._rng = rng or random.Random()
         self._webhook = webhook
         self._outbox_arg = outbox
@@ -172,13 +291,22 @@ class OutboxRelay(Closable):
         self._stop = asyncio.Event()
         self._wake_stop: asyncio.Future[None] | None = None
         self._lease: CursorLease | None = None
-        #: (the seq delivered up to, rows delivered) not yet recorded in the cursor
-        self._unsaved = (0, 0)
+        self._tenure: _Tenure | None = None
         self._renewed_at = 0.0
+        self._saved_at = 0.0
         self._closed = False
+        #: transient failures in a row with no success between (the sink-wide backoff)
+        self._streak = 0
+        self._streak_runs: set[str] = set()
+        self._probes = 0
+        self._not_before = 0.0
+        self._probe = asyncio.Lock()
+        #: (what failed last, when it was logged, failures since)
+        self._logged: tuple[str, float, int] = ("", 0.0, 0)
         self._status = RelayStatus(
             name=self.name, owner=self.owner, state="starting", position=0, fence=0,
             delivered=0, retries=0, leases_lost=0, head_seq=0, lag_rows=0, lag_seconds=0.0,
+            concurrency=concurrency,
         )  # fmt: skip
 
     # -- life cycle ---------------------------------------------------------------------
@@ -189,35 +317,41 @@ class OutboxRelay(Closable):
             raise RelayError(f"relay `{self.name}` is closed")
         if self.outbox is None:
             assert isinstance(self._outbox_arg, str)
-            self.outbox = OutboxSink(self._outbox_arg)
-            self._owned.append(self.outbox)
-            await self.outbox.open()
+            outbox = OutboxSink(self._outbox_arg)
+            await outbox.open()
+            self.outbox = outbox
+            self._owned.append(outbox)
         if self.sink is None:
             assert isinstance(self._sink_arg, str)
             self.sink = await open_sink(self._sink_arg, webhook=self._webhook)
             self._owned.append(self.sink)
         return self
 
-    async def _open_patiently(self) -> None:
-        """:meth:`open`, retried with backoff while the store or the engine is unreachable
-        (a bad URL or a missing package fails at once)."""
+    async def open_patiently(self) -> Self:
+        """:meth:`open`, retried with backoff while the store or the engine is unreachable.
+
+        A malformed URL or a missing package fails at once
+        (:class:`~flowdecision.errors.SinkConfigError`); :meth:`stop` ends the wait.
+        """
+        self._wake_stop = self._wake_stop or asyncio.get_running_loop().create_future()
         retry = 0
         while True:
             try:
-                await self.open()
-                return
+                return await self.open()
             except (SinkConfigError, RelayError, InvalidArgumentError):
                 raise
             except (FlowDecisionError, OSError) as error:
                 retry += 1
-                self._failed(error, "opening")
+                self._set(state="opening")
+                self._failed(error, "opening the sink")
                 await self._pause(self._delay(retry))
 
     async def __aenter__(self) -> Self:
         return await self.open()
 
     def stop(self) -> None:
-        """Ask :meth:`run` to finish: it stops between deliveries and releases its lease."""
+        """Ask :meth:`run` to finish: in-flight deliveries are cancelled (their rows are
+        delivered again later), the mark is saved and the lease released."""
         self._stop.set()
         if self._wake_stop is not None and not self._wake_stop.done():
             self._wake_stop.set_result(None)
@@ -238,6 +372,9 @@ class OutboxRelay(Closable):
 
     def status(self) -> RelayStatus:
         """The relay's current state and counters (no I/O)."""
+        tenure = self._tenure
+        if tenure is not None and tenure.outstanding != self._status.in_flight:
+            self._set(in_flight=tenure.outstanding)
         return self._status
 
     # -- running ------------------------------------------------------------------------
@@ -250,9 +387,12 @@ class OutboxRelay(Closable):
         await self._work(drain=False)
 
     async def drain(self) -> int:
-        """Deliver every row there is now (retrying failures), then return how many.
+        """Deliver every row that is deliverable now (retrying transient failures, parking
+        refused rows), then return how many were delivered.
 
         Waits for the lease like :meth:`run` if another relay of this name holds it.
+        Rows parked, or held behind a parked row, are not waited for: :meth:`status`
+        (``parked_rows``, ``held_rows``) says how many are left.
         """
         self._wake_stop = asyncio.get_running_loop().create_future()
         before = self._status.delivered
@@ -260,10 +400,10 @@ class OutboxRelay(Closable):
         return self._status.delivered - before
 
     async def _work(self, *, drain: bool) -> None:
-        """Hold the cursor and deliver (until caught up, with ``drain``), taking the
-        lease again whenever another relay of this name took it over."""
+        """Hold the cursor and deliver (until nothing is deliverable, with ``drain``),
+        taking the lease again whenever another relay of this name took it over."""
         try:
-            await self._open_patiently()
+            await self.open_patiently()
             while not self._stop.is_set():
                 try:
                     lease = await self._acquire()
@@ -275,7 +415,7 @@ class OutboxRelay(Closable):
         except _Stopped:
             pass
         finally:
-            self._set(state="stopped")
+            self._set(state="stopped", in_flight=0)
             await self._release()
 
     # -- the lease ----------------------------------------------------------------------
@@ -299,7 +439,7 @@ class OutboxRelay(Closable):
                 log.info(
                     "relay holds its cursor",
                     extra={"relay": self.name, "owner": self.owner, "fence": verdict.fence,
-                           "position": verdict.position},
+                           "position": verdict.position, "concurrency": self.concurrency},
                 )  # fmt: skip
                 return verdict
             self._held(verdict)
@@ -316,19 +456,23 @@ class OutboxRelay(Closable):
             )  # fmt: skip
         self._set(state="waiting_for_lease")
 
-    async def _renew_if_due(self, lease: CursorLease, position: int) -> None:
-        if time.monotonic() - self._renewed_at >= self.lease_ms / 3000:
-            await self._advance(lease, position, 0)
-
-    async def _advance(self, lease: CursorLease, position: int, delivered: int) -> None:
-        """Persist ``position`` (and renew); raises :class:`_LeaseLost` when fenced off."""
+    async def _save(self, tenure: _Tenure, *, force: bool = False) -> None:
+        """Persist the low-water mark (and renew the lease) when it moved and a save is
+        due, or the lease needs renewing; raises :class:`_LeaseLost` when fenced off."""
+        now = time.monotonic()
+        mark = tenure.mark()
+        moved = mark > tenure.saved or tenure.unsaved > 0
+        renew = now - self._renewed_at >= self.lease_ms / 3000
+        if not renew and not (moved and (force or now - self._saved_at >= self.save_interval_s)):
+            return
+        delivered = tenure.unsaved
         outbox = self._ready_outbox()
         retry = 0
         while True:
             started = time.monotonic()
             try:
                 ours = await outbox.advance_cursor(
-                    lease, position, delivered=delivered, lease_ms=self.lease_ms
+                    tenure.lease, mark, delivered=delivered, lease_ms=self.lease_ms
                 )
             except FlowDecisionError as error:
                 retry += 1
@@ -337,7 +481,10 @@ class OutboxRelay(Closable):
                 continue
             if not ours:
                 raise _LeaseLost
-            self._renewed_at = started
+            self._renewed_at = self._saved_at = started
+            tenure.saved = max(tenure.saved, mark)
+            tenure.unsaved -= delivered
+            self._set(position=tenure.saved)
             return
 
     async def _release(self) -> None:
@@ -357,87 +504,249 @@ class OutboxRelay(Closable):
         )
         self._set(state="waiting_for_lease", leases_lost=self._status.leases_lost + 1)
 
-    # -- delivering ---------------------------------------------------------------------
+    # -- reading: one reader fills the lanes --------------------------------------------
 
     async def _deliver_under(self, lease: CursorLease, *, drain: bool) -> None:
         outbox = self._ready_outbox()
-        position = lease.position
-        while True:
-            self._check_stop()
-            await self._renew_if_due(lease, position)
-            wait_s = 0.0 if drain else min(self.idle_wait_s, self.lease_ms / 3000)
-            try:
-                rows = await self._until_stopped(
-                    outbox.fetch(after=position, limit=self.batch, wait_s=wait_s)
-                )
-            except FlowDecisionError as error:
-                self._failed(error, "reading the outbox")
-                await self._pause(self._delay(1))
-                continue
-            if not rows:
+        tenure = _Tenure(lease)
+        self._tenure = tenure
+        workers = [
+            asyncio.ensure_future(self._lane_worker(tenure)) for _ in range(self.concurrency)
+        ]
+        looked_at_parked = -PARKED_POLL_S
+        try:
+            while True:
+                self._check_stop()
+                if tenure.fatal is not None:
+                    raise tenure.fatal
+                await self._save(tenure)
+                if time.monotonic() - looked_at_parked >= PARKED_POLL_S:
+                    looked_at_parked = time.monotonic()
+                    await self._look_at_parked(tenure)
+                ahead = tenure.read - tenure.mark()
+                if ahead >= self.window:  # the redelivery bound: wait for the mark to move
+                    await self._wait_progress(tenure)
+                    continue
+                busy = tenure.outstanding > 0
+                wait_s = 0.0 if drain or busy else min(self.idle_wait_s, self.lease_ms / 3000)
+                try:
+                    rows = await self._until_stopped(
+                        outbox.fetch(
+                            after=tenure.read,
+                            limit=min(self.batch, self.window - ahead),
+                            wait_s=wait_s,
+                        )
+                    )
+                except FlowDecisionError as error:
+                    self._failed(error, "reading the outbox")
+                    await self._pause(self._delay(1))
+                    continue
+                for row in rows:
+                    self._enqueue(tenure, row)
+                if rows:
+                    self._set(state=self._working_state())
+                    continue
+                if busy:
+                    await self._wait_progress(tenure)
+                    continue
+                await self._save(tenure, force=True)
                 await self._refresh_lag()
                 if drain:
-                    return
+                    await self._look_at_parked(tenure)
+                    if tenure.outstanding == 0:
+                        return
+                    continue
                 self._set(state="idle")
-                continue
-            self._set(state="delivering")
-            self._unsaved = (position, 0)
-            try:
-                for row in rows:
-                    await self._deliver(row, lease)
-                    self._unsaved = (row.seq, self._unsaved[1] + 1)
-                await self._save(lease)
-            except _LeaseLost:
-                raise
-            except BaseException:
-                # Stopped or cancelled mid-batch: keep the progress made (best effort;
-                # rows not recorded are delivered again, which the sink absorbs).
+        finally:
+            self._tenure = None
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            # Keep the progress made (best effort; rows not recorded are delivered again).
+            if tenure.fatal is None:
                 with contextlib.suppress(Exception):
-                    await self._save(lease)
-                raise
-            position = self._unsaved[0]
-            await self._refresh_lag()
+                    await self._save(tenure, force=True)
 
-    async def _save(self, lease: CursorLease) -> None:
-        """Advance the cursor past the rows delivered since the last save."""
-        position, count = self._unsaved
-        if count:
-            await self._advance(lease, position, count)
-            self._unsaved = (position, 0)
-            self._set(position=position)
+    def _enqueue(self, tenure: _Tenure, row: OutboxEntry) -> None:
+        try:
+            run_id = row.request.run_id
+        except FlowDecisionError:
+            run_id = ""  # unreadable: its own lane; the sink's refusal parks it
+        tenure.put(run_id, row)
 
-    async def _deliver(self, row: OutboxEntry, lease: CursorLease) -> None:
-        """Hand ``row`` to the sink until it accepts; keep the lease and progress meanwhile."""
-        sink = self.sink
-        assert sink is not None
-        request = row.request
+    async def _wait_progress(self, tenure: _Tenure) -> None:
+        tenure.progress.clear()
+        with contextlib.suppress(TimeoutError):
+            await self._until_stopped(
+                asyncio.wait_for(tenure.progress.wait(), min(1.0, self.lease_ms / 3000))
+            )
+
+    async def _look_at_parked(self, tenure: _Tenure) -> None:
+        """Queue a resume for runs an operator released (their first row is held now) and
+        for runs whose parked rows are gone (skipped)."""
+        try:
+            blocked, ready = await self._ready_outbox().ready_runs(self.name)
+        except FlowDecisionError as error:
+            self._failed(error, "reading parked rows")
+            return
+        if not tenure.blocked and not blocked:
+            return
+        stale = {run for run in tenure.blocked - blocked if run not in tenure.lanes}
+        tenure.blocked |= blocked
+        for run_id in [*ready, *sorted(stale)]:
+            tenure.resume(run_id)
+
+    def _working_state(self) -> str:
+        if self._streak >= OUTAGE_STREAK:
+            return "backing_off"
+        return "delivering"
+
+    # -- delivering: a lane delivers one run's rows, one at a time ----------------------
+
+    async def _lane_worker(self, tenure: _Tenure) -> None:
+        try:
+            while True:
+                run_id = await tenure.ready.get()
+                lane = tenure.lanes[run_id]
+                while lane:
+                    item = lane[0]
+                    if item is _RESUME:
+                        await self._resume(tenure, run_id)
+                        tenure.resuming.discard(run_id)
+                        done = [lane.popleft()]
+                    elif run_id in tenure.blocked:
+                        done = []
+                        while lane and lane[0] is not _RESUME:
+                            done.append(lane.popleft())
+                        await self._park(tenure, run_id, done, "held", None, 0)
+                    else:
+                        await self._deliver_row(tenure, run_id, item)
+                        done = [lane.popleft()]
+                    for finished in done:
+                        tenure.done(finished)
+                del tenure.lanes[run_id]
+        except (asyncio.CancelledError, _Stopped):
+            raise
+        except BaseException as error:  # lease lost, or a bug: the reader re-raises it
+            tenure.fatal = error
+            tenure.progress.set()
+
+    async def _deliver_row(self, tenure: _Tenure, run_id: str, row: OutboxEntry) -> None:
+        refusal = await self._attempt(run_id, row)
+        if refusal is None:
+            self._delivered(tenure)
+            return
+        tenure.blocked.add(run_id)
+        await self._park(tenure, run_id, [row], "parked", refusal, 1)
+
+    async def _resume(self, tenure: _Tenure, run_id: str) -> None:
+        """Deliver run ``run_id``'s rows from the parked table, in seq order, until one is
+        parked (the run stays held) or none is left (the run goes on as usual)."""
+        outbox = self._ready_outbox()
+        while True:
+            rows = await self._patiently(lambda: outbox.run_rows(self.name, run_id))
+            if not rows:
+                tenure.blocked.discard(run_id)
+                return
+            tenure.blocked.add(run_id)
+            for state, attempts, row in rows:
+                if state == "parked":
+                    return
+                refusal = await self._attempt(run_id, row)
+                if refusal is not None:
+                    await self._park(tenure, run_id, [row], "parked", refusal, attempts + 1)
+                    return
+                if not await self._patiently(lambda seq=row.seq: outbox.unpark(tenure.lease, seq)):
+                    raise _LeaseLost
+                self._delivered(tenure)
+
+    async def _park(
+        self,
+        tenure: _Tenure,
+        run_id: str,
+        rows: list[OutboxEntry],
+        state: str,
+        refusal: BaseException | None,
+        attempts: int,
+    ) -> None:
+        error = None if refusal is None else f"{type(refusal).__name__}: {refusal}"
+        outbox = self._ready_outbox()
+        ours = await self._patiently(
+            lambda: outbox.park(
+                tenure.lease, rows, run_id, state=state, error=error, attempts=attempts
+            )
+        )
+        if not ours:
+            raise _LeaseLost
+        if state == "parked":
+            row = rows[0]
+            log.warning(
+                "relay parked a row its sink refused; the run's later rows wait behind it",
+                extra={"relay": self.name, "seq": row.seq, "decision_id": row.decision_id,
+                       "run_id": run_id, "cause": error},
+            )  # fmt: skip
+            self._set(parked=self._status.parked + 1)
+
+    async def _patiently(self, work: Any) -> Any:
+        """``await work()``, retried with backoff while the outbox's store fails."""
         retry = 0
         while True:
-            # Renewing keeps the recorded position: the cursor moves only when a batch is saved.
-            await self._renew_if_due(lease, self._status.position)
             try:
-                if tracing.active():
-                    await self._traced_submit(sink, row, request, retry)
-                else:
-                    await sink.submit(request, row.highest_attempt)
+                return await work()
+            except FlowDecisionError as error:
+                retry += 1
+                self._failed(error, "writing parked rows")
+                await self._pause(self._delay(retry))
+
+    def _delivered(self, tenure: _Tenure) -> None:
+        tenure.unsaved += 1
+        status = self._status
+        self._set(
+            state=self._working_state(),
+            delivered=status.delivered + 1,
+            last_delivered_at_ms=_now_ms(),
+        )
+
+    async def _attempt(self, run_id: str, row: OutboxEntry) -> BaseException | None:
+        """Hand ``row`` to the sink until it accepts (None) or refuses it for good (the
+        refusal); transient failures back off, this lane's and, in an outage, the sink's."""
+        sink = self.sink
+        assert sink is not None
+        retry = 0
+        while True:
+            try:
+                await self._submit_gated(sink, row, retry)
             except asyncio.CancelledError:
                 raise
             except Exception as error:
+                if sink_refused(error):
+                    self._recovered()  # the sink answered: it is up
+                    return error
                 retry += 1
-                if retry == 1:
-                    # Keep what was delivered before waiting out an outage.
-                    await self._save(lease)
-                self._failed(error, f"delivering seq {row.seq} (`{row.decision_id}`)")
-                self._set(state="retrying", retries=self._status.retries + 1)
+                self._transient(error, run_id, row)
                 await self._pause(self._delay(retry))
                 continue
-            status = self._status
-            self._set(
-                state="delivering",
-                delivered=status.delivered + 1,
-                last_delivered_at_ms=_now_ms(),
-            )
+            self._recovered()
+            return None
+
+    async def _submit_gated(self, sink: Sink, row: OutboxEntry, retry: int) -> None:
+        """Submit, or, while the sink looks down, take turns probing it: one delivery at a
+        time, after the sink-wide backoff."""
+        while self._streak >= OUTAGE_STREAK:
+            async with self._probe:
+                if self._streak < OUTAGE_STREAK:
+                    break
+                await self._pause(max(self._not_before - time.monotonic(), 0.0))
+                await self._submit(sink, row, retry)
+                return
+        await self._submit(sink, row, retry)
+
+    async def _submit(self, sink: Sink, row: OutboxEntry, retry: int) -> None:
+        request = row.request
+        if not tracing.active():
+            await sink.submit(request, row.highest_attempt)
             return
+        await self._traced_submit(sink, row, request, retry)
 
     async def _traced_submit(
         self, sink: Sink, row: OutboxEntry, request: DecisionRequest, retry: int
@@ -459,6 +768,34 @@ class OutboxRelay(Closable):
             attributes=attributes,
         ):
             await sink.submit(request, row.highest_attempt)
+
+    def _transient(self, error: BaseException, run_id: str, row: OutboxEntry) -> None:
+        self._streak_runs.add(run_id)
+        self._streak += 1
+        outage = self._streak >= OUTAGE_STREAK and len(self._streak_runs) > 1
+        if not outage:
+            self._streak = min(self._streak, OUTAGE_STREAK - 1)
+        elif self._status.state != "backing_off":
+            log.warning(
+                "relay's sink looks down: one delivery at a time probes it, backing off",
+                extra={"relay": self.name, "cause": f"{type(error).__name__}: {error}"},
+            )
+        if outage:  # the probes back off exponentially, whatever the burst before them
+            self._probes += 1
+            self._not_before = time.monotonic() + self._delay(self._probes)
+        self._failed(error, f"delivering seq {row.seq} (`{row.decision_id}`)")
+        self._set(state="backing_off" if outage else "retrying", retries=self._status.retries + 1)
+
+    def _recovered(self) -> None:
+        if self._streak >= OUTAGE_STREAK:
+            log.warning(
+                "relay's sink answers again",
+                extra={"relay": self.name, "failures": self._streak},
+            )
+        self._streak = 0
+        self._streak_runs.clear()
+        self._probes = 0
+        self._not_before = 0.0
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -517,13 +854,25 @@ class OutboxRelay(Closable):
             lag_rows=state.lag_rows,
             lag_seconds=state.lag_seconds,
             position=max(self._status.position, state.position),
+            parked_rows=state.parked_rows,
+            held_rows=state.held_rows,
         )
 
     def _failed(self, error: BaseException, doing: str) -> None:
+        """Record a failure; log it when its kind changes, else at most every
+        :data:`LOG_EVERY_S` with the count meanwhile (not once per try)."""
+        kind = f"{doing.split(' seq ')[0]}: {type(error).__name__}"
         text = f"{doing}: {type(error).__name__}: {error}"
-        if self._status.last_error != text:  # one line per distinct failure, not per retry
-            log.warning("relay delivery failed; retrying", extra={"relay": self.name,
-                                                                  "cause": text})  # fmt: skip
+        last, logged_at, since = self._logged
+        now = time.monotonic()
+        if kind != last or now - logged_at >= LOG_EVERY_S:
+            log.warning(
+                "relay delivery failed; retrying",
+                extra={"relay": self.name, "cause": text, "failures_since_last_line": since},
+            )
+            self._logged = (kind, now, 0)
+        else:
+            self._logged = (last, logged_at, since + 1)
         self._set(last_error=text, last_error_at_ms=_now_ms())
 
     def _set(self, **changes: Any) -> None:

@@ -44,7 +44,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..errors import TemporalRunClosedError, TemporalSinkError
+from ..errors import TemporalRejectedError, TemporalRunClosedError, TemporalSinkError
 from ..model import DecisionRequest
 from ..tracing import active
 from .delivery import DecisionDelivery, EngineAnswer
@@ -135,6 +135,7 @@ class TemporalSink:
         except WorkflowAlreadyStartedError:
             return EngineAnswer(delivery.decision_id, absorbed=True)
         except Exception as error:
+            _raise_if_refused(error, delivery)
             raise TemporalSinkError(
                 f"Temporal did not start workflow `{delivery.decision_id}`: {_describe(error)}"
             ) from error
@@ -190,6 +191,7 @@ class TemporalSink:
                 "Temporal workflow has already closed: not delivered"
             ) from error
         except Exception as error:
+            _raise_if_refused(error, delivery)
             raise TemporalSinkError(
                 f"Temporal did not take decision `{delivery.decision_id}` "
                 f"(workflow `{delivery.run_id}`): {_describe(error)}"
@@ -211,6 +213,22 @@ class TemporalSink:
         """Drop the client if this sink connected it (the URL form); else nothing."""
         # temporalio clients hold no explicit close; dropping the reference is enough.
         self._owns_client = False
+
+
+def _raise_if_refused(error: Exception, delivery: DecisionDelivery) -> None:
+    """Raise :class:`TemporalRejectedError` when Temporal refused the decision for good:
+    the run's workflow rejected or failed the update, or the request is invalid."""
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    refused = isinstance(error, WorkflowUpdateFailedError) or (
+        isinstance(error, RPCError) and error.status == RPCStatusCode.INVALID_ARGUMENT
+    )
+    if refused:
+        raise TemporalRejectedError(
+            f"Temporal refused decision `{delivery.decision_id}` "
+            f"(workflow `{delivery.run_id}`): {_describe(error)}"
+        ) from error
 
 
 def _consume_start_error(start: Any) -> None:
@@ -326,8 +344,6 @@ async def open_temporal_url(url: str) -> TemporalSink:
     """Connect to the URL's Temporal frontend; a sink owning that client."""
     from temporalio.client import Client
 
-    from .loader import SinkConfigError
-
     parsed = parse_temporal_url(url)
     interceptors: list[Any] = []
     if active():
@@ -344,8 +360,8 @@ async def open_temporal_url(url: str) -> TemporalSink:
                 tls=parsed.tls,
                 interceptors=interceptors,
             )
-    except Exception as error:
-        raise SinkConfigError(
+    except Exception as error:  # transient: a relay keeps trying (a bad URL failed above)
+        raise TemporalSinkError(
             f"Temporal sink `{url}`: cannot connect to {parsed.target_host}: {_describe(error)}"
         ) from error
     return TemporalSink(
