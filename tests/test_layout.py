@@ -107,6 +107,8 @@ ALLOWED = {
         "bodies",
         "defaults",
         "tracing",
+        # The async HTTP transport (aiohttp) of the webhook and Restate sinks.
+        "transport",
     },
 }
 

@@ -6,6 +6,7 @@ submit token and an admin token, decisions POSTed over HTTP.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +16,9 @@ import requests
 
 from flowdecision.client import DecisionClient, ServiceError, SyncDecisionClient
 from flowdecision.ledger.states import DecisionState
+from flowdecision.service.config import Settings
 
-from .service_process import ServiceProcess, decision
+from .service_process import ROOT, ServiceProcess, decision
 
 TOKEN = "submit-token-0123456789abcdef"
 ADMIN = "admin-token-0123456789abcdef"
@@ -114,6 +116,67 @@ def test_the_status_page_shows_what_needs_attention(service: ServiceProcess) -> 
     assert page.status_code == 200
     assert "Needs attention" in page.text
     assert 'id="expired"' in page.text and 'id="failures"' in page.text
+
+
+def test_the_admin_token_opens_the_operators_routes_and_nothing_else(
+    service: ServiceProcess,
+) -> None:
+    _submit(service, "scope-1", "run-scope")
+    admin = {**_auth(ADMIN), "Content-Type": "application/json"}
+    submitted = requests.post(
+        f"{service.url}/v1/decisions", data=decision("scope-2").to_json(), headers=admin,
+        timeout=30,
+    )  # fmt: skip
+    assert submitted.status_code == 403, submitted.text
+    assert submitted.json()["error"]["code"] == "forbidden"
+    for path in ("/v1/outbox", "/metrics", "/"):
+        refused = requests.get(f"{service.url}{path}", headers=_auth(ADMIN), timeout=30)
+        assert refused.status_code == 403, (path, refused.text)
+        assert refused.json()["error"]["code"] == "forbidden"
+    for path in ("/v1/decisions", "/v1/decisions/scope-1", "/v1/runs/run-scope", "/v1/audit"):
+        read = requests.get(f"{service.url}{path}", headers=_auth(ADMIN), timeout=30)
+        assert read.status_code == 200, (path, read.text)
+    # The submit token reads and submits (scope-2 was never submitted above).
+    assert (
+        requests.get(
+            f"{service.url}/v1/decisions/scope-2", headers=_auth(TOKEN), timeout=30
+        ).status_code
+        == 404
+    )
+
+
+def test_an_action_over_http_names_its_actor(service: ServiceProcess) -> None:
+    _submit(service, "actor-1", "run-actor")
+    answer = _post(service, ACTIONS[1], {"decision_id": "actor-1", "reason": "r"}, ADMIN)
+    assert answer.status_code == 422
+    assert answer.json()["error"]["code"] == "invalid_action"
+
+
+def test_with_only_an_admin_token_submissions_stay_open_on_loopback(tmp_path: Path) -> None:
+    with ServiceProcess(tmp_path, env={"FLOWDECISION_ADMIN_TOKEN": ADMIN}) as service:
+        body = decision("open-1").to_json()
+        json_type = {"Content-Type": "application/json"}
+        opened = requests.post(f"{service.url}/v1/decisions", data=body, headers=json_type,
+                               timeout=30)  # fmt: skip
+        assert opened.status_code == 201, opened.text
+        as_admin = requests.post(
+            f"{service.url}/v1/decisions", data=body, headers={**json_type, **_auth(ADMIN)},
+            timeout=30,
+        )  # fmt: skip
+        assert as_admin.status_code == 403
+        action = _post(service, ACTIONS[1], {"decision_id": "open-1", "actor": "a",
+                                             "reason": "r"}, None)  # fmt: skip
+        assert action.status_code == 401
+        forgot = _post(service, ACTIONS[1], {"decision_id": "open-1", "actor": "a",
+                                             "reason": "r"}, ADMIN)  # fmt: skip
+        assert forgot.status_code == 200, forgot.text
+
+
+def test_service_md_lists_every_setting() -> None:
+    text = (ROOT / "docs" / "SERVICE.md").read_text()
+    table = text[text.index("| setting (TOML key) |") :]
+    for name in (field.name for field in dataclasses.fields(Settings)):
+        assert f"\n| `{name}` |" in table, f"{name} is not in SERVICE.md's settings table"
 
 
 def test_a_service_without_an_admin_token_refuses_actions(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from .guards import BrowserGuardMiddleware, JsonContentTypeMiddleware
 from .handlers import AppContext, routes
 from .lean import lean_stack
 from .metrics import ServiceMetrics
+from .operations import admin_may
 from .runtime import Service
 
 __all__ = ["Service", "create_app"]
@@ -50,6 +51,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
         lambda: context.service.dispatcher.health() if context.service is not None else None,
         healthy=lambda: context.service is None or context.service.cached_health().healthy,
         cursors=lambda: context.service.cursor_states() if context.service is not None else (),
+        own_relay=lambda: context.service.relay_status() if context.service is not None else None,
     )
 
     @contextlib.asynccontextmanager
@@ -83,8 +85,9 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
     # The contract is public: it holds nothing a caller could not read in the repository.
     all_routes = [*routes(), openapi_route()]
     body_routes = {r.path: r.methods for r in all_routes if r.methods}
-    # Admin tokens pass authentication too; the action routes then ask for one.
-    tokens = settings.tokens() + settings.admin_tokens()
+    # Admin tokens pass authentication on the operator's routes only; the action
+    # routes then ask for one.
+    tokens, admin_tokens = settings.tokens(), settings.admin_tokens()
     public = frozenset({OPENAPI_PATH} if settings.auth_healthz else {"/healthz", OPENAPI_PATH})
     middleware = [
         Middleware(
@@ -94,7 +97,19 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
         ),
         BrowserGuardMiddleware.middleware(settings),
         # Without tokens it lets every request through: one layer less per request.
-        *([Middleware(AuthMiddleware, tokens=tokens, public=public)] if tokens else []),
+        *(
+            [
+                Middleware(
+                    AuthMiddleware,
+                    tokens=tokens,
+                    public=public,
+                    admin_tokens=admin_tokens,
+                    admin_may=admin_may,
+                )
+            ]
+            if tokens or admin_tokens
+            else []
+        ),
         # Only methods a route takes: elsewhere a POST or PUT is answered 405, not 415.
         Middleware(JsonContentTypeMiddleware, routes=body_routes),
     ]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import error_response
@@ -41,21 +42,61 @@ def presented_token(scope: Scope) -> bytes | None:
 
 
 class AuthMiddleware:
-    """Bearer-token auth (constant-time) for every path except the public ones."""
+    """Bearer-token auth (constant-time) for every path except the public ones.
 
-    def __init__(self, app: ASGIApp, *, tokens: Sequence[bytes], public: frozenset[str]) -> None:
+    Two kinds of token (docs/SERVICE.md, "Auth"): a submit token (``tokens``)
+    opens every route; an admin token (``admin_tokens``) only the routes
+    ``admin_may(method, path)`` names (the operator's queries and actions), and
+    elsewhere gets 403 ``forbidden``: least privilege, an operator's token does
+    not submit decisions or read the outbox. Without a submit token the other
+    routes are open (the service then listens on loopback only, or with
+    ``allow_no_auth``).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        tokens: Sequence[bytes],
+        public: frozenset[str],
+        admin_tokens: Sequence[bytes] = (),
+        admin_may: Callable[[str, str], bool] | None = None,
+    ) -> None:
         self.app = app
         self.tokens = tuple(tokens)
         self.public = public
+        self.admin_tokens = tuple(admin_tokens)
+        self.admin_may = admin_may
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.tokens or scope["path"] in self.public:
+        refusal = self.refusal(scope) if scope["type"] == "http" else None
+        if refusal is None:
             await self.app(scope, receive, send)
             return
+        await refusal(scope, receive, send)
+
+    def refusal(self, scope: Scope) -> Response | None:
+        """None when the request may pass; else the 401 or 403 to answer."""
+        if scope["path"] in self.public:
+            return None
         presented = presented_token(scope)
         if presented is not None and token_matches(presented, self.tokens):
-            await self.app(scope, receive, send)
-            return
+            return None
+        if (
+            presented is not None
+            and self.admin_tokens
+            and token_matches(presented, self.admin_tokens)
+        ):
+            if self.admin_may is not None and self.admin_may(scope["method"], scope["path"]):
+                return None
+            return error_response(
+                403,
+                "forbidden",
+                "the admin token is for the operator's queries and actions; "
+                "this route needs a submit token",
+            )
+        if presented is None and not self.tokens:
+            return None  # no submit token configured: the other routes are open
         response = error_response(
             401,
             "unauthorized",
@@ -63,4 +104,4 @@ class AuthMiddleware:
         )
         response.raw_headers.append((b"www-authenticate", b'Bearer realm="flowdecision"'))
         response.raw_headers.append((b"www-authenticate", b'Basic realm="flowdecision"'))
-        await response(scope, receive, send)
+        return response

@@ -37,7 +37,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import tracing as _tracing
-from .auth import AuthMiddleware, presented_token, token_matches
+from .auth import AuthMiddleware
 from .boundary import Answer, BoundaryMiddleware, end_server_span, start_server_span
 from .guards import BrowserGuardMiddleware, JsonContentTypeMiddleware
 from .handlers import AppContext, answer_post, read_post_body
@@ -80,7 +80,8 @@ class DecisionsFront:
             layer = getattr(layer, "app", None)
         self._boundary = boundary
         self._guard = guard
-        self._tokens = auth.tokens if auth is not None and DECISIONS_PATH not in auth.public else ()
+        #: The auth layer, unless it lets every POST /v1/decisions through.
+        self._auth = auth if auth is not None and DECISIONS_PATH not in auth.public else None
         #: Off unless the stack is the one ``create_app`` builds (boundary outermost).
         self.enabled = (
             boundary is app and guard is not None and json is not None and boundary is not None
@@ -136,7 +137,7 @@ class DecisionsFront:
             or not declared.isdigit()
             or declared_over(declared, self.context.settings.max_body_bytes)
             or (guard.check_host and not guard.host_allowed(host))
-            or (self._tokens and not _authorized(scope, self._tokens))
+            or (self._auth is not None and self._auth.refusal(scope) is not None)
         ):
             await self.app(scope, receive, send)
             return
@@ -205,8 +206,3 @@ class DecisionsFront:
             if server_span is not None:
                 end_server_span(server_span, scope, None, status)  # named as it started
             request_id_var.reset(token)
-
-
-def _authorized(scope: Scope, tokens: tuple[bytes, ...]) -> bool:
-    presented = presented_token(scope)
-    return presented is not None and token_matches(presented, tokens)

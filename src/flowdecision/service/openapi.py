@@ -285,9 +285,12 @@ def _json_answer(description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"description": description, "content": {_JSON: {"schema": schema}}}
 
 
-def _common(protected: bool) -> list[str]:
+def _common(protected: bool, *, submit_only: bool = False) -> list[str]:
+    """The codes any route may answer; ``submit_only``: a route an admin token does not
+    open (403 ``forbidden`` with one)."""
     return [
         *(["unauthorized"] if protected else []),
+        *(["forbidden"] if submit_only else []),
         *_CAN_ANSWER_ANY_REQUEST,
         "overloaded",
         "internal",
@@ -454,7 +457,7 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
         }
     }
     submit_codes = [
-        *_common(True),
+        *_common(True, submit_only=True),
         "payload_too_large",
         "unsupported_media_type",
         *(code for code in HTTP_ERRORS if code != "internal"),
@@ -586,7 +589,12 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                     {"$ref": "#/components/parameters/X-Request-Id"},
                 ],
                 "responses": _responses(
-                    [*_common(True), "no_outbox", "invalid_parameter", "outbox_unavailable"],
+                    [
+                        *_common(True, submit_only=True),
+                        "no_outbox",
+                        "invalid_parameter",
+                        "outbox_unavailable",
+                    ],
                     {
                         "200": {
                             "description": "A page of the outbox, or (`Accept: "
@@ -629,7 +637,7 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                 "security": _AUTH,
                 "parameters": [{"$ref": "#/components/parameters/X-Request-Id"}],
                 "responses": _responses(
-                    _common(True),
+                    _common(True, submit_only=True),
                     {
                         "200": {
                             "description": "Prometheus text format.",
@@ -647,7 +655,7 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                 "security": _AUTH,
                 "parameters": [{"$ref": "#/components/parameters/X-Request-Id"}],
                 "responses": _responses(
-                    _common(True),
+                    _common(True, submit_only=True),
                     {
                         "200": {
                             "description": "The status page.",
@@ -769,8 +777,11 @@ def openapi_document() -> dict[str, Any]:
                 "bearerAuth": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "A token from `token` or `token_file`; none needed when the "
-                    "service runs without tokens (loopback only, or `allow_no_auth`).",
+                    "description": "A submit token (`token`, `token_file`): every route but "
+                    "the actions. An admin token (`admin_token`, `admin_token_file`): the "
+                    "actions and the operator's reads only (403 `forbidden` elsewhere). None "
+                    "needed when the service runs without a submit token (loopback only, or "
+                    "`allow_no_auth`).",
                 },
                 "basicAuth": {
                     "type": "http",

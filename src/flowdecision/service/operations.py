@@ -10,7 +10,8 @@
   ``{"decision_id", "actor", "reason"}``: need an **admin token** (never the
   submit token); a service configured without one refuses them (403).
 
-Reads take the service's ordinary token (an admin token is accepted too).
+Reads take the service's ordinary token or an admin token (:func:`admin_may`: the
+admin token opens nothing else).
 """
 
 from __future__ import annotations
@@ -39,10 +40,24 @@ from .inputs import BadParam, bad_param, bounded_int, one_param, read_body_withi
 from .runtime import Service
 from .status import FIND_PARAMS, Finder, RecentActions
 
-__all__ = ["ADMIN_ROUTES", "operation_routes", "recent_actions", "status_finder"]
+__all__ = ["ADMIN_ROUTES", "admin_may", "operation_routes", "recent_actions", "status_finder"]
 
 #: The routes that need an admin token.
 ADMIN_ROUTES = ("/v1/actions/release", "/v1/actions/forget")
+#: Paths (and prefixes) of the reads an admin token may make: the operator's queries,
+#: and one decision by id (what an operator looks at before acting on it).
+_ADMIN_READS = ("/v1/decisions", "/v1/audit")
+_ADMIN_READ_PREFIXES = ("/v1/decisions/", "/v1/runs/")
+
+
+def admin_may(method: str, path: str) -> bool:
+    """Whether an admin token opens ``method path``: the actions, and the operator's
+    reads; never a submission, the outbox, metrics or the status page."""
+    if method == "POST":
+        return path in ADMIN_ROUTES
+    return method in ("GET", "HEAD") and (
+        path in _ADMIN_READS or path.startswith(_ADMIN_READ_PREFIXES)
+    )
 
 
 def _one(request: Request, name: str) -> str | None:
