@@ -23,6 +23,7 @@ __all__ = [
     "CLIENT_TIMEOUT_S",
     "DEFAULT_STORE_PATH",
     "DEFAULT_STORE_URL",
+    "HTTP_POOL_CONNECTIONS",
     "LEASE_MS",
     "LEGACY_LEDGER_URL",
     "LEGACY_OUTBOX_URL",
@@ -134,6 +135,11 @@ PG_MIN_SIZE = 1
 PG_MAX_SIZE = 10
 PG_CONNECT_TIMEOUT_S = 10.0
 PG_COMMAND_TIMEOUT_S: float | None = 60.0
+
+# -- the async HTTP transport (DecisionClient, the webhook and Restate sinks) ----------
+
+#: Connections one pool keeps open at once: 64 concurrent calls never wait for one.
+HTTP_POOL_CONNECTIONS = 64
 
 # -- the webhook sink -------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The async client, :class:`DecisionClient` (over ``httpx.AsyncClient``)."""
+"""The async client, :class:`DecisionClient` (over :class:`~flowdecision.transport.HttpPool`)."""
 
 from __future__ import annotations
 
@@ -12,27 +12,35 @@ from ..closing import Closable
 from ..ledger.query import AuditPage, DecisionPage
 from ..ledger.states import AuditEntry
 from ..model import DecisionRequest
-from .base import HTTP_DEFAULTS, BaseClient, send_kwargs
+from ..transport import Answer, HttpPool
+from .base import USER_AGENT, BaseClient, send_headers, send_kwargs
 from .protocol import ActionArguments, Send, audit_params, query_params, run_path
 from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
 
 __all__ = ["DecisionClient"]
 
 
-class DecisionClient(BaseClient[httpx.AsyncClient], Closable):
+class DecisionClient(BaseClient[HttpPool | httpx.AsyncClient], Closable):
     """Async client for the decision service. Use ``async with`` or call :meth:`aclose`.
 
     ``url`` is the service's base URL; ``token`` its bearer token (None when it
     runs without auth); ``timeout`` bounds each HTTP request (seconds, or an
-    ``httpx.Timeout``); ``retry`` says when to retry; ``wait_s`` sends
+    ``httpx.Timeout``: its connect, read and pool parts are kept; aiohttp has no
+    write timeout); ``retry`` says when to retry; ``wait_s`` sends
     ``Prefer: wait=N`` with every submission, so a service that supports it
     answers with another owner's result instead of ``busy``; ``on_retry`` is
-    called before each retry's sleep. Pass ``http`` to reuse an
-    ``httpx.AsyncClient`` (its TLS, proxies, limits); it is not closed here.
+    called before each retry's sleep.
+
+    Requests go through an aiohttp connection pool (:class:`~flowdecision.transport.HttpPool`)
+    of ``max_connections`` connections (64 by default), which keeps up with the service at
+    any concurrency; one client is safe to share between many tasks of one event loop. Pass
+    ``http`` to use another pool (an ``HttpPool`` shared by several clients, or an
+    ``httpx.AsyncClient`` for its TLS and proxy settings, at httpx's speed); it is not
+    closed here.
     """
 
-    def _new_http(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(**HTTP_DEFAULTS)
+    def _new_http(self, max_connections: int) -> HttpPool:
+        return HttpPool(max_connections=max_connections, headers={"User-Agent": USER_AGENT})
 
     async def submit(
         self,
@@ -126,16 +134,29 @@ class DecisionClient(BaseClient[httpx.AsyncClient], Closable):
         """Forget a completed decision or tombstone so its id can be used again; audited."""
         return await self._drive(self._protocol.action("forget", decision_id, **action))
 
-    async def _send(self, step: Send) -> httpx.Response:
-        return await self._http.request(step.method, step.url, **send_kwargs(step))
+    async def _send(self, step: Send) -> Answer:
+        http = self._http
+        if isinstance(http, httpx.AsyncClient):
+            return await http.request(step.method, step.url, **send_kwargs(step))
+        timeout = step.timeout
+        return await http.request(
+            step.method,
+            step.url,
+            headers=send_headers(step),
+            content=step.content,
+            params=step.params,
+            connect_s=timeout.connect,
+            read_s=timeout.read,
+            pool_s=timeout.pool,
+        )
 
     async def _sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
     async def close(self) -> None:
         """Close the HTTP connection pool if this client created it (``async with`` does)."""
-        if self._owns_http:
-            await self._http.aclose()
+        if self._owns_http and isinstance(self._http, HttpPool):
+            await self._http.close()
 
     #: httpx's spelling of :meth:`close`.
     aclose = close

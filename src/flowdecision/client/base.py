@@ -1,52 +1,69 @@
-"""What both clients share: their arguments, the sans-I/O core and the httpx client."""
+"""What both clients share: their arguments, the sans-I/O core and the HTTP client."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Generic, TypeVar
 
 import httpx
 
 from .. import tracing
-from ..defaults import CLIENT_TIMEOUT_S, SERVICE_URL
+from ..defaults import CLIENT_TIMEOUT_S, HTTP_POOL_CONNECTIONS, SERVICE_URL
 from ..errors import InvalidArgumentError
+from ..transport import Answer
 from .protocol import Exchange, Send, ServiceProtocol, Sleep
-from .retry import OnRetry, RetryOptions
+from .retry import TRANSPORT_ERRORS, OnRetry, RetryOptions
 
-__all__ = ["DEFAULT_URL", "HTTP_DEFAULTS", "BaseClient", "read_token_file", "send_kwargs"]
+__all__ = [
+    "DEFAULT_URL",
+    "HTTP_DEFAULTS",
+    "USER_AGENT",
+    "BaseClient",
+    "read_token_file",
+    "send_headers",
+    "send_kwargs",
+]
 
 DEFAULT_URL = SERVICE_URL
 
-_USER_AGENT = "flowdecision-client"
+USER_AGENT = "flowdecision-client"
+
+
+def send_headers(step: Send) -> Mapping[str, str]:
+    """The step's headers, plus the caller's trace context (W3C ``traceparent``) when
+    tracing is on, so the caller's trace continues in the service."""
+    headers = step.headers
+    if tracing.active():
+        headers = dict(headers)
+        tracing.inject(headers)
+    return headers
 
 
 def send_kwargs(step: Send) -> dict[str, Any]:
-    headers = step.headers
-    if tracing.active():  # the caller's trace continues in the service (W3C traceparent)
-        headers = dict(headers)
-        tracing.inject(headers)
+    """httpx's arguments for the step (the blocking client, or a given ``httpx.AsyncClient``)."""
     return {
-        "headers": headers,
+        "headers": send_headers(step),
         "content": step.content,
         "params": step.params,
         "timeout": step.timeout,
     }
 
 
-H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+H = TypeVar("H")
 T = TypeVar("T")
 
 #: The settings of the httpx client a client builds (and owns) when none is given.
 HTTP_DEFAULTS: Final[dict[str, Any]] = {
-    "headers": {"User-Agent": _USER_AGENT},
+    "headers": {"User-Agent": USER_AGENT},
     "follow_redirects": False,
 }
 
 
 class BaseClient(Generic[H]):
     """What :class:`DecisionClient` and :class:`SyncDecisionClient` share: the
-    arguments, the sans-I/O core and the httpx client (built here unless given)."""
+    arguments, the sans-I/O core and the HTTP client (built here unless given)."""
 
     def __init__(
         self,
@@ -59,7 +76,10 @@ class BaseClient(Generic[H]):
         on_retry: OnRetry | None = None,
         http: H | None = None,
         rng: random.Random | None = None,
+        max_connections: int = HTTP_POOL_CONNECTIONS,
     ) -> None:
+        if max_connections < 1:
+            raise InvalidArgumentError(f"max_connections must be at least 1, got {max_connections}")
         self._protocol = ServiceProtocol(
             url,
             token=token,
@@ -70,16 +90,16 @@ class BaseClient(Generic[H]):
             rng=rng,
         )
         self._owns_http = http is None
-        self._http: H = self._new_http() if http is None else http
+        self._http: H = self._new_http(max_connections) if http is None else http
 
     @property
     def url(self) -> str:
         return self._protocol.base_url
 
-    def _new_http(self) -> H:
+    def _new_http(self, max_connections: int) -> H:
         raise NotImplementedError
 
-    async def _send(self, step: Send) -> httpx.Response:
+    async def _send(self, step: Send) -> Answer:
         """Send one request (the async client awaits it, the blocking one blocks)."""
         raise NotImplementedError
 
@@ -98,7 +118,7 @@ class BaseClient(Generic[H]):
                     continue
                 try:
                     response = await self._send(step)
-                except httpx.TransportError as error:
+                except TRANSPORT_ERRORS as error:
                     step = exchange.throw(error)
                 else:
                     step = exchange.send(response)

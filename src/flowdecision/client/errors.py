@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from ..backoff import parse_retry_after
 from ..errors import (
     DecisionBusyError,
@@ -24,6 +22,7 @@ from ..errors import (
     SinkError,
     UnauthorizedBranchError,
 )
+from ..transport import Answer
 
 __all__ = [
     "PERMANENT_CODES",
@@ -237,7 +236,7 @@ _ERRORS_BY_CODE: dict[str, type[ServiceError]] = {
 }
 
 
-def error_from_response(response: httpx.Response) -> ServiceError:
+def error_from_response(response: Answer) -> ServiceError:
     """The typed error for an error answer (any status, any body)."""
     status = response.status_code
     error: Mapping[str, Any] = {}
@@ -267,17 +266,17 @@ def error_from_response(response: httpx.Response) -> ServiceError:
     return cls(answer)
 
 
-def _reason(response: httpx.Response) -> str:
+def _reason(response: Answer) -> str:
     text = response.text.strip().replace("\n", " ")[:200]
     return text or response.reason_phrase or f"HTTP {response.status_code}"
 
 
-def unexpected_answer(response: httpx.Response, problem: str) -> UnexpectedResponseError:
+def unexpected_answer(response: Answer, problem: str) -> UnexpectedResponseError:
     return UnexpectedResponseError(
         ErrorAnswer(
             status=response.status_code,
             code="unexpected_response",
-            message=f"unexpected answer from {response.request.url.path}: {problem}",
+            message=f"unexpected answer from {response.url.path}: {problem}",
             request_id=response.headers.get("x-request-id"),
         )
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from .. import transport
 from ..defaults import (
     RETRY_BACKOFF_BASE_S,
     RETRY_BACKOFF_MAX_S,
@@ -17,7 +18,7 @@ from ..defaults import (
 )
 from ..errors import FlowDecisionError, InvalidArgumentError
 
-__all__ = ["MAYBE_SENT", "NOT_SENT", "OnRetry", "RetryEvent", "RetryOptions"]
+__all__ = ["MAYBE_SENT", "NOT_SENT", "TRANSPORT_ERRORS", "OnRetry", "RetryEvent", "RetryOptions"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +62,16 @@ class RetryEvent:
 
 OnRetry = Callable[[RetryEvent], None]
 
+# The async client's transport is flowdecision.transport (aiohttp), the blocking
+# client's httpx: each tuple names both.
+
 #: The request cannot have reached the service.
 NOT_SENT: tuple[type[Exception], ...] = (
     httpx.ConnectError,
     httpx.ConnectTimeout,
     httpx.PoolTimeout,
+    transport.ConnectError,
+    transport.ConnectTimeout,
 )
 #: The request may have reached the service (or part of it did).
 MAYBE_SENT: tuple[type[Exception], ...] = (
@@ -74,4 +80,8 @@ MAYBE_SENT: tuple[type[Exception], ...] = (
     httpx.ReadError,
     httpx.WriteError,
     httpx.RemoteProtocolError,
+    transport.ReadTimeout,
+    transport.ReadError,
 )
+#: Any failure without an answer; those in neither tuple above are final.
+TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.TransportError, transport.TransportError)

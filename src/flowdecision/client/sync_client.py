@@ -11,6 +11,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import httpx
 
 from ..errors import FlowDecisionError
+from ..transport import Answer
 from .async_client import DecisionClient
 from .base import HTTP_DEFAULTS, BaseClient, send_kwargs
 from .protocol import Send
@@ -46,7 +47,12 @@ def _blocking(
 
 
 class SyncDecisionClient(BaseClient[httpx.Client]):
-    """The blocking twin of :class:`DecisionClient`: same arguments, same results and errors."""
+    """The blocking twin of :class:`DecisionClient`: same arguments, same results and errors.
+
+    It sends through httpx's blocking client (measured as fast as the service allows one
+    caller at a time: docs/BENCHMARKS.md); ``http`` takes an ``httpx.Client``, and
+    ``max_connections`` bounds its pool (for threads sharing one client).
+    """
 
     submit = _blocking(DecisionClient.submit)
     get = _blocking(DecisionClient.get)
@@ -58,10 +64,10 @@ class SyncDecisionClient(BaseClient[httpx.Client]):
     release = _blocking(DecisionClient.release)
     forget = _blocking(DecisionClient.forget)
 
-    def _new_http(self) -> httpx.Client:
-        return httpx.Client(**HTTP_DEFAULTS)
+    def _new_http(self, max_connections: int) -> httpx.Client:
+        return httpx.Client(**HTTP_DEFAULTS, limits=httpx.Limits(max_connections=max_connections))
 
-    async def _send(self, step: Send) -> httpx.Response:
+    async def _send(self, step: Send) -> Answer:
         return self._http.request(step.method, step.url, **send_kwargs(step))
 
     async def _sleep(self, seconds: float) -> None:

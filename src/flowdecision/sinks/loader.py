@@ -130,7 +130,7 @@ async def open_sink(url: str, *, webhook: WebhookOptions | None = None) -> Sink:
 
         return cast(Sink, await open_temporal_url(url))
     if kind == "restate":
-        _require_extra(url, "httpx", "restate")
+        _require_extra(url, "aiohttp", "restate")
         from .restate import open_restate_url
 
         options = webhook or WebhookOptions()

@@ -1,7 +1,9 @@
 """The Restate sink: each accepted decision becomes one Restate invocation, keyed by its id.
 
-Needs ``httpx`` (the ``restate`` extra); Restate's own SDK is needed only by
-the service that handles the decisions, not here.
+Needs ``aiohttp`` (the ``restate`` extra; the webhook sink's transport,
+:class:`~flowdecision.transport.HttpPool`); Restate's own SDK is needed only by
+the service that handles the decisions, not here. One sink is safe to call from
+many tasks at once; its pool keeps ``max_connections`` connections (64 by default).
 
 URL forms (``flowdecision serve --sink …``)::
 
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from ..defaults import HTTP_POOL_CONNECTIONS
 from ..errors import RestateSinkError
 from ..model import DecisionRequest
 from .delivery import DecisionDelivery, EngineAnswer
@@ -112,10 +115,15 @@ class RestateSink(WebhookSink):
         timeout_s: float = 10.0,
         max_attempts: int = 4,
         token: str | None = None,
+        max_connections: int = HTTP_POOL_CONNECTIONS,
     ) -> None:
         self.target = parse_restate_url(target) if isinstance(target, str) else target
         super().__init__(
-            self.target.ingress, timeout_s=timeout_s, max_attempts=max_attempts, token=token
+            self.target.ingress,
+            timeout_s=timeout_s,
+            max_attempts=max_attempts,
+            token=token,
+            max_connections=max_connections,
         )
 
     async def submit(self, request: DecisionRequest, attempt: int) -> None:
@@ -150,13 +158,8 @@ class RestateSink(WebhookSink):
 
     async def probe(self) -> None:
         """Raise unless the ingress answers ``GET /restate/health`` (``/healthz``)."""
-        client = self._client
-        if client is None:
-            await self.open()
-            client = self._client
-            assert client is not None
         try:
-            response = await client.get(f"{self.target.ingress}/restate/health")
+            response = await self._send("GET", f"{self.target.ingress}/restate/health")
         except Exception as error:
             raise RestateSinkError(f"Restate ingress is unreachable: {error}") from error
         if response.status_code != 200:

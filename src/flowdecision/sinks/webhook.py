@@ -18,6 +18,17 @@ honoured (seconds or an HTTP date); one longer than ``max_retry_after_s`` ends
 the retries at once instead of holding the claim. Any other status (3xx, 4xx)
 fails immediately with :class:`WebhookRejectedError`. Retrying after a timeout
 is safe only because the receiver deduplicates on ``Idempotency-Key``.
+
+Requests go through one aiohttp connection pool per sink
+(:class:`~flowdecision.transport.HttpPool`, ``max_connections``, 64 by default), so one
+sink serves many concurrent submissions (inline under ``serve``, or a relay's): it is
+safe to call from any number of tasks of one event loop.
+
+Logs: one warning per distinct failure of a decision, not one per try. A failure that
+repeats (the same status, the same transport error) for the same decision is logged at
+DEBUG until it changes or the delivery succeeds (then one INFO line says so). No log
+line and no error message names the sink's URL unredacted (a token can sit in its
+query string); neither aiohttp nor this module logs requests.
 """
 
 from __future__ import annotations
@@ -25,13 +36,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import OrderedDict
 from typing import ClassVar, Self
-
-import httpx
 
 from ..backoff import parse_retry_after
 from ..closing import Openable
 from ..defaults import (
+    HTTP_POOL_CONNECTIONS,
     WEBHOOK_BACKOFF_BASE_S,
     WEBHOOK_BACKOFF_MAX_S,
     WEBHOOK_MAX_ATTEMPTS,
@@ -41,6 +52,7 @@ from ..defaults import (
 from ..errors import InvalidArgumentError, WebhookError, WebhookRejectedError
 from ..model import DecisionRequest
 from ..tracing import active, inject
+from ..transport import TRANSIENT_ERRORS, HttpAnswer, HttpPool
 
 __all__ = [
     "TRANSIENT_ERRORS",
@@ -52,14 +64,8 @@ __all__ = [
 
 log = logging.getLogger("flowdecision.sinks.webhook")
 
-#: Transport failures worth another try (the connection failed or timed out).
-TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
-    httpx.ConnectError,
-    httpx.TimeoutException,
-    httpx.ReadError,
-    httpx.WriteError,
-    httpx.RemoteProtocolError,
-)
+#: How many failing decisions a sink remembers the last logged failure of.
+_REMEMBERED_FAILURES = 1024
 
 
 class WebhookSink(Openable):
@@ -79,9 +85,12 @@ class WebhookSink(Openable):
         max_retry_after_s: float = WEBHOOK_MAX_RETRY_AFTER_S,
         token: str | None = None,
         rng: random.Random | None = None,
+        max_connections: int = HTTP_POOL_CONNECTIONS,
     ) -> None:
         if max_attempts < 1:
             raise InvalidArgumentError(f"max_attempts must be at least 1, got {max_attempts}")
+        if max_connections < 1:
+            raise InvalidArgumentError(f"max_connections must be at least 1, got {max_connections}")
         self.url = url
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
@@ -90,13 +99,16 @@ class WebhookSink(Openable):
         self.max_retry_after_s = max_retry_after_s
         self._token = token
         self._rng = rng or random.Random()
-        self._client: httpx.AsyncClient | None = None
+        #: Connections the sink's pool keeps open at once (concurrent POSTs beyond wait).
+        self.max_connections = max_connections
+        self._client: HttpPool | None = None
+        # decision id -> the failure last logged as a warning for it (oldest first).
+        self._failing: OrderedDict[str, str] = OrderedDict()
 
     async def open(self) -> Self:
         if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.timeout_s),
-                follow_redirects=False,
+            self._client = HttpPool(
+                max_connections=self.max_connections,
                 headers={"User-Agent": "flowdecision-webhook"},
             )
         return self
@@ -104,7 +116,27 @@ class WebhookSink(Openable):
     async def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            await client.aclose()
+            await client.close()
+
+    async def _pool(self) -> HttpPool:
+        if self._client is None:
+            await self.open()
+        assert self._client is not None
+        return self._client
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> HttpAnswer:
+        """One request through the sink's pool, every timeout ``timeout_s``."""
+        pool = await self._pool()
+        return await pool.request(
+            method, url, headers=headers, content=body,
+            connect_s=self.timeout_s, read_s=self.timeout_s, pool_s=self.timeout_s,
+        )  # fmt: skip
 
     def backoff_s(self, retry: int) -> float:
         """Delay before retry number ``retry`` (1-based): half fixed, half random."""
@@ -121,17 +153,12 @@ class WebhookSink(Openable):
 
     async def post(
         self, url: str, body: bytes, headers: dict[str, str], decision_id: str
-    ) -> httpx.Response:
-        """POST ``body`` to ``url`` with the retries above; the 2xx response.
+    ) -> HttpAnswer:
+        """POST ``body`` to ``url`` with the retries above; the 2xx answer.
 
         Adds ``Authorization`` when a token is configured. Subclasses that speak
         an engine's ingress protocol (the Restate sink) reuse this loop.
         """
-        client = self._client
-        if client is None:
-            await self.open()
-            client = self._client
-            assert client is not None
         if self._token:
             headers = {**headers, "Authorization": f"Bearer {self._token}"}
         if active():  # traceparent/tracestate of the dispatch's sink span
@@ -142,16 +169,18 @@ class WebhookSink(Openable):
             tries += 1
             wait: float | None = None
             try:
-                response = await client.post(url, content=body, headers=headers)
+                response = await self._send("POST", url, body, headers)
             except TRANSIENT_ERRORS as error:
                 problem = f"{type(error).__name__}: {error}".rstrip(": ")
                 status = None
             else:
                 status = response.status_code
                 if 200 <= status < 300:
+                    self._recovered(decision_id, tries)
                     return response
                 problem = f"HTTP {status}"
                 if status != 429 and status < 500:
+                    self._failing.pop(decision_id, None)
                     raise WebhookRejectedError(
                         f"{self.name} rejected the decision with HTTP {status}{_snippet(response)}",
                         status=status,
@@ -171,18 +200,37 @@ class WebhookSink(Openable):
                     tries=tries,
                 )
             delay = max(wait, self.backoff_s(tries)) if wait is not None else self.backoff_s(tries)
-            log.warning(
-                "webhook delivery failed, retrying",
-                extra={
-                    "decision_id": decision_id,
-                    "try": tries,
-                    "problem": problem,
-                    "retry_in_s": round(delay, 3),
-                },
-            )
+            self._failed(decision_id, tries, problem, delay)
             await asyncio.sleep(delay)
 
+    def _failed(self, decision_id: str, tries: int, problem: str, delay: float) -> None:
+        """Log a failed try: a warning when it differs from the last one logged for this
+        decision (by this sink, across calls), DEBUG when it repeats."""
+        repeated = self._failing.get(decision_id) == problem
+        if not repeated:
+            self._failing[decision_id] = problem
+            self._failing.move_to_end(decision_id)
+            while len(self._failing) > _REMEMBERED_FAILURES:
+                self._failing.popitem(last=False)
+        log.log(
+            logging.DEBUG if repeated else logging.WARNING,
+            "webhook delivery failed, retrying",
+            extra={
+                "decision_id": decision_id,
+                "try": tries,
+                "problem": problem,
+                "retry_in_s": round(delay, 3),
+            },
+        )
 
-def _snippet(response: httpx.Response) -> str:
+    def _recovered(self, decision_id: str, tries: int) -> None:
+        if self._failing.pop(decision_id, None) is not None:
+            log.info(
+                "webhook delivery succeeded after failures",
+                extra={"decision_id": decision_id, "try": tries},
+            )
+
+
+def _snippet(response: HttpAnswer) -> str:
     text = response.text.strip().replace("\n", " ")
     return f": {text[:200]}" if text else ""
