@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import pwd
 import sqlite3
@@ -28,10 +29,12 @@ import asyncpg
 import pytest
 
 from flowdecision import Dispatcher
-from flowdecision.errors import DispatchStoreFullError
+from flowdecision.errors import DispatchStoreFullError, StoreFullError
 from flowdecision.ledger.postgres import PostgresLedger
 from flowdecision.ledger.url import open_ledger
 from flowdecision.model import Complete
+from flowdecision.outage import Outage
+from flowdecision.service.runtime import OK, _check
 from flowdecision.sinks import OutboxSink
 from tests.helpers import request
 from tests.postgres_server import PostgresServer
@@ -237,6 +240,41 @@ def test_serve_answers_store_full_names_it_in_healthz_and_logs_start_summary_end
     assert len(ended) == outages and ended[-1]["attempts"] >= refused
     # No line per refused request (they are at debug level).
     assert not [r for r in _lines(log, "request failed") if r.get("code") == "store_full"]
+
+
+def test_healthz_recovers_with_the_first_successful_write_every_time(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """Issue 38: /healthz stayed 503 `store_full` after writes succeeded again (a probe's
+    result from the outage, reused; a probe's read that found no room restarting it)."""
+    db = small_disk / "flowdecision.db"
+    with ServiceProcess(tmp_path, "--ledger", f"sqlite:///{db}") as svc:
+        for episode in range(3):
+            filler = _fill(small_disk, 300_000, name=f"filler-{episode}")
+            for n in range(200):
+                status, _, answer = _post(svc.url, _padded(f"e{episode}-{n}", n))
+                if status != 201:
+                    break
+            assert (status, answer["error"]["code"]) == (503, "store_full"), answer
+            code, health = _healthz(svc.url)  # probed during the outage
+            assert (code, health["checks"]["ledger"]["code"]) == (503, "store_full"), health
+            filler.unlink()
+            status, _, answer = _post(svc.url, _padded(f"e{episode}-room", 0))
+            assert status == 201, answer
+            # At once, not after the probe's cached result expires.
+            _code, health = _healthz(svc.url)
+            assert health["checks"]["ledger"] == {"status": "ok", "code": None}, (episode, health)
+            assert health["reason"] in (None, "error_rate")
+
+
+async def test_a_probe_read_that_finds_no_room_does_not_start_a_full_disk_outage() -> None:
+    outage = Outage(logging.getLogger("test"), "store")
+
+    async def read_without_room() -> None:
+        raise StoreFullError("sqlite ledger `x`: the disk is full")
+
+    assert await _check(read_without_room, "ledger", outage) == OK
+    assert not outage.active  # only a refused write starts one (and a write ends it)
 
 
 # -- PostgreSQL: the tables in a tablespace on a small tmpfs ---------------------------------
