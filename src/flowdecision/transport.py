@@ -24,7 +24,6 @@ Nothing here logs (aiohttp's client does not log requests either): no URL reache
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -231,7 +230,8 @@ class HttpPool:
                 return HttpAnswer(
                     response.status, response.headers, body, response.reason or "", response.url
                 )
-        except (TimeoutError, aiohttp.ClientError) as error:
+        # ValueError: a URL that does not parse (yarl's, before aiohttp's own checks).
+        except (TimeoutError, aiohttp.ClientError, ValueError) as error:
             raise _mapped(error) from error
 
     @property
@@ -268,10 +268,10 @@ def _mapped(error: BaseException) -> TransportError:
         kind = ConnectTimeout
     elif isinstance(error, aiohttp.ClientConnectorError):
         kind = ConnectError
-    elif isinstance(error, aiohttp.SocketTimeoutError | asyncio.TimeoutError):
+    elif isinstance(error, aiohttp.SocketTimeoutError | TimeoutError):
         kind = ReadTimeout
-    elif isinstance(error, aiohttp.InvalidURL):
-        kind = TransportError
+    elif isinstance(error, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError | ValueError):
+        kind = TransportError  # cannot be sent: retrying cannot help
     else:  # disconnected, reset, a malformed or truncated answer
         kind = ReadError
     detail = redact_text(str(error)) or type(error).__name__
