@@ -182,8 +182,16 @@ def test_relay_refuses_a_missing_outbox_and_a_bad_sink(tmp_path: Path) -> None:
     assert not (tmp_path / "nope.db").exists()
     url = f"sqlite:///{tmp_path / 'flowdecision.db'}"
     _fill(url, 1)
+    # A configuration error exits 2 at once, before anything is opened (as `serve` does).
     done = _cli(tmp_path, "relay", "--from", url, "--to", "ftp://example/x", "--once")
-    assert done.returncode == 1 and "unsupported sink URL scheme" in done.stderr, done.stderr
+    assert done.returncode == 2 and "unsupported sink URL scheme" in done.stderr, done.stderr
+    for bad, problem in (
+        ("temporal://127.0.0.1:7233/default?workflow=W", "needs ?task_queue="),
+        ("restate+http://127.0.0.1:9", "Restate sink URL"),
+        ("python:nodots", "python:module:attribute"),
+    ):
+        done = _cli(tmp_path, "relay", "--from", url, "--to", bad, "--once")
+        assert done.returncode == 2 and problem in done.stderr, (bad, done.stderr)
     done = _cli(tmp_path, "relay", "--from", url, "--to", "python:tests.helpers:RecordingSink",
                 "--once")  # fmt: skip
     assert done.returncode == 0 and "delivered 1 rows" in done.stderr, done.stderr

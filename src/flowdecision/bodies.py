@@ -34,10 +34,14 @@ __all__ = [
     "IdentityBody",
     "LimitDetails",
     "NotFoundDetails",
+    "OutboxActionBody",
+    "OutboxAuditEntryBody",
     "OutboxEntryBody",
     "OutboxPageBody",
     "OutcomeBody",
     "ParameterDetails",
+    "ParkedPageBody",
+    "ParkedRowBody",
     "ReceiptBody",
     "Schema",
     "TooLargeDetails",
@@ -231,6 +235,51 @@ class ActionBody(TypedDict):
     decision_id: str
     actor: Annotated[str, Schema(minLength=1, maxLength=200)]
     reason: Annotated[str, Schema(minLength=1, maxLength=2000)]
+
+
+class OutboxActionBody(TypedDict):
+    """``POST /v1/actions/outbox-retry`` and ``/v1/actions/outbox-skip``: which relay's
+    parked row (``relay``, default ``default``), who acts, and why."""
+
+    decision_id: str
+    actor: Annotated[str, Schema(minLength=1, maxLength=200)]
+    reason: Annotated[str, Schema(minLength=1, maxLength=2000)]
+    relay: NotRequired[Annotated[str, Schema(minLength=1, maxLength=200)]]
+
+
+class OutboxAuditEntryBody(TypedDict):
+    """One operator action on a parked row, in the outbox's append-only audit trail."""
+
+    seq: Positive
+    at_ms: NonNegative
+    relay: str
+    action: Literal["retry", "skip"]
+    decision_id: str
+    actor: str
+    reason: str
+    state_before: Literal["parked"]
+    attempts: NonNegative
+
+
+class ParkedRowBody(TypedDict):
+    """A row a relay parked (its sink refused it for good: ``error``) or holds behind a
+    parked row of the same run (``held``: delivered once that row is retried or skipped)."""
+
+    relay: str
+    seq: Positive
+    decision_id: str
+    run_id: str
+    state: Literal["parked", "held"]
+    error: str | None
+    attempts: NonNegative
+    parked_at_ms: NonNegative
+    updated_at_ms: NonNegative
+
+
+class ParkedPageBody(TypedDict):
+    """``GET /v1/outbox/parked``: every parked and held row, by relay and seq."""
+
+    parked: list[ParkedRowBody]
 
 
 class CheckBody(TypedDict):

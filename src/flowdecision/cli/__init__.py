@@ -15,7 +15,7 @@ from .common import CleanErrorsGroup
 from .demo import demo
 from .ledger_cmds import inspect_cmd, migrate_cmd, prune_cmd
 from .ops_cmds import audit_cmd, forget_cmd, list_cmd, release_cmd
-from .relay import cursors_cmd, relay_cmd
+from .relay import cursors_cmd, outbox_audit_cmd, parked_cmd, relay_cmd, retry_cmd, skip_cmd
 from .serve import outbox, serve_cmd
 from .submit import submit_cmd
 
@@ -39,6 +39,10 @@ cli.add_command(demo)
 cli.add_command(chaos)
 cli.add_command(serve_cmd)
 outbox.add_command(cursors_cmd)
+outbox.add_command(parked_cmd)
+outbox.add_command(retry_cmd)
+outbox.add_command(skip_cmd)
+outbox.add_command(outbox_audit_cmd)
 cli.add_command(outbox)
 cli.add_command(relay_cmd)
 cli.add_command(submit_cmd)

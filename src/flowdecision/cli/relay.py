@@ -4,19 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..defaults import DEFAULT_STORE_URL, LEGACY_OUTBOX_URL
-from ..errors import FlowDecisionError
+from ..errors import FlowDecisionError, SinkConfigError
+from ..redact import printable
 from .common import EXIT_STORE_MISSING, EXIT_USAGE, fail, run, table
 
-__all__ = ["cursors_cmd", "relay_cmd"]
+if TYPE_CHECKING:
+    from ..sinks.relay import RelayStatus
+
+__all__ = [
+    "EXIT_PARKED",
+    "cursors_cmd",
+    "outbox_audit_cmd",
+    "parked_cmd",
+    "relay_cmd",
+    "retry_cmd",
+    "skip_cmd",
+]
+
+#: ``relay --once``: rows are left parked (their sink refused them; see ``outbox parked``).
+EXIT_PARKED = 5
 
 _FROM_HELP = (
     "Outbox URL: sqlite:///path or postgresql://...  [default: serve's default store, "
@@ -60,8 +74,16 @@ def _outbox_url(url: str | None) -> str:
               help="The relay's name: its durable cursor in the outbox. Relays with "
               "different names each get every row; one name delivers from one process "
               "at a time.")  # fmt: skip
+@click.option("--concurrency", type=click.IntRange(1, 1000), default=32, show_default=True,
+              envvar="FLOWDECISION_RELAY_CONCURRENCY", allow_from_autoenv=False,
+              help="Runs delivered at once; each run's rows go one at a time, in seq "
+              "order. 1: one row at a time, in seq order.")  # fmt: skip
 @click.option("--batch", type=click.IntRange(1, 10_000), default=200, show_default=True,
-              help="Rows read (and the cursor advanced) per batch.")  # fmt: skip
+              help="Rows read from the outbox at a time.")  # fmt: skip
+@click.option("--window", type=click.IntRange(1, 100_000), default=None,
+              help="Rows the relay may read past its saved cursor: a relay killed at any "
+              "point delivers at most this many rows again.  [default: max(batch, 8 × "
+              "concurrency)]")  # fmt: skip
 @click.option("--lease-ms", type=click.IntRange(min=100), default=15_000, show_default=True,
               help="The cursor's lease: how soon another relay of this name takes over "
               "after this one dies.")  # fmt: skip
@@ -70,42 +92,72 @@ def _outbox_url(url: str | None) -> str:
 @click.option("--poll-max-s", type=click.FloatRange(min=0.005), default=0.25, show_default=True,
               help="SQLite: longest pause between polls for rows other processes "
               "wrote (PostgreSQL is woken by LISTEN/NOTIFY).")  # fmt: skip
-@click.option("--once", is_flag=True, help="Deliver the rows there are now, then exit.")
+@click.option("--once", is_flag=True,
+              help="Deliver what is deliverable now, then exit: 0, or 5 when rows are "
+              "left parked.")  # fmt: skip
+@click.option("--otel/--no-otel", default=False, envvar="FLOWDECISION_OTEL",
+              allow_from_autoenv=False, show_default=True,
+              help="Export OpenTelemetry traces over OTLP (the standard OTEL_* "
+              "variables; needs the `otel` extra): each delivery continues its row's "
+              "stored trace.")  # fmt: skip
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))  # fmt: skip
 def relay_cmd(
     from_url: str | None,
     to_url: str,
     name: str,
+    concurrency: int,
     batch: int,
+    window: int | None,
     lease_ms: int,
     retry_cap_s: float,
     poll_max_s: float,
     once: bool,
+    otel: bool,
     log_level: str,
 ) -> None:
-    """Deliver an outbox's rows to a sink, in seq order, at least once.
+    """Deliver an outbox's rows to a sink, each run's rows in seq order, at least once.
 
-    The relay's cursor lives in the outbox's store and advances only after the
-    sink accepted; the sink's dedup on the decision id makes the effect exactly
-    once. Failed deliveries are retried with backoff until they pass. SIGTERM or
-    Ctrl-C stop it cleanly (its lease is released for the next relay).
+    Different runs are delivered concurrently (--concurrency). The relay's cursor
+    lives in the outbox's store and only passes rows the sink accepted or that
+    were parked; the sink's dedup on the decision id makes the effect exactly
+    once. Transient failures are retried with backoff; a row the sink refuses for
+    good is parked with its run's later rows held behind it (`outbox parked`,
+    `outbox retry`, `outbox skip`). An engine that is down at start is waited
+    for. SIGTERM or Ctrl-C stop it cleanly (its lease is released for the next
+    relay).
     """
     from ..service.logs import configure_logging
+    from ..sinks.loader import check_sink_url
     from ..sinks.outbox import OutboxSink
     from ..sinks.relay import OutboxRelay
 
     outbox_url = _outbox_url(from_url)
-    configure_logging(log_level)
-    # One line per delivered row would drown the relay's own records.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        check_sink_url(to_url)
+        if otel:
+            from ..tracing import sdk_problem
 
-    async def go() -> None:
+            problem = sdk_problem()
+            if problem is not None:
+                raise SinkConfigError(problem)
+    except FlowDecisionError as error:
+        fail(error, EXIT_USAGE)
+    configure_logging(log_level)
+    stop_tracing = None
+    if otel:
+        from ..tracing import start_sdk
+
+        stop_tracing = start_sdk()
+
+    async def go() -> RelayStatus:
         relay = OutboxRelay(
             OutboxSink(outbox_url, poll_max_s=poll_max_s),
             to_url,
             name=name,
             batch=batch,
+            concurrency=concurrency,
+            window=window,
             lease_ms=lease_ms,
             retry_cap_s=retry_cap_s,
         )
@@ -115,22 +167,33 @@ def relay_cmd(
             loop.add_signal_handler(signum, relay.stop)
         try:
             async with relay.outbox:
-                await relay.open()
                 click.echo(
-                    f"flowdecision relay `{name}` ({relay.owner}) delivering to {_shown(to_url)}",
+                    f"flowdecision relay `{name}` ({relay.owner}) delivering to {_shown(to_url)}"
+                    f" ({concurrency} at a time)",
                     err=True,
                 )
                 if once:
-                    count = await relay.drain()
-                    click.echo(f"delivered {count} rows", err=True)
+                    await relay.drain()
                 else:
                     await relay.run()
+                await relay.refresh()
         finally:
             await relay.close()
-            status = relay.status()
-            click.echo(json.dumps(status.to_dict(), separators=(",", ":")), err=True)
+        return relay.status()
 
-    run(go)
+    try:
+        status = run(go)
+    finally:
+        if stop_tracing is not None:
+            stop_tracing()
+    click.echo(
+        f"delivered {status.delivered} rows; parked {status.parked_rows} "
+        f"(and {status.held_rows} held behind them); lag {status.lag_rows} rows",
+        err=True,
+    )
+    click.echo(json.dumps(status.to_dict(), separators=(",", ":")), err=True)
+    if once and status.parked_rows:
+        sys.exit(EXIT_PARKED)
 
 
 def _shown(url: str) -> str:
@@ -174,3 +237,120 @@ def cursors_cmd(sink_url: str | None, set_to: tuple[str, int] | None, as_json: b
     headers = ["name", "position", "head", "lag_rows", "lag_s", "leased_by", "delivered"]
     click.echo(table(headers, rows))
     sys.stdout.flush()
+
+
+_RELAY_NAME = click.option(
+    "--name", "relay", default="default", show_default=True, help="The relay that parked the row."
+)
+_SINK_OPTION = click.option(
+    "--sink", "sink_url", default=None, envvar="FLOWDECISION_SINK", allow_from_autoenv=False,
+    help=_FROM_HELP,
+)  # fmt: skip
+
+
+@click.command("parked")
+@_SINK_OPTION
+@click.option("--name", "relay", default=None, help="Only this relay's rows.  [default: all]")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def parked_cmd(sink_url: str | None, relay: str | None, as_json: bool) -> None:
+    """List the rows relays parked (their sink refused them for good) and the rows held
+    behind them, which wait until the parked row is retried or skipped."""
+    from ..sinks.outbox import OutboxSink
+
+    url = _outbox_url(sink_url)
+
+    async def go() -> list[Any]:
+        async with OutboxSink(url) as outbox:
+            return await outbox.parked(relay)
+
+    rows = run(go)
+    if as_json:
+        click.echo(json.dumps({"parked": [row.to_dict() for row in rows]}, indent=2))
+        return
+    if not rows:
+        click.echo("no row is parked", err=True)
+        return
+    shown = [
+        (r.relay, r.seq, printable(r.decision_id), printable(r.run_id), r.state, r.attempts,
+         printable((r.error or "-")[:80]))
+        for r in rows
+    ]  # fmt: skip
+    click.echo(table(["relay", "seq", "decision", "run", "state", "attempts", "error"], shown))
+
+
+def _parked_action(action: str, help_text: str) -> click.Command:
+    @click.command(action, help=help_text)
+    @click.argument("decision_id")
+    @_SINK_OPTION
+    @_RELAY_NAME
+    @click.option("--actor", help="Who acts, for the audit trail (default: user@host).")
+    @click.option("--reason", required=True, help="Why, for the audit trail.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the audit entry as JSON.")
+    def command(
+        decision_id: str,
+        sink_url: str | None,
+        relay: str,
+        actor: str | None,
+        reason: str,
+        as_json: bool,
+    ) -> None:
+        from ..sinks.outbox import OutboxSink
+        from .ops_cmds import default_actor
+
+        url = _outbox_url(sink_url)
+
+        async def go() -> Any:
+            async with OutboxSink(url) as outbox:
+                return await outbox.act_on_parked(
+                    relay, action, decision_id, actor=actor or default_actor(), reason=reason
+                )
+
+        entry = run(go)
+        if as_json:
+            click.echo(json.dumps(entry.to_dict(), indent=2))
+            return
+        done = {"retry": "released for delivery", "skip": "skipped"}[action]
+        click.echo(f"{printable(decision_id)} {done} (relay `{relay}`, audit seq {entry.seq})")
+
+    return command
+
+
+retry_cmd = _parked_action(
+    "retry",
+    "Deliver a parked row again: the relay sends it next in its run (then the run's held "
+    "rows). Audited in the outbox (`outbox audit`).",
+)
+skip_cmd = _parked_action(
+    "skip",
+    "Drop a parked row: it is never delivered, and its run goes on with its next row. "
+    "Audited in the outbox (`outbox audit`).",
+)
+
+
+@click.command("audit")
+@_SINK_OPTION
+@click.option("--name", "relay", default=None, help="Only this relay's actions.  [default: all]")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def outbox_audit_cmd(sink_url: str | None, relay: str | None, as_json: bool) -> None:
+    """The outbox's audit trail: operator retries and skips of parked rows, oldest first."""
+    from ..sinks.outbox import OutboxSink
+
+    url = _outbox_url(sink_url)
+
+    async def go() -> list[Any]:
+        async with OutboxSink(url) as outbox:
+            return await outbox.audit(relay)
+
+    entries = run(go)
+    if as_json:
+        click.echo(json.dumps({"entries": [entry.to_dict() for entry in entries]}, indent=2))
+        return
+    if not entries:
+        click.echo("no action on a parked row yet", err=True)
+        return
+    shown = [
+        (e.seq, e.at_ms, e.relay, e.action, printable(e.decision_id), printable(e.actor),
+         printable(e.reason[:60]))
+        for e in entries
+    ]  # fmt: skip
+    click.echo(table(["seq", "at_ms", "relay", "action", "decision", "actor", "reason"], shown))

@@ -87,6 +87,12 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 )
 @_flag("--relay-name", help="The in-service relay's cursor name.  [default: default]")
 @_flag(
+    "--relay-concurrency",
+    type=int,
+    help="Runs the in-service relay delivers at once; each run's rows stay in order.  "
+    "[default: 32]",
+)
+@_flag(
     "--admin-token-file",
     type=click.Path(dir_okay=False),
     help="File of admin tokens: release and forget over HTTP need one (never the submit "

@@ -125,6 +125,8 @@ class Settings:
     relay_to: str | None = None
     #: The in-service relay's name: its durable cursor in the outbox.
     relay_name: str = "default"
+    #: Runs the in-service relay delivers at once (each run's rows stay in order).
+    relay_concurrency: int = 32
     #: Operator actions over HTTP (release, forget) need this token, never the
     #: submit token: ``FLOWDECISION_ADMIN_TOKEN`` or a file. Without one they are refused.
     admin_token: str | None = field(default=None, repr=False)
@@ -206,12 +208,16 @@ class Settings:
         problem = identifier_problem(self.relay_name)
         if problem is not None:
             raise ConfigError(f"relay_name {problem}")
+        if not 1 <= self.relay_concurrency <= 1000:
+            raise ConfigError(
+                f"relay_concurrency must be in 1..1000, got {self.relay_concurrency}"
+            )
         if self.relay_to is None:
             return
-        from ..sinks.loader import sink_kind
+        from ..sinks.loader import check_sink_url, sink_kind
 
         try:
-            sink_kind(self.relay_to)
+            check_sink_url(self.relay_to)
             ours = sink_kind(self.sink)
         except FlowDecisionError as error:
             raise ConfigError(f"relay_to: {error}") from None
@@ -347,6 +353,7 @@ _TYPES: dict[str, type] = {
     "otel": bool,
     "relay_to": str,
     "relay_name": str,
+    "relay_concurrency": int,
     "admin_token": str,
     "admin_token_file": str,
     "keep_tombstones": bool,

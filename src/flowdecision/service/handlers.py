@@ -430,7 +430,8 @@ async def status_page(request: Request) -> Response:
         started_at_ms=service.started_at_ms,
         refresh_s=context.settings.status_refresh_s,
         relays=relays,
-        own_relay=service.relay.status() if service.relay is not None else None,
+        own_relay=service.relay_status(),
+        parked=await service.parked_rows(),
     )
     return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 

@@ -7,9 +7,11 @@
 * ``flowdecision_dispatch_duration_seconds{outcome}``, a histogram of
   ``POST /v1/decisions`` dispatch latency by outcome;
 * the outbox's relay cursors (``flowdecision_relay_lag_rows{relay}``,
-  ``..._lag_seconds``, ``..._position``, ``..._delivered_rows``, ``..._leased``),
+  ``..._lag_seconds``, ``..._position``, ``..._delivered_rows``, ``..._leased``,
+  ``..._parked_rows``, ``..._held_rows``, ``..._parked_oldest_seconds``),
   read from the outbox's store at scrape time (at most once a second), so
   relays running elsewhere show too;
+* ``flowdecision_relay_state{relay,state}``: the in-service relay's state;
 * ``flowdecision_http_requests_total{method,route,status}``; a client that
   disconnected before its answer is counted with status ``499``.
 
@@ -40,6 +42,7 @@ from prometheus_client.registry import Collector
 
 from ..health import HealthMetrics, HealthSnapshot
 from ..sinks.cursor import CursorState
+from ..sinks.relay import RelayStatus
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
@@ -203,7 +206,37 @@ RELAY_GAUGES: dict[str, tuple[str, str]] = {
         "Rows delivered through the relay's cursor since it was created.",
     ),
     "leased": ("flowdecision_relay_leased", "1 while a running relay holds the cursor's lease."),
+    "parked_rows": (
+        "flowdecision_relay_parked_rows",
+        "Outbox rows the relay parked: its sink refused them; they wait for an operator.",
+    ),
+    "held_rows": (
+        "flowdecision_relay_held_rows",
+        "Outbox rows held behind a parked row of their run (delivered once it is "
+        "retried or skipped).",
+    ),
+    "parked_seconds": (
+        "flowdecision_relay_parked_oldest_seconds",
+        "Age of the oldest row the relay parked (0 when none is).",
+    ),
 }
+#: The in-service relay (``serve --relay-to``): 1 for the state it is in, by state.
+RELAY_STATE = (
+    "flowdecision_relay_state",
+    "The in-service relay's state (1 for the current one): delivering, idle, retrying, "
+    "backing_off (its sink looks down), opening (its sink cannot be opened yet), "
+    "waiting_for_lease, starting or stopped.",
+)
+RELAY_STATES = (
+    "starting",
+    "opening",
+    "waiting_for_lease",
+    "delivering",
+    "idle",
+    "retrying",
+    "backing_off",
+    "stopped",
+)
 
 
 def _relay_values(state: CursorState) -> dict[str, float]:
@@ -213,12 +246,27 @@ def _relay_values(state: CursorState) -> dict[str, float]:
         "position": state.position,
         "delivered": state.delivered,
         "leased": 1 if state.leased else 0,
+        "parked_rows": state.parked_rows,
+        "held_rows": state.held_rows,
+        "parked_seconds": state.parked_seconds,
     }
 
 
+def _state_values(own: RelayStatus | None) -> list[tuple[str, str, float]]:
+    """``(relay, state, 1 or 0)`` for every state of the in-service relay (none without)."""
+    if own is None:
+        return []
+    return [(own.name, state, 1.0 if own.state == state else 0.0) for state in RELAY_STATES]
+
+
 class _RelayCollector(Collector):
-    def __init__(self, cursors: Callable[[], Sequence[CursorState]]) -> None:
+    def __init__(
+        self,
+        cursors: Callable[[], Sequence[CursorState]],
+        own_relay: Callable[[], RelayStatus | None],
+    ) -> None:
         self._cursors = cursors
+        self._own_relay = own_relay
 
     def collect(self) -> Iterator[Metric]:
         states = list(self._cursors())
@@ -227,6 +275,10 @@ class _RelayCollector(Collector):
             for state in states:
                 family.add_metric([state.name], _relay_values(state)[key])
             yield family
+        own = GaugeMetricFamily(*RELAY_STATE, labels=["relay", "state"])
+        for relay, relay_state, value in _state_values(self._own_relay()):
+            own.add_metric([relay, relay_state], value)
+        yield own
 
 
 class ServiceMetrics:
@@ -238,16 +290,19 @@ class ServiceMetrics:
         *,
         healthy: Callable[[], bool] = lambda: True,
         cursors: Callable[[], Sequence[CursorState]] = lambda: (),
+        own_relay: Callable[[], RelayStatus | None] = lambda: None,
     ) -> None:
         #: The shared directory in multiprocess mode (several workers), else None.
         self.shared_dir = multiprocess_dir()
         own = self.registry = CollectorRegistry(auto_describe=True)
         self._shared_health: _SharedHealth | None = None
         self._cursors = cursors
+        self._own_relay = own_relay
         self._relay_gauges: dict[str, Gauge] = {}
+        self._relay_state: Gauge | None = None
         if self.shared_dir is None:
             self.registry.register(_HealthCollector(snapshot, healthy))
-            self.registry.register(_RelayCollector(cursors))
+            self.registry.register(_RelayCollector(cursors, own_relay))
         else:
             # Metrics write to the shared files whatever registry holds them; a
             # scrape reads every worker's files instead of this process's values.
@@ -260,6 +315,9 @@ class ServiceMetrics:
                 key: Gauge(name, help_text, ["relay"], registry=own, multiprocess_mode="max")
                 for key, (name, help_text) in RELAY_GAUGES.items()
             }
+            self._relay_state = Gauge(
+                *RELAY_STATE, ["relay", "state"], registry=own, multiprocess_mode="max"
+            )
         self.dispatch_seconds = Histogram(
             "flowdecision_dispatch_duration_seconds",
             "Latency of POST /v1/decisions dispatches, by outcome.",
@@ -300,6 +358,9 @@ class ServiceMetrics:
             for state in self._cursors():
                 for key, value in _relay_values(state).items():
                     self._relay_gauges[key].labels(state.name).set(value)
+            if self._relay_state is not None:
+                for relay, relay_state, value in _state_values(self._own_relay()):
+                    self._relay_state.labels(relay, relay_state).set(value)
 
     def exposition(self) -> bytes:
         self.publish()  # this worker's share is exact; the others' at most a second old

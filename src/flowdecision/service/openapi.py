@@ -48,7 +48,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import bodies
-from ..errors import FlowDecisionError, InvalidArgumentTypeError, LedgerError
+from ..errors import FlowDecisionError, InvalidArgumentTypeError, LedgerError, OutboxError
 from ..health import HealthSnapshot
 from ..identity import (
     DIGEST_PATTERN,
@@ -442,6 +442,61 @@ def _operation_paths(schemas: _Schemas, paths: dict[str, Any]) -> None:
                 ),
             }
         }
+    outbox_entry = schemas.of(bodies.OutboxAuditEntryBody)
+    outbox_action = schemas.of(bodies.OutboxActionBody)
+    outbox_codes = _codes_of(OutboxError)
+    for name, summary in (
+        ("retry", "Deliver a parked outbox row again, next in its run"),
+        ("skip", "Drop a parked outbox row: its run goes on with its next row"),
+    ):
+        paths[f"/v1/actions/outbox-{name}"] = {
+            "post": {
+                "operationId": f"{name}ParkedRow",
+                "summary": summary,
+                "description": "A relay parks a row its sink refused for good, and holds its "
+                'run\'s later rows behind it (docs/OPERATIONS.md, "Parked rows"). Needs an '
+                "admin token, as the other actions; refused (409 `action_refused`) unless the "
+                "row is parked, 404 when the relay parked no row of that decision. Written "
+                "to the outbox's audit trail in the action's transaction.",
+                "security": [{"bearerAuth": []}],
+                "parameters": [{"$ref": "#/components/parameters/X-Request-Id"}],
+                "requestBody": {"required": True, "content": {_JSON: {"schema": outbox_action}}},
+                "responses": _responses(
+                    [
+                        *_common(True),
+                        "admin_disabled",
+                        "forbidden",
+                        "not_found",
+                        "no_outbox",
+                        "payload_too_large",
+                        "action_refused",
+                        "invalid_action",
+                        "unsupported_media_type",
+                        *outbox_codes,
+                    ],
+                    {"200": _json_answer("The outbox audit entry written.", outbox_entry)},
+                ),
+            }
+        }
+    paths["/v1/outbox/parked"] = {
+        "get": {
+            "operationId": "listParkedRows",
+            "summary": "Rows relays parked (their sinks refused them) and rows held behind them",
+            "security": _AUTH,
+            "parameters": [
+                _query_param("relay", "Only this relay's rows.", {"type": "string"}),
+                {"$ref": "#/components/parameters/X-Request-Id"},
+            ],
+            "responses": _responses(
+                [*_common(True), "invalid_parameter", *outbox_codes],
+                {
+                    "200": _json_answer(
+                        "Every parked and held row.", schemas.of(bodies.ParkedPageBody)
+                    )
+                },
+            ),
+        }
+    }
 
 
 def _paths(schemas: _Schemas) -> dict[str, Any]:

@@ -25,7 +25,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import ActionRefusedError, InvalidArgumentError, LedgerError, UnknownDecisionError
+from ..errors import (
+    ActionRefusedError,
+    FlowDecisionError,
+    InvalidArgumentError,
+    LedgerError,
+    UnknownDecisionError,
+)
 from ..ledger.query import (
     DEFAULT_PAGE_LIMIT,
     MAX_PAGE_LIMIT,
@@ -34,6 +40,9 @@ from ..ledger.query import (
     TimeField,
 )
 from ..limits import U64_MAX
+from ..sinks.cursor import check_cursor_name
+from ..sinks.outbox import OutboxSink
+from ..sinks.relay import DEFAULT_RELAY_NAME
 from .auth import presented_token
 from .errors import error_response, response_for_error
 from .inputs import BadParam, bad_param, bounded_int, one_param, read_body_within
@@ -43,10 +52,15 @@ from .status import FIND_PARAMS, Finder, RecentActions
 __all__ = ["ADMIN_ROUTES", "admin_may", "operation_routes", "recent_actions", "status_finder"]
 
 #: The routes that need an admin token.
-ADMIN_ROUTES = ("/v1/actions/release", "/v1/actions/forget")
+ADMIN_ROUTES = (
+    "/v1/actions/release",
+    "/v1/actions/forget",
+    "/v1/actions/outbox-retry",
+    "/v1/actions/outbox-skip",
+)
 #: Paths (and prefixes) of the reads an admin token may make: the operator's queries,
 #: and one decision by id (what an operator looks at before acting on it).
-_ADMIN_READS = ("/v1/decisions", "/v1/audit")
+_ADMIN_READS = ("/v1/decisions", "/v1/audit", "/v1/outbox/parked")
 _ADMIN_READ_PREFIXES = ("/v1/decisions/", "/v1/runs/")
 
 
@@ -215,29 +229,10 @@ def _declared(request: Request) -> bytes | None:
 
 
 async def _action(request: Request, name: str) -> Response:
-    refusal = _admin_refusal(request)
-    if refusal is not None:
-        return refusal
+    body = await _action_body(request, ())
+    if isinstance(body, Response):
+        return body
     service = _service(request)
-    limit = min(ACTION_MAX_BODY_BYTES, request.app.state.settings.max_body_bytes)
-    raw = await read_body_within(request.receive, _declared(request), limit)
-    if isinstance(raw, Response):
-        return raw
-    try:
-        body = json.loads(raw, object_pairs_hook=_refuse_repeats)
-    except _RepeatedKey as repeated:
-        return error_response(422, "invalid_action", f"field `{repeated.key}` is given twice")
-    except (ValueError, UnicodeDecodeError) as error:
-        return error_response(422, "invalid_action", f"the body is not JSON: {error}")
-    fields = ("decision_id", "actor", "reason")
-    if not isinstance(body, dict) or any(not isinstance(body.get(f), str) for f in fields):
-        return error_response(
-            422, "invalid_action",
-            'the body must be {"decision_id": str, "actor": str, "reason": str}',
-        )  # fmt: skip
-    unknown = sorted(set(body) - set(fields))
-    if unknown:
-        return error_response(422, "invalid_action", f"unknown field `{unknown[0]}`")
     ledger = service.ledger
     act = ledger.operator_release if name == "release" else ledger.forget
     try:
@@ -253,6 +248,66 @@ async def _action(request: Request, name: str) -> Response:
     return JSONResponse(entry.to_dict())
 
 
+async def _outbox_action(request: Request, action: str) -> Response:
+    """Retry or skip a row a relay parked (``relay`` names it; default ``default``)."""
+    body = await _action_body(request, ("relay",))
+    if isinstance(body, Response):
+        return body
+    service = _service(request)
+    outbox = service.sink
+    if not isinstance(outbox, OutboxSink):
+        return error_response(
+            404, "no_outbox", "this service's sink is not an outbox: no row is ever parked"
+        )
+    relay = body.get("relay", DEFAULT_RELAY_NAME)
+    decision_id = body["decision_id"]
+    try:
+        entry = await outbox.act_on_parked(
+            relay, action, decision_id, actor=body["actor"], reason=body["reason"]
+        )
+    except InvalidArgumentError as error:
+        return error_response(422, "invalid_action", str(error))
+    except UnknownDecisionError as error:
+        return error_response(404, "not_found", str(error), decision_id=decision_id)
+    except ActionRefusedError as error:
+        return error_response(409, "action_refused", str(error), decision_id=decision_id)
+    except FlowDecisionError as error:
+        return response_for_error(error, _now(service))
+    return JSONResponse(entry.to_dict())
+
+
+async def _action_body(request: Request, optional: tuple[str, ...]) -> dict[str, Any] | Response:
+    """An action's body: admin token checked, size bounded, JSON with
+    ``decision_id``, ``actor`` and ``reason`` (and the ``optional`` text fields), or the
+    answer refusing it."""
+    refusal = _admin_refusal(request)
+    if refusal is not None:
+        return refusal
+    limit = min(ACTION_MAX_BODY_BYTES, request.app.state.settings.max_body_bytes)
+    raw = await read_body_within(request.receive, _declared(request), limit)
+    if isinstance(raw, Response):
+        return raw
+    try:
+        body = json.loads(raw, object_pairs_hook=_refuse_repeats)
+    except _RepeatedKey as repeated:
+        return error_response(422, "invalid_action", f"field `{repeated.key}` is given twice")
+    except (ValueError, UnicodeDecodeError) as error:
+        return error_response(422, "invalid_action", f"the body is not JSON: {error}")
+    fields = ("decision_id", "actor", "reason")
+    if (
+        not isinstance(body, dict)
+        or any(not isinstance(body.get(f), str) for f in fields)
+        or any(not isinstance(body[f], str) for f in optional if f in body)
+    ):
+        shape = ", ".join(f'"{f}": str' for f in fields)
+        shape += "".join(f', "{f}"?: str' for f in optional)
+        return error_response(422, "invalid_action", f"the body must be {{{shape}}}")
+    unknown = sorted(set(body) - set(fields) - set(optional))
+    if unknown:
+        return error_response(422, "invalid_action", f"unknown field `{unknown[0]}`")
+    return body
+
+
 async def post_release(request: Request) -> Response:
     """Release a pending claim (fenced: the old owner can never complete); audited."""
     return await _action(request, "release")
@@ -261,6 +316,37 @@ async def post_release(request: Request) -> Response:
 async def post_forget(request: Request) -> Response:
     """Forget a completed decision or tombstone so its id can be used again; audited."""
     return await _action(request, "forget")
+
+
+async def post_outbox_retry(request: Request) -> Response:
+    """Deliver a parked row again (next in its run); audited in the outbox."""
+    return await _outbox_action(request, "retry")
+
+
+async def post_outbox_skip(request: Request) -> Response:
+    """Drop a parked row (its run goes on with its next row); audited in the outbox."""
+    return await _outbox_action(request, "skip")
+
+
+async def get_parked(request: Request) -> Response:
+    """The rows relays parked and the rows held behind them (``relay`` narrows to one)."""
+    service = _service(request)
+    try:
+        relay = _one(request, "relay")
+    except BadParam as error:
+        return bad_param(error)
+    outbox = service.sink
+    if not isinstance(outbox, OutboxSink):
+        return JSONResponse({"parked": []})
+    try:
+        if relay is not None:
+            check_cursor_name(relay)
+        rows = await outbox.parked(relay)
+    except InvalidArgumentError as error:
+        return bad_param(BadParam("relay", str(error)))
+    except FlowDecisionError as error:
+        return response_for_error(error, _now(service))
+    return JSONResponse({"parked": [row.to_dict() for row in rows]})
 
 
 # ------------------------------------------------------------------ the status page
@@ -329,4 +415,7 @@ def operation_routes() -> list[Route]:
         Route("/v1/audit", get_audit, methods=["GET"]),
         Route(ADMIN_ROUTES[0], post_release, methods=["POST"]),
         Route(ADMIN_ROUTES[1], post_forget, methods=["POST"]),
+        Route(ADMIN_ROUTES[2], post_outbox_retry, methods=["POST"]),
+        Route(ADMIN_ROUTES[3], post_outbox_skip, methods=["POST"]),
+        Route("/v1/outbox/parked", get_parked, methods=["GET"]),
     ]

@@ -33,7 +33,8 @@ from ..sinks.base import Sink
 from ..sinks.cursor import CursorState
 from ..sinks.loader import WebhookOptions, close_sink, open_sink
 from ..sinks.outbox import OutboxSink
-from ..sinks.relay import OutboxRelay
+from ..sinks.parking import ParkedRow
+from ..sinks.relay import OutboxRelay, RelayStatus
 from .config import ConfigError, Settings
 from .logs import describe_cause
 from .status import RecentDecision
@@ -92,6 +93,9 @@ class HealthVerdict:
     sink: Check
     errors: ErrorRate
     snapshot: HealthSnapshot
+    #: the in-service relay (``serve --relay-to``), shown in the body; it does not make
+    #: the replica unhealthy (POSTs are still taken): a relay retrying is said, not failed
+    relay: RelayStatus | None = None
 
     @property
     def error_rate_ok(self) -> bool:
@@ -132,6 +136,16 @@ class HealthVerdict:
                 "min_dispatches": ERROR_RATE_MIN_DISPATCHES,
             },
         }
+        relay = self.relay
+        if relay is not None:
+            body["relay"] = {
+                "name": relay.name,
+                "state": relay.state,
+                "running": relay.state not in ("starting", "opening", "stopped"),
+                "last_error": relay.last_error,
+                "lag_rows": relay.lag_rows,
+                "parked_rows": relay.parked_rows,
+            }
         return body
 
 
@@ -252,15 +266,42 @@ class Service:
             self.sink,
             target,
             name=self.settings.relay_name,
+            concurrency=self.settings.relay_concurrency,
             webhook=self._webhook_options(),
         )
         self._relay_task = asyncio.ensure_future(self._run_relay(self.relay))
 
     async def _run_relay(self, relay: OutboxRelay) -> None:
+        """Run the relay until shutdown. Its URL was checked when the settings loaded and
+        an engine that is down is retried inside it; anything else that stops it is
+        logged and it starts again, backing off, so it never stays down silently."""
+        retry = 0
+        while not self.closed:
+            try:
+                await relay.run()
+                return
+            except Exception as error:
+                retry += 1
+                log.error(
+                    "relay stopped; starting it again",
+                    extra={"relay": relay.name, "cause": describe_cause(error), "retry": retry},
+                )
+                await asyncio.sleep(min(0.5 * 2 ** min(retry, 6), 30.0))
+
+    async def parked_rows(self) -> list[ParkedRow] | None:
+        """The outbox's parked and held rows (None without an outbox, or while it cannot
+        be read: the outbox's own probe reports that)."""
+        if not isinstance(self.sink, OutboxSink) or self.stopped:
+            return None
         try:
-            await relay.run()
-        except Exception as error:  # a bad URL or a missing package: say so, keep serving
-            log.error("relay stopped", extra={"relay": relay.name, "cause": describe_cause(error)})
+            return await asyncio.wait_for(self.sink.parked(), PROBE_TIMEOUT_S)
+        except Exception as error:
+            log.debug("reading parked rows failed", extra={"cause": describe_cause(error)})
+            return None
+
+    def relay_status(self) -> RelayStatus | None:
+        """The in-service relay's status (None without one; no I/O)."""
+        return None if self.relay is None else self.relay.status()
 
     def _webhook_options(self) -> WebhookOptions:
         settings = self.settings
@@ -322,6 +363,7 @@ class Service:
             sink=sink,
             errors=self.dispatcher.metrics.error_rate(),
             snapshot=self.dispatcher.health(),
+            relay=self.relay_status(),
         )
 
     async def check_health(self) -> HealthVerdict:

@@ -13,6 +13,7 @@ from ..ledger.query import DecisionPage, DecisionRow, TimeField
 from ..ledger.states import AuditEntry, DecisionState
 from ..redact import printable
 from ..sinks.cursor import CursorState
+from ..sinks.parking import ParkedRow
 from ..sinks.relay import RelayStatus
 from .metrics import HEALTH_COUNTERS
 
@@ -292,7 +293,10 @@ def _relays_html(relays: Sequence[CursorState], own: RelayStatus | None) -> str:
         doing = escape(own.state) if here and own is not None else ""
         error = (
             f"<br><small>{escape(shown_text(own.last_error, 200))}</small>"
-            if here and own is not None and own.last_error and own.state == "retrying"
+            if here
+            and own is not None
+            and own.last_error
+            and own.state in ("retrying", "backing_off", "opening")
             else ""
         )
         rows.append(
@@ -303,6 +307,7 @@ def _relays_html(relays: Sequence[CursorState], own: RelayStatus | None) -> str:
             f'<td class="num lag-rows">{state.lag_rows}</td>'
             f'<td class="num lag-seconds">{state.lag_seconds:.1f}</td>'
             f'<td class="num">{state.delivered}</td>'
+            f'<td class="num parked-rows">{state.parked_rows}</td>'
             f"<td>{'leased' if state.leased else 'idle'}{' · ' + doing if doing else ''}"
             f"{error}</td>"
             "</tr>"
@@ -310,12 +315,52 @@ def _relays_html(relays: Sequence[CursorState], own: RelayStatus | None) -> str:
     body = (
         '<table><thead><tr><th>relay</th><th class="num">cursor</th>'
         '<th class="num">newest seq</th><th class="num">lag rows</th>'
-        '<th class="num">lag s</th><th class="num">delivered</th><th>state</th></tr>'
+        '<th class="num">lag s</th><th class="num">delivered</th><th class="num">parked</th>'
+        "<th>state</th></tr>"
         f"</thead><tbody>{''.join(rows)}</tbody></table>"
         if rows
         else "<p>No relay cursor yet.</p>"
     )
     return f'<h2>Outbox relays</h2>\n<section id="relays">{body}</section>\n'
+
+
+#: Parked rows shown on the status page at most (``outbox parked`` lists them all).
+PARKED_SHOWN = 50
+
+
+def _parked_html(parked: Sequence[ParkedRow] | None) -> str:
+    """The rows relays parked (their sinks refused them) and the rows held behind them."""
+    if parked is None:
+        return ""
+    if not parked:
+        return '<h2>Parked rows</h2>\n<section id="parked"><p>No row is parked.</p></section>\n'
+    rows = "".join(
+        f'<tr class="parked-{escape(row.state)}">'
+        f"<td><code>{escape(shown_text(row.relay))}</code></td>"
+        f'<td class="num">{row.seq}</td>'
+        f"<td><code>{escape(shown_text(row.decision_id))}</code></td>"
+        f"<td><code>{escape(shown_text(row.run_id))}</code></td>"
+        f'<td>{escape(row.state)}</td><td class="num">{row.attempts}</td>'
+        f"<td>{escape(_ms(row.parked_at_ms))}</td>"
+        f"<td><small>{escape(shown_text(row.error or '', 300))}</small></td></tr>"
+        for row in parked[:PARKED_SHOWN]
+    )
+    more = (
+        f'<p class="meta">{len(parked) - PARKED_SHOWN} more: <code>flowdecision outbox parked'
+        "</code>.</p>"
+        if len(parked) > PARKED_SHOWN
+        else ""
+    )
+    return (
+        '<h2>Parked rows</h2>\n<section id="parked">'
+        '<table><thead><tr><th>relay</th><th class="num">seq</th><th>decision</th><th>run</th>'
+        '<th>state</th><th class="num">attempts</th><th>parked (UTC)</th><th>error</th></tr>'
+        f"</thead><tbody>{rows}</tbody></table>{more}"
+        '<p class="meta">The sink refused these for good; a run\'s later rows are held behind '
+        "its parked row. Deliver again with <code>flowdecision outbox retry ID</code> or drop "
+        "with <code>flowdecision outbox skip ID --reason ...</code> (docs/OPERATIONS.md, "
+        '"Parked rows").</p></section>\n'
+    )
 
 
 def render_status_page(
@@ -329,6 +374,7 @@ def render_status_page(
     refresh_s: int,
     relays: Sequence[CursorState] = (),
     own_relay: RelayStatus | None = None,
+    parked: Sequence[ParkedRow] | None = None,
     attention: Attention | None = None,
     finder: Finder | None = None,
     actions: RecentActions | None = None,
@@ -387,7 +433,7 @@ ledger <code>{escape(ledger)}</code> · sink <code>{escape(sink)}</code></p>
 <h2>Counters</h2>
 <section class="counters">{counters}</section>
 {_attention_html(attention)}{_actions_html(actions)}{_finder_html(finder)}
-{relays_html}<h2>Recent decisions</h2>
+{relays_html}{_parked_html(parked)}<h2>Recent decisions</h2>
 <section id="recent">{recent_html}</section>
 </main>
 </body>

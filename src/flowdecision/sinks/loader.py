@@ -37,6 +37,7 @@ __all__ = [
     "SINK_SCHEMES",
     "SinkConfigError",
     "WebhookOptions",
+    "check_sink_url",
     "close_sink",
     "open_sink",
     "split_engine_url",
@@ -90,6 +91,55 @@ def sink_kind(url: str) -> str:
         f"unsupported sink URL scheme {shown} in `{redact_url(url)}`: "
         f"expected one of {', '.join(SINK_SCHEMES)}"
     )
+
+
+def check_sink_url(url: str) -> str:
+    """The sink kind of ``url``, after checking everything that can be checked without
+    connecting: the scheme, the engine's own URL syntax and required parameters, the
+    extra it needs. Raises :class:`SinkConfigError` (a configuration error: exit 2)."""
+    kind = sink_kind(url)
+    if kind == "outbox":
+        from .outbox import parse_outbox_url
+
+        try:
+            parse_outbox_url(url)
+        except Exception as error:
+            raise SinkConfigError(f"outbox sink URL `{redact_url(url)}`: {error}") from None
+    elif kind == "webhook" and not urlsplit(url).hostname:
+        raise SinkConfigError(f"webhook URL `{redact_url(url)}` has no host")
+    elif kind == "procrastinate":
+        _require_extra(url, "procrastinate", "procrastinate")
+        from .procrastinate import parse_procrastinate_url
+
+        parse_procrastinate_url(url)
+    elif kind == "dbos":
+        _require_extra(url, "dbos", "dbos")
+        from .dbos import parse_dbos_url
+
+        parse_dbos_url(url)
+    elif kind == "temporal":
+        _require_extra(url, "temporalio", "temporal")
+        from .temporal import parse_temporal_url
+
+        parse_temporal_url(url)
+    elif kind == "restate":
+        from .restate import parse_restate_url
+
+        parse_restate_url(url)
+    elif kind == "python":
+        _python_spec(url)
+    return kind
+
+
+def _python_spec(url: str) -> str:
+    """``module:attribute`` of a ``python:`` sink URL, or :class:`SinkConfigError`."""
+    spec = url[len("python:") :]
+    module_name, sep, attribute = spec.rpartition(":")
+    if not sep or not module_name or not attribute:
+        raise SinkConfigError(
+            f"custom sink URL `{redact_url(url)}` must look like python:module:attribute"
+        )
+    return spec
 
 
 async def open_sink(url: str, *, webhook: WebhookOptions | None = None) -> Sink:
@@ -208,13 +258,7 @@ def load_attribute(url: str, spec: str) -> Any:
 
 
 async def _load_python(url: str) -> Sink:
-    spec = url[len("python:") :]
-    module_name, sep, attribute = spec.rpartition(":")
-    if not sep or not module_name or not attribute:
-        raise SinkConfigError(
-            f"custom sink URL `{redact_url(url)}` must look like python:module:attribute"
-        )
-    target = load_attribute(url, spec)
+    target = load_attribute(url, _python_spec(url))
     if inspect.isclass(target) or (callable(target) and not hasattr(target, "submit")):
         try:
             target = target()

@@ -89,6 +89,8 @@ OUTAGE_STREAK = 2
 LOG_EVERY_S = 30.0
 #: How often a running relay looks for parked rows an operator released.
 PARKED_POLL_S = 1.0
+#: Stopping, deliveries in flight get this long to finish before they are cancelled.
+STOP_GRACE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +193,8 @@ class _Tenure:
         self.resuming: set[str] = set()
         #: lane items not yet done (rows and resumes)
         self.outstanding = 0
+        #: lanes in the middle of an item (a delivery in flight)
+        self.active = 0
         self.progress = asyncio.Event()
         self.fatal: BaseException | None = None
 
@@ -350,8 +354,9 @@ class OutboxRelay(Closable):
         return await self.open()
 
     def stop(self) -> None:
-        """Ask :meth:`run` to finish: in-flight deliveries are cancelled (their rows are
-        delivered again later), the mark is saved and the lease released."""
+        """Ask :meth:`run` to finish: no delivery starts, those in flight get
+        :data:`STOP_GRACE_S` to finish (then they are cancelled, and their rows delivered
+        again later), the mark is saved and the lease released."""
         self._stop.set()
         if self._wake_stop is not None and not self._wake_stop.done():
             self._wake_stop.set_result(None)
@@ -369,6 +374,12 @@ class OutboxRelay(Closable):
                 await close_sink(thing)
             except Exception as error:  # closing must go on for the rest
                 log.warning("closing failed", extra={"relay": self.name, "cause": str(error)})
+
+    async def refresh(self) -> RelayStatus:
+        """Read the cursor's lag and the parked and held rows again; the status."""
+        if self.outbox is not None:
+            await self._refresh_lag()
+        return self.status()
 
     def status(self) -> RelayStatus:
         """The relay's current state and counters (no I/O)."""
@@ -559,6 +570,8 @@ class OutboxRelay(Closable):
                 self._set(state="idle")
         finally:
             self._tenure = None
+            if self._stop.is_set() and tenure.fatal is None:
+                await self._let_in_flight_finish(tenure)
             for worker in workers:
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
@@ -566,6 +579,15 @@ class OutboxRelay(Closable):
             if tenure.fatal is None:
                 with contextlib.suppress(Exception):
                     await self._save(tenure, force=True)
+
+    async def _let_in_flight_finish(self, tenure: _Tenure) -> None:
+        """Stopping: give the deliveries in flight up to :data:`STOP_GRACE_S` to finish, so
+        that a clean stop leaves nothing to deliver again (a retrying lane stops at once)."""
+        deadline = time.monotonic() + STOP_GRACE_S
+        while tenure.active and (left := deadline - time.monotonic()) > 0:
+            tenure.progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(tenure.progress.wait(), left)
 
     def _enqueue(self, tenure: _Tenure, row: OutboxEntry) -> None:
         try:
@@ -609,27 +631,37 @@ class OutboxRelay(Closable):
                 run_id = await tenure.ready.get()
                 lane = tenure.lanes[run_id]
                 while lane:
-                    item = lane[0]
-                    if item is _RESUME:
-                        await self._resume(tenure, run_id)
-                        tenure.resuming.discard(run_id)
-                        done = [lane.popleft()]
-                    elif run_id in tenure.blocked:
-                        done = []
-                        while lane and lane[0] is not _RESUME:
-                            done.append(lane.popleft())
-                        await self._park(tenure, run_id, done, "held", None, 0)
-                    else:
-                        await self._deliver_row(tenure, run_id, item)
-                        done = [lane.popleft()]
+                    self._check_stop()  # stopping: no new delivery starts
+                    tenure.active += 1
+                    try:
+                        done = await self._lane_step(tenure, run_id, lane)
+                    finally:
+                        tenure.active -= 1
+                        tenure.progress.set()
                     for finished in done:
                         tenure.done(finished)
                 del tenure.lanes[run_id]
         except (asyncio.CancelledError, _Stopped):
-            raise
+            return
         except BaseException as error:  # lease lost, or a bug: the reader re-raises it
             tenure.fatal = error
             tenure.progress.set()
+
+    async def _lane_step(self, tenure: _Tenure, run_id: str, lane: deque[Any]) -> list[Any]:
+        """Do the lane's next item; the items done (popped)."""
+        item = lane[0]
+        if item is _RESUME:
+            await self._resume(tenure, run_id)
+            tenure.resuming.discard(run_id)
+            return [lane.popleft()]
+        if run_id in tenure.blocked:
+            held = []
+            while lane and lane[0] is not _RESUME:
+                held.append(lane.popleft())
+            await self._park(tenure, run_id, held, "held", None, 0)
+            return held
+        await self._deliver_row(tenure, run_id, item)
+        return [lane.popleft()]
 
     async def _deliver_row(self, tenure: _Tenure, run_id: str, row: OutboxEntry) -> None:
         refusal = await self._attempt(run_id, row)
