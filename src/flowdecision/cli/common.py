@@ -30,7 +30,7 @@ EXIT_STORE_MISSING = 4
 DEBUG_ENV = "FLOWDECISION_DEBUG"
 
 #: Top-level modules that only the ``service`` extra installs.
-SERVICE_MODULES = frozenset({"starlette", "uvicorn", "httpx", "prometheus_client"})
+SERVICE_MODULES = frozenset({"starlette", "uvicorn", "aiohttp", "prometheus_client"})
 
 ledger_option = click.option(
     "--ledger",

@@ -136,9 +136,9 @@ def _open_client(
 ) -> SyncDecisionClient:
     try:
         from ..client import RetryOptions, SyncDecisionClient, read_token_file
-    except ImportError as error:  # httpx is an optional dependency
+    except ImportError as error:  # httpx and aiohttp are optional dependencies
         click.echo(
-            f"error: `flowdecision submit` needs httpx ({error}); "
+            f"error: `flowdecision submit` needs the client extra ({error}); "
             "install it with: pip install 'flowdecision[client]'",
             err=True,
         )
