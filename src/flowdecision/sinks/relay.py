@@ -187,7 +187,9 @@ class _Tenure:
         self.pending: list[int] = []
         self.finished: set[int] = set()
         self.lanes: dict[str, deque[Any]] = {}
-        self.ready: asyncio.Queue[str] = asyncio.Queue()
+        #: lanes waiting for a worker, oldest head row first: at ``concurrency=1`` that is
+        #: ``seq`` order; above it, the longest-waiting run goes next
+        self.ready: asyncio.PriorityQueue[tuple[int, str]] = asyncio.PriorityQueue()
         #: runs with rows parked or held: their rows go through the parked table
         self.blocked: set[str] = set()
         self.resuming: set[str] = set()
@@ -208,14 +210,19 @@ class _Tenure:
     def put(self, run_id: str, item: Any) -> None:
         lane = self.lanes.get(run_id)
         if lane is None:
-            self.lanes[run_id] = deque([item])
-            self.ready.put_nowait(run_id)
+            self.lanes[run_id] = lane = deque([item])
+            self.wait_turn(run_id, lane)
         else:
             lane.append(item)
         self.outstanding += 1
         if item is not _RESUME:
             heapq.heappush(self.pending, item.seq)
             self.read = max(self.read, item.seq)
+
+    def wait_turn(self, run_id: str, lane: deque[Any]) -> None:
+        """Queue the lane for a worker, ranked by its first item's seq (a resume first)."""
+        head = lane[0]
+        self.ready.put_nowait((0 if head is _RESUME else head.seq, run_id))
 
     def done(self, item: Any) -> None:
         self.outstanding -= 1
@@ -628,19 +635,22 @@ class OutboxRelay(Closable):
     async def _lane_worker(self, tenure: _Tenure) -> None:
         try:
             while True:
-                run_id = await tenure.ready.get()
+                _, run_id = await tenure.ready.get()
                 lane = tenure.lanes[run_id]
-                while lane:
-                    self._check_stop()  # stopping: no new delivery starts
-                    tenure.active += 1
-                    try:
-                        done = await self._lane_step(tenure, run_id, lane)
-                    finally:
-                        tenure.active -= 1
-                        tenure.progress.set()
-                    for finished in done:
-                        tenure.done(finished)
-                del tenure.lanes[run_id]
+                self._check_stop()  # stopping: no new delivery starts
+                tenure.active += 1
+                try:
+                    done = await self._lane_step(tenure, run_id, lane)
+                finally:
+                    tenure.active -= 1
+                    tenure.progress.set()
+                for finished in done:
+                    tenure.done(finished)
+                # One item a turn: the lane queues again behind older rows of other runs.
+                if lane:
+                    tenure.wait_turn(run_id, lane)
+                else:
+                    del tenure.lanes[run_id]
         except (asyncio.CancelledError, _Stopped):
             return
         except BaseException as error:  # lease lost, or a bug: the reader re-raises it
