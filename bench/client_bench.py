@@ -17,7 +17,8 @@ candidates rotates from round to round), medians over rounds:
   httpx-aiohttp's transport when that package is installed.
 * ``webhook``: ``WebhookSink.submit`` from 64 tasks into a local receiver (an aiohttp
   server in a subprocess that answers 200 to every POST), beside plain aiohttp posting the
-  same bytes with the same headers to the same receiver.
+  same bytes with the same headers to the same receiver, and httpx's ``AsyncClient`` doing
+  the same (the sinks' transport before issue 41).
 * ``restate``: ``RestateSink.deliver`` from 64 tasks into a Restate server's ingress
   (``/send`` of examples/restate_service.py's ``Decisions/handle``, each decision new),
   beside plain aiohttp posting the same bodies and headers. Needs ``make engines``.
@@ -26,7 +27,7 @@ The Python clients run in this process on asyncio's default event loop (what a h
 without configuring one); a Python client costs about as much CPU per request as the server
 it calls, and the machine has 2 cores, so a ratio is only meaningful within one run.
 Output: a Markdown table on stdout and in ``bench/results/client-bench.md`` (samples in
-``client-bench.json``).
+``client-bench.json``; with ``--only``, ``client-bench-<parts>.md`` and ``.json``).
 """
 
 from __future__ import annotations
@@ -55,13 +56,13 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 import httpx  # noqa: E402
+from tests.service_process import ServiceProcess  # noqa: E402
 
 from flowdecision.client import DecisionClient, SyncDecisionClient  # noqa: E402
 from flowdecision.model import DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
 from flowdecision.sinks.delivery import DecisionDelivery  # noqa: E402
 from flowdecision.sinks.restate import RestateSink  # noqa: E402
 from flowdecision.sinks.webhook import WebhookSink  # noqa: E402
-from tests.service_process import ServiceProcess  # noqa: E402
 
 LUA = HERE / "wrk_service.lua"
 RESULTS = HERE / "results"
@@ -174,17 +175,21 @@ async def decision_client(url: str, clients: int) -> AsyncIterator[Post]:
         yield post
 
 
+def httpx_post(client: httpx.AsyncClient, url: str) -> Post:
+    """What the other candidates send, through an ``httpx.AsyncClient``."""
+
+    async def post(body: bytes) -> bool:
+        headers = {"Content-Type": "application/json"}
+        answer = await client.post(f"{url}/v1/decisions", content=body, headers=headers)
+        return answer.status_code == 201
+
+    return post
+
+
 @asynccontextmanager
 async def httpx_client(url: str, clients: int) -> AsyncIterator[Post]:
-    limits = httpx.Limits(max_connections=64)
-    async with httpx.AsyncClient(limits=limits) as client:
-
-        async def post(body: bytes) -> bool:
-            headers = {"Content-Type": "application/json"}
-            answer = await client.post(f"{url}/v1/decisions", content=body, headers=headers)
-            return answer.status_code == 201
-
-        yield post
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=64)) as client:
+        yield httpx_post(client, url)
 
 
 @asynccontextmanager
@@ -193,13 +198,7 @@ async def httpx_aiohttp_client(url: str, clients: int) -> AsyncIterator[Post]:
 
     transport = AiohttpTransport(limits=httpx.Limits(max_connections=64))
     async with httpx.AsyncClient(transport=transport) as client:
-
-        async def post(body: bytes) -> bool:
-            headers = {"Content-Type": "application/json"}
-            answer = await client.post(f"{url}/v1/decisions", content=body, headers=headers)
-            return answer.status_code == 201
-
-        yield post
+        yield httpx_post(client, url)
 
 
 def has_httpx_aiohttp() -> bool:
@@ -353,6 +352,16 @@ async def sink_run(
                     raise BenchError(f"HTTP {answer.status}")
 
         submit, close = aiohttp_post, session.close
+    elif name == "httpx.AsyncClient (plain)":  # the sinks' transport before issue 41
+        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=64), timeout=10)
+
+        async def httpx_post(request: DecisionRequest) -> None:
+            url, body, headers = wire(request)
+            answer = await client.post(url, content=body, headers=headers)
+            if answer.status_code not in expected:
+                raise BenchError(f"HTTP {answer.status_code}")
+
+        submit, close = httpx_post, client.aclose
     else:
         sink = WebhookSink(target) if kind == "webhook" else RestateSink(target)
         await sink.open()
@@ -370,7 +379,8 @@ async def sink_run(
 
 
 def sink_part(kind: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    names = ["aiohttp (plain)", "WebhookSink" if kind == "webhook" else "RestateSink"]
+    sink = "WebhookSink" if kind == "webhook" else "RestateSink"
+    names = ["aiohttp (plain)", sink, "httpx.AsyncClient (plain)"]
     cleanup: list[Any] = []
     samples: list[dict[str, Any]] = []
     try:
@@ -388,10 +398,9 @@ def sink_part(kind: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             restate.register(deployment.uri)
             target = restate.url("Decisions", "handle")
         for round_ in range(args.rounds):
-            for name in names[round_ % 2 :] + names[: round_ % 2]:
-                result = asyncio.run(
-                    sink_run(kind, target, name, 64, args.seconds, args.warmup)
-                )
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                result = asyncio.run(sink_run(kind, target, name, 64, args.seconds, args.warmup))
                 result.update(part=kind, name=name, clients=64, round=round_,
                               load=os.getloadavg()[0])  # fmt: skip
                 print(json.dumps(result), flush=True)
@@ -421,10 +430,15 @@ def table(samples: list[dict[str, Any]], args: argparse.Namespace) -> str:
             seen.append(key)
     seen.sort(key=lambda k: (["client", "webhook", "restate"].index(k[0]), k[2]))
     for part, name, clients in seen:
-        rates = [s["rate"] for s in samples if (s["part"], s["name"], s["clients"]) == (part, name, clients)]
-        bad = sum(s["bad"] for s in samples if (s["part"], s["name"], s["clients"]) == (part, name, clients))
-        base = [s["rate"] for s in samples
-                if (s["part"], s["name"], s["clients"]) == (part, "aiohttp (plain)", clients)]  # fmt: skip
+
+        def of(who: str, part: str = part, clients: int = clients) -> list[dict[str, Any]]:
+            return [
+                s for s in samples if (s["part"], s["name"], s["clients"]) == (part, who, clients)
+            ]
+
+        rates = [s["rate"] for s in of(name)]
+        bad = sum(s["bad"] for s in of(name))
+        base = [s["rate"] for s in of("aiohttp (plain)")]
         ratio = f"{statistics.median(rates) / statistics.median(base):.2f}" if base else "-"
         lines.append(
             f"| {part} | {name} | {clients} | {statistics.median(rates):,.0f} "
@@ -459,8 +473,9 @@ def main() -> None:
     text = table(samples, args)
     print(text)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "client-bench.md").write_text(text + "\n")
-    (RESULTS / "client-bench.json").write_text(json.dumps(samples, indent=1) + "\n")
+    stem = "client-bench" + ("" if args.only is None else "-" + "-".join(parts))
+    (RESULTS / f"{stem}.md").write_text(text + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(samples, indent=1) + "\n")
     if args.write_docs:
         write_docs(text)
 

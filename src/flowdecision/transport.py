@@ -37,14 +37,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TRANSIENT_ERRORS",
-    "Answer",
     "ConnectError",
     "ConnectTimeout",
-    "HttpAnswer",
     "HttpPool",
+    "HttpResponse",
     "ReadError",
     "ReadTimeout",
+    "ResponseLike",
     "TransportError",
+    "pool_size",
 ]
 
 
@@ -93,8 +94,8 @@ class _Path(Protocol):
     def path(self) -> str: ...
 
 
-class Answer(Protocol):
-    """What the client's decoders read from an answer: an :class:`HttpAnswer`, or an
+class ResponseLike(Protocol):
+    """What the client's decoders read from an answer: an :class:`HttpResponse`, or an
     ``httpx.Response`` (the blocking client's, and hand-built ones in tests)."""
 
     @property
@@ -115,7 +116,7 @@ class Answer(Protocol):
     def json(self) -> Any: ...
 
 
-class HttpAnswer:
+class HttpResponse:
     """An answer read in full: status, headers (case-insensitive), body bytes and URL."""
 
     __slots__ = ("content", "headers", "reason_phrase", "status_code", "url")
@@ -156,9 +157,7 @@ class HttpPool:
         max_connections: int = HTTP_POOL_CONNECTIONS,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        if max_connections < 1:
-            raise InvalidArgumentError(f"max_connections must be at least 1, got {max_connections}")
-        self.max_connections = max_connections
+        self.max_connections = pool_size(max_connections)
         self._headers = dict(headers or {})
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[
@@ -208,7 +207,7 @@ class HttpPool:
         connect_s: float | None,
         read_s: float | None,
         pool_s: float | None = None,
-    ) -> HttpAnswer:
+    ) -> HttpResponse:
         """Send one request and read its whole answer; redirects are not followed.
 
         Raises a :class:`TransportError` when no answer came (see the module docstring).
@@ -227,7 +226,7 @@ class HttpPool:
                 allow_redirects=False,
             ) as response:
                 body = await response.read()
-                return HttpAnswer(
+                return HttpResponse(
                     response.status, response.headers, body, response.reason or "", response.url
                 )
         # ValueError: a URL that does not parse (yarl's, before aiohttp's own checks).
@@ -243,6 +242,13 @@ class HttpPool:
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+
+
+def pool_size(max_connections: int) -> int:
+    """``max_connections``, checked (callers that build their pool later check it early)."""
+    if max_connections < 1:
+        raise InvalidArgumentError(f"max_connections must be at least 1, got {max_connections}")
+    return max_connections
 
 
 def _as_sent(url: str) -> Any:

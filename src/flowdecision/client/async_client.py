@@ -12,7 +12,7 @@ from ..closing import Closable
 from ..ledger.query import AuditPage, DecisionPage
 from ..ledger.states import AuditEntry
 from ..model import DecisionRequest
-from ..transport import Answer, HttpPool
+from ..transport import HttpPool, ResponseLike
 from .base import USER_AGENT, BaseClient, send_headers, send_kwargs
 from .protocol import ActionArguments, Send, audit_params, query_params, run_path
 from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
@@ -134,7 +134,7 @@ class DecisionClient(BaseClient[HttpPool | httpx.AsyncClient], Closable):
         """Forget a completed decision or tombstone so its id can be used again; audited."""
         return await self._drive(self._protocol.action("forget", decision_id, **action))
 
-    async def _send(self, step: Send) -> Answer:
+    async def _send(self, step: Send) -> ResponseLike:
         http = self._http
         if isinstance(http, httpx.AsyncClient):
             return await http.request(step.method, step.url, **send_kwargs(step))

@@ -12,7 +12,7 @@ import httpx
 from .. import tracing
 from ..defaults import CLIENT_TIMEOUT_S, HTTP_POOL_CONNECTIONS, SERVICE_URL
 from ..errors import InvalidArgumentError
-from ..transport import Answer
+from ..transport import ResponseLike, pool_size
 from .protocol import Exchange, Send, ServiceProtocol, Sleep
 from .retry import TRANSPORT_ERRORS, OnRetry, RetryOptions
 
@@ -78,8 +78,6 @@ class BaseClient(Generic[H]):
         rng: random.Random | None = None,
         max_connections: int = HTTP_POOL_CONNECTIONS,
     ) -> None:
-        if max_connections < 1:
-            raise InvalidArgumentError(f"max_connections must be at least 1, got {max_connections}")
         self._protocol = ServiceProtocol(
             url,
             token=token,
@@ -90,7 +88,7 @@ class BaseClient(Generic[H]):
             rng=rng,
         )
         self._owns_http = http is None
-        self._http: H = self._new_http(max_connections) if http is None else http
+        self._http: H = self._new_http(pool_size(max_connections)) if http is None else http
 
     @property
     def url(self) -> str:
@@ -99,7 +97,7 @@ class BaseClient(Generic[H]):
     def _new_http(self, max_connections: int) -> H:
         raise NotImplementedError
 
-    async def _send(self, step: Send) -> Answer:
+    async def _send(self, step: Send) -> ResponseLike:
         """Send one request (the async client awaits it, the blocking one blocks)."""
         raise NotImplementedError
 

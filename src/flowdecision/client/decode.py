@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..model import DecisionRequest
-from ..transport import Answer
+from ..transport import ResponseLike
 from .errors import unexpected_answer
 from .results import DecisionState, OutboxItem, OutboxPage, Outcome, ServiceHealth, SubmitResult
 
@@ -18,7 +18,7 @@ __all__ = ["decision_state", "outbox_page", "service_health", "submit_result"]
 T = TypeVar("T")
 
 
-def _json_object(response: Answer) -> dict[str, Any]:
+def _json_object(response: ResponseLike) -> dict[str, Any]:
     try:
         body = response.json()
     except ValueError as error:
@@ -28,26 +28,26 @@ def _json_object(response: Answer) -> dict[str, Any]:
     return body
 
 
-def _member(response: Answer, body: Mapping[str, Any], name: str, kind: type[T]) -> T:
+def _member(response: ResponseLike, body: Mapping[str, Any], name: str, kind: type[T]) -> T:
     value = body.get(name)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise unexpected_answer(response, f"member `{name}` is missing or not {kind.__name__}")
     return value
 
 
-def _optional_int(response: Answer, body: Mapping[str, Any], name: str) -> int | None:
+def _optional_int(response: ResponseLike, body: Mapping[str, Any], name: str) -> int | None:
     if body.get(name) is None:
         return None
     return _member(response, body, name, int)
 
 
-def _optional_str(response: Answer, body: Mapping[str, Any], name: str) -> str | None:
+def _optional_str(response: ResponseLike, body: Mapping[str, Any], name: str) -> str | None:
     if body.get(name) is None:
         return None
     return _member(response, body, name, str)
 
 
-def _receipt(response: Answer, value: object) -> ResultReceipt | None:
+def _receipt(response: ResponseLike, value: object) -> ResultReceipt | None:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -58,7 +58,7 @@ def _receipt(response: Answer, value: object) -> ResultReceipt | None:
         raise unexpected_answer(response, f"invalid receipt: {error}") from error
 
 
-def submit_result(response: Answer, tries: int) -> SubmitResult:
+def submit_result(response: ResponseLike, tries: int) -> SubmitResult:
     body = _json_object(response)
     raw = _member(response, body, "outcome", str)
     try:
@@ -75,7 +75,7 @@ def submit_result(response: Answer, tries: int) -> SubmitResult:
     )
 
 
-def decision_state(response: Answer) -> DecisionState:
+def decision_state(response: ResponseLike) -> DecisionState:
     body = _json_object(response)
     identity = body.get("execution_identity")
     try:
@@ -95,7 +95,7 @@ def decision_state(response: Answer) -> DecisionState:
     )
 
 
-def outbox_page(response: Answer) -> OutboxPage:
+def outbox_page(response: ResponseLike) -> OutboxPage:
     body = _json_object(response)
     raw_entries = _member(response, body, "entries", list)
     entries = []
@@ -126,7 +126,7 @@ def outbox_page(response: Answer) -> OutboxPage:
     )
 
 
-def service_health(response: Answer) -> ServiceHealth:
+def service_health(response: ResponseLike) -> ServiceHealth:
     body = response.json()
     return ServiceHealth(
         status=body["status"],

@@ -22,7 +22,7 @@ from ..errors import (
     SinkError,
     UnauthorizedBranchError,
 )
-from ..transport import Answer
+from ..transport import ResponseLike
 
 __all__ = [
     "PERMANENT_CODES",
@@ -236,7 +236,7 @@ _ERRORS_BY_CODE: dict[str, type[ServiceError]] = {
 }
 
 
-def error_from_response(response: Answer) -> ServiceError:
+def error_from_response(response: ResponseLike) -> ServiceError:
     """The typed error for an error answer (any status, any body)."""
     status = response.status_code
     error: Mapping[str, Any] = {}
@@ -266,12 +266,12 @@ def error_from_response(response: Answer) -> ServiceError:
     return cls(answer)
 
 
-def _reason(response: Answer) -> str:
+def _reason(response: ResponseLike) -> str:
     text = response.text.strip().replace("\n", " ")[:200]
     return text or response.reason_phrase or f"HTTP {response.status_code}"
 
 
-def unexpected_answer(response: Answer, problem: str) -> UnexpectedResponseError:
+def unexpected_answer(response: ResponseLike, problem: str) -> UnexpectedResponseError:
     return UnexpectedResponseError(
         ErrorAnswer(
             status=response.status_code,

@@ -25,7 +25,7 @@ from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..ledger.query import AuditPage, DecisionPage
 from ..ledger.states import AuditEntry
 from ..model import DecisionRequest
-from ..transport import Answer
+from ..transport import ResponseLike
 from .decode import decision_state, outbox_page, service_health, submit_result
 from .errors import ServiceConnectionError, ServiceError, connection_error, error_from_response
 from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
@@ -83,7 +83,7 @@ class Sleep:
 
 
 Step = Send | Sleep
-Exchange = Generator[Step, Answer | None, T]
+Exchange = Generator[Step, ResponseLike | None, T]
 
 
 def _params(**values: str | int | None) -> dict[str, str | int]:
@@ -201,7 +201,7 @@ class ServiceProtocol:
         if not decision_id:
             raise InvalidArgumentError("decision_id must not be empty")
 
-        def missing(response: Answer) -> bool:
+        def missing(response: ResponseLike) -> bool:
             # A 404 only means "no such decision" when the service says so for this
             # id; a 404 from anything else (a wrong base URL, a proxy) is an error.
             if response.status_code != 404:
@@ -227,7 +227,7 @@ class ServiceProtocol:
         return decision_state(response)
 
     def health(self, *, request_id: str | None) -> Exchange[ServiceHealth]:
-        def snapshot(response: Answer) -> bool:
+        def snapshot(response: ResponseLike) -> bool:
             # 503 with a health body is an answer ("degraded"), not a failure to retry.
             if response.status_code not in (200, 503):
                 return False
@@ -265,7 +265,7 @@ class ServiceProtocol:
 
     def _get_ok(
         self, path: str, params: Mapping[str, str | int], request_id: str | None
-    ) -> Exchange[Answer]:
+    ) -> Exchange[ResponseLike]:
         """``GET path?params`` whose one good answer is a 200 (retried like every read)."""
         response, _tries = yield from self._exchange(
             "GET", path, headers=self.headers(request_id), params=params, accept=_is_200
@@ -307,12 +307,12 @@ class ServiceProtocol:
         path: str,
         *,
         headers: Mapping[str, str],
-        accept: Callable[[Answer], bool],
+        accept: Callable[[ResponseLike], bool],
         content: bytes | None = None,
         params: Mapping[str, str | int] | None = None,
         timeout: httpx.Timeout | None = None,
         resend_ok: bool = True,
-    ) -> Generator[Step, Answer | None, tuple[Answer, int]]:
+    ) -> Generator[Step, ResponseLike | None, tuple[ResponseLike, int]]:
         send = Send(method, self.base_url + path, headers, content, params, timeout or self.timeout)
         retry = self.retry
         started = time.monotonic()
@@ -379,7 +379,7 @@ def encode_request(request: DecisionRequest | bytes | Mapping[str, Any]) -> byte
     )
 
 
-def _is_200(response: Answer) -> bool:
+def _is_200(response: ResponseLike) -> bool:
     return response.status_code == 200
 
 

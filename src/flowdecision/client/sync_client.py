@@ -11,7 +11,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import httpx
 
 from ..errors import FlowDecisionError
-from ..transport import Answer
+from ..transport import ResponseLike
 from .async_client import DecisionClient
 from .base import HTTP_DEFAULTS, BaseClient, send_kwargs
 from .protocol import Send
@@ -67,7 +67,7 @@ class SyncDecisionClient(BaseClient[httpx.Client]):
     def _new_http(self, max_connections: int) -> httpx.Client:
         return httpx.Client(**HTTP_DEFAULTS, limits=httpx.Limits(max_connections=max_connections))
 
-    async def _send(self, step: Send) -> Answer:
+    async def _send(self, step: Send) -> ResponseLike:
         return self._http.request(step.method, step.url, **send_kwargs(step))
 
     async def _sleep(self, seconds: float) -> None:

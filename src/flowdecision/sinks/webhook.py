@@ -52,7 +52,7 @@ from ..defaults import (
 from ..errors import InvalidArgumentError, WebhookError, WebhookRejectedError
 from ..model import DecisionRequest
 from ..tracing import active, inject
-from ..transport import TRANSIENT_ERRORS, HttpAnswer, HttpPool
+from ..transport import TRANSIENT_ERRORS, HttpPool, HttpResponse, pool_size
 
 __all__ = [
     "TRANSIENT_ERRORS",
@@ -89,8 +89,6 @@ class WebhookSink(Openable):
     ) -> None:
         if max_attempts < 1:
             raise InvalidArgumentError(f"max_attempts must be at least 1, got {max_attempts}")
-        if max_connections < 1:
-            raise InvalidArgumentError(f"max_connections must be at least 1, got {max_connections}")
         self.url = url
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
@@ -100,7 +98,7 @@ class WebhookSink(Openable):
         self._token = token
         self._rng = rng or random.Random()
         #: Connections the sink's pool keeps open at once (concurrent POSTs beyond wait).
-        self.max_connections = max_connections
+        self.max_connections = pool_size(max_connections)
         self._client: HttpPool | None = None
         # decision id -> the failure last logged as a warning for it (oldest first).
         self._failing: OrderedDict[str, str] = OrderedDict()
@@ -130,7 +128,7 @@ class WebhookSink(Openable):
         url: str,
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
-    ) -> HttpAnswer:
+    ) -> HttpResponse:
         """One request through the sink's pool, every timeout ``timeout_s``."""
         pool = await self._pool()
         return await pool.request(
@@ -153,7 +151,7 @@ class WebhookSink(Openable):
 
     async def post(
         self, url: str, body: bytes, headers: dict[str, str], decision_id: str
-    ) -> HttpAnswer:
+    ) -> HttpResponse:
         """POST ``body`` to ``url`` with the retries above; the 2xx answer.
 
         Adds ``Authorization`` when a token is configured. Subclasses that speak
@@ -231,6 +229,6 @@ class WebhookSink(Openable):
             )
 
 
-def _snippet(response: HttpAnswer) -> str:
+def _snippet(response: HttpResponse) -> str:
     text = response.text.strip().replace("\n", " ")
     return f": {text[:200]}" if text else ""
