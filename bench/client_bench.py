@@ -417,8 +417,9 @@ def sink_part(kind: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 def table(samples: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [
         f"{args.rounds} interleaved rounds of {args.seconds:g} s (after {args.warmup:g} s of "
-        f"warm-up), medians (min-max) over rounds; {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs, aiohttp {aiohttp.__version__}, httpx {httpx.__version__}.",
+        "warm-up), medians (min-max) over rounds, the ratio to aiohttp taken per round; "
+        f"Python {platform.python_version()}, {os.cpu_count()} CPUs, "
+        f"aiohttp {aiohttp.__version__}, httpx {httpx.__version__}.",
         "",
         "| part | client | concurrent | requests/s | × aiohttp | failed |",
         "|---|---|---:|---:|---:|---:|",
@@ -438,8 +439,14 @@ def table(samples: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
         rates = [s["rate"] for s in of(name)]
         bad = sum(s["bad"] for s in of(name))
-        base = [s["rate"] for s in of("aiohttp (plain)")]
-        ratio = f"{statistics.median(rates) / statistics.median(base):.2f}" if base else "-"
+        # The ratio of each round's pair (measured minutes apart at most), then the median.
+        base = {s["round"]: s["rate"] for s in of("aiohttp (plain)")}
+        ratios = [s["rate"] / base[s["round"]] for s in of(name) if base.get(s["round"])]
+        ratio = (
+            f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+            if ratios
+            else "-"
+        )
         lines.append(
             f"| {part} | {name} | {clients} | {statistics.median(rates):,.0f} "
             f"({min(rates):,.0f}-{max(rates):,.0f}) | {ratio} | {bad} |"

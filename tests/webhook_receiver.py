@@ -51,6 +51,8 @@ class WebhookReceiver:
                     self.connection.shutdown(2)
                     return
                 payload = b'{"ok":true}' if status < 300 else b'{"error":"nope"}'
+                if status == 204:  # a 204 has no content (RFC 9110 15.3.5): sending one
+                    payload = b""  # corrupts the kept-alive connection's next answer
                 self.send_response(status)
                 for key, value in headers.items():
                     self.send_header(key, value)

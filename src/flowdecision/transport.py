@@ -141,7 +141,8 @@ class HttpResponse:
 
     def json(self) -> Any:
         """The body as JSON (a :class:`ValueError` when it is not)."""
-        return json.loads(self.content)
+        # JSON is UTF-8 (RFC 8259): decoding first skips json's encoding detection.
+        return json.loads(self.content.decode("utf-8"))
 
 
 class HttpPool:
@@ -160,6 +161,8 @@ class HttpPool:
         self.max_connections = pool_size(max_connections)
         self._headers = dict(headers or {})
         self._session: aiohttp.ClientSession | None = None
+        # The URLs already parsed (a client sends to a few), and the timeouts built.
+        self._urls: dict[str, Any] = {}
         self._timeouts: dict[
             tuple[float | None, float | None, float | None], aiohttp.ClientTimeout
         ] = {}
@@ -196,6 +199,14 @@ class HttpPool:
             self._timeouts[key] = timeout
         return timeout
 
+    def _url(self, url: str) -> Any:
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) >= _URL_CACHE:
+                self._urls.clear()
+            parsed = self._urls[url] = _as_sent(url)
+        return parsed
+
     async def request(
         self,
         method: str,
@@ -218,7 +229,7 @@ class HttpPool:
         try:
             async with session.request(
                 method,
-                _as_sent(url),
+                self._url(url),
                 headers=headers,
                 data=content,
                 params=params,
@@ -249,6 +260,10 @@ def pool_size(max_connections: int) -> int:
     if max_connections < 1:
         raise InvalidArgumentError(f"max_connections must be at least 1, got {max_connections}")
     return max_connections
+
+
+#: Parsed URLs a pool keeps (a webhook sink keyed by run id sees many).
+_URL_CACHE = 256
 
 
 def _as_sent(url: str) -> Any:
