@@ -16,6 +16,7 @@ from pathlib import Path
 
 from flowdecision.model import DecisionRequest
 from flowdecision.sinks import OutboxSink
+from tests.engine_servers import free_port
 from tests.helpers import request
 from tests.service_process import ROOT, wait_for
 from tests.webhook_receiver import WebhookReceiver
@@ -198,3 +199,92 @@ def test_relay_refuses_a_missing_outbox_and_a_bad_sink(tmp_path: Path) -> None:
     done = _cli(tmp_path, "outbox", "cursors", "--sink", url, "--set", "default", "0")
     assert done.returncode == 0 and "default" in done.stdout, done.stderr
     assert _cursors(tmp_path, url)[0]["position"] == 0
+
+
+def _fill_runs(url: str, runs: int, per_run: int) -> dict[str, list[str]]:
+    expected: dict[str, list[str]] = {}
+
+    async def go() -> None:
+        async with OutboxSink(url) as outbox:
+            for index in range(per_run):
+                for run in range(runs):
+                    run_id = f"run-{run}"
+                    decision_id = f"{run_id}-d{index:02d}"
+                    await outbox.submit(request(decision_id=decision_id, run_id=run_id), 1)
+                    expected.setdefault(run_id, []).append(decision_id)
+
+    asyncio.run(go())
+    return expected
+
+
+def test_a_webhook_400_parks_one_row_and_every_other_run_is_delivered(tmp_path: Path) -> None:
+    """The issue's new user: 30 decisions over 3 runs, the 6th refused with HTTP 400."""
+    url = f"sqlite:///{tmp_path / 'flowdecision.db'}"
+    expected = _fill_runs(url, runs=3, per_run=10)
+    poison = "run-2-d01"  # the 6th row
+    with WebhookReceiver() as receiver:
+        receiver.refuse.add(poison)
+        done = _cli(tmp_path, "relay", "--from", url, "--to", receiver.url, "--once")
+        # --once returns; its exit code says rows are parked, its summary tells the truth.
+        assert done.returncode == 5, done.stderr
+        assert "delivered 21 rows; parked 1 (and 8 held behind them); lag 0 rows" in done.stderr
+        delivered = [d for d in _received(receiver) if d != poison]
+        for run_id in ("run-0", "run-1"):
+            assert [d for d in delivered if d.startswith(run_id)] == expected[run_id]
+        assert [d for d in delivered if d.startswith("run-2")] == ["run-2-d00"]
+
+        listed = _cli(tmp_path, "outbox", "parked", "--sink", url, "--json")
+        assert listed.returncode == 0, listed.stderr
+        parked = json.loads(listed.stdout)["parked"]
+        assert [(row["decision_id"], row["state"]) for row in parked][:2] == [
+            (poison, "parked"),
+            ("run-2-d02", "held"),
+        ]
+        assert "HTTP 400" in parked[0]["error"] and len(parked) == 9
+        (cursor,) = _cursors(tmp_path, url)
+        assert (cursor["parked_rows"], cursor["held_rows"], cursor["lag_rows"]) == (1, 8, 0)
+
+        # A held row is not the one to act on: exit 3, as for any refused action.
+        held = _cli(tmp_path, "outbox", "skip", "run-2-d03", "--sink", url, "--reason", "x")
+        assert held.returncode == 3 and "held behind" in held.stderr, held.stderr
+
+        # The receiver is fixed; an operator retries: the run is delivered, in order.
+        receiver.refuse.clear()
+        retried = _cli(tmp_path, "outbox", "retry", poison, "--sink", url, "--reason", "fixed",
+                       "--actor", "ops@example")  # fmt: skip
+        assert retried.returncode == 0 and "released for delivery" in retried.stdout
+        done = _cli(tmp_path, "relay", "--from", url, "--to", receiver.url, "--once")
+        assert done.returncode == 0, done.stderr
+        assert "delivered 9 rows; parked 0 (and 0 held behind them)" in done.stderr
+        run2 = [d for d in _received(receiver) if d.startswith("run-2")]
+        # (the receiver records the refused try too: the poison's first POST got its 400)
+        assert run2 == ["run-2-d00", poison, poison, *expected["run-2"][2:]]
+        audit = _cli(tmp_path, "outbox", "audit", "--sink", url, "--json")
+        (entry,) = json.loads(audit.stdout)["entries"]
+        assert (entry["action"], entry["decision_id"], entry["actor"]) == (
+            "retry",
+            poison,
+            "ops@example",
+        )
+        missing = _cli(tmp_path, "outbox", "retry", poison, "--sink", url, "--reason", "again")
+        assert missing.returncode == 3 and "is not parked" in missing.stderr
+
+
+def test_a_relay_started_before_its_receiver_waits_for_it(tmp_path: Path) -> None:
+    """An engine down when the relay starts: it keeps trying, backing off, then delivers."""
+    url = f"sqlite:///{tmp_path / 'flowdecision.db'}"
+    ids = _fill(url, 20)
+    port = free_port()  # nothing listens there yet: connections are refused
+    relay = RelayProcess(
+        tmp_path, url, f"http://127.0.0.1:{port}/hooks/decisions", "--retry-cap-s", "0.5"
+    )
+    try:
+        wait_for(lambda: "relay delivery failed; retrying" in relay.text(), timeout=60)
+        assert relay.proc.poll() is None  # still running, not exited
+        with WebhookReceiver(port=port) as back:
+            wait_for(lambda: set(_received(back)) == set(ids), timeout=60)
+            assert _received(back) == ids  # one run: in seq order, each once
+    finally:
+        assert relay.terminate() == 0, relay.text()
+    # One warning per kind of failure, not one per try.
+    assert relay.text().count("relay delivery failed; retrying") <= 3, relay.text()

@@ -22,6 +22,8 @@ class WebhookReceiver:
         self.in_flight = 0
         self.most_in_flight = 0
         self.stopped = False
+        #: decision ids (the Idempotency-Key) answered 400: refused for good
+        self.refuse: set[str] = set()
         self._lock = threading.Lock()
         receiver = self
 
@@ -46,6 +48,8 @@ class WebhookReceiver:
                     status, headers = (
                         receiver.script.pop(0) if len(receiver.script) > 1 else receiver.script[0]
                     )
+                    if self.headers.get("Idempotency-Key") in receiver.refuse:
+                        status, headers = 400, {}
                 if status == 0:
                     self.close_connection = True
                     self.connection.shutdown(2)
