@@ -67,6 +67,17 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 @_flag("--body-timeout-s", type=float, help="Time to send a request body.  [default: 30]")
 @_flag("--keep-alive-timeout-s", type=float, help="Idle keep-alive timeout.  [default: 5]")
 @_flag("--max-connections", type=int, help="Open connection cap.  [default: 1000]")
+@_flag(
+    "--write-timeout-s",
+    type=float,
+    help="Drop a connection whose client stops reading its answer this long.  [default: 30]",
+)
+@_flag(
+    "--max-streams",
+    type=int,
+    help="Open outbox event streams and long-polls, at most (and at most half of "
+    "--max-connections).  [default: 100]",
+)
 @_flag("--http", help="HTTP parser: auto, httptools, h11.  [default: auto]")
 @_flag("--loop", help="Event loop: auto, uvloop, asyncio.  [default: auto]")
 @_flag(

@@ -112,6 +112,11 @@ class Settings:
     body_timeout_s: float = 30.0
     keep_alive_timeout_s: float = 5.0
     max_connections: int = 1000
+    #: A response the client stops reading is dropped after this long (the guarded edge).
+    write_timeout_s: float = 30.0
+    #: Open event streams and waiting long-polls of ``GET /v1/outbox``, at most; never
+    #: more than half of ``max_connections``, so requests keep connections to run on.
+    max_streams: int = 100
     http: str = "auto"
     loop: str = "auto"
     #: ``guarded``: connections go through service/edge/; ``plain``: stock uvicorn.
@@ -198,6 +203,10 @@ class Settings:
                 )
         return self
 
+    def stream_limit(self) -> int:
+        """Streams open at once: ``max_streams``, at most half of ``max_connections``."""
+        return max(1, min(self.max_streams, self.max_connections // 2))
+
     def short_token_count(self) -> int:
         """How many accepted tokens are shorter than :data:`MIN_TOKEN_CHARS` characters."""
         return sum(len(token.decode("utf-8")) < MIN_TOKEN_CHARS for token in self.tokens())
@@ -209,9 +218,7 @@ class Settings:
         if problem is not None:
             raise ConfigError(f"relay_name {problem}")
         if not 1 <= self.relay_concurrency <= 1000:
-            raise ConfigError(
-                f"relay_concurrency must be in 1..1000, got {self.relay_concurrency}"
-            )
+            raise ConfigError(f"relay_concurrency must be in 1..1000, got {self.relay_concurrency}")
         if self.relay_to is None:
             return
         from ..sinks.loader import check_sink_url, sink_kind
@@ -230,6 +237,8 @@ class Settings:
     def _validate_transport(self) -> None:
         if self.max_connections < 1:
             raise ConfigError(f"max_connections must be at least 1, got {self.max_connections}")
+        if self.max_streams < 1:
+            raise ConfigError(f"max_streams must be at least 1, got {self.max_streams}")
         if not 1 <= self.workers <= MAX_WORKERS:
             raise ConfigError(f"workers must be in 1..{MAX_WORKERS}, got {self.workers}")
         if self.http not in HTTP_IMPLEMENTATIONS:
@@ -346,6 +355,8 @@ _TYPES: dict[str, type] = {
     "body_timeout_s": float,
     "keep_alive_timeout_s": float,
     "max_connections": int,
+    "write_timeout_s": float,
+    "max_streams": int,
     "http": str,
     "loop": str,
     "edge": str,

@@ -231,6 +231,7 @@ SERVICE_ERRORS: dict[str, ServiceCode] = {
     "request_head_too_large": ServiceCode(431, "edge/timeouts"),
     "invalid_parameter": ServiceCode(422, "handlers", ParameterDetails),
     "outbox_unavailable": ServiceCode(503, "handlers", retry_after=RetryAfter.SOON),
+    "too_many_streams": ServiceCode(503, "handlers", retry_after=RetryAfter.SOON),
     # Operator actions (service/operations.py): an admin token, then the action's rules.
     "admin_disabled": ServiceCode(403, "operations"),
     "forbidden": ServiceCode(403, "operations"),

@@ -604,7 +604,10 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                 "row's `seq` and its `data` the row as in a page; a reconnecting client "
                 "resumes after its `Last-Event-ID` header (a `seq`; it overrides `after`, "
                 "and anything but digits is 422). An idle stream sends a comment every "
-                "15 s; it ends when the service shuts down.",
+                "15 s; it ends when the service shuts down. A page holds at most `limit` "
+                "rows and 1 MiB of them (at least one row): `has_more` says when it was "
+                "cut. Event streams and waiting long-polls are bounded per replica "
+                "(`max_streams`): past it, 503 `too_many_streams`.",
                 "security": _AUTH,
                 "parameters": [
                     {
@@ -621,7 +624,8 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                     {
                         "name": "limit",
                         "in": "query",
-                        "description": "Decisions per page.",
+                        "description": "Decisions per page, at most (a page also stops "
+                        "at 1 MiB of rows).",
                         "schema": {
                             "type": "integer",
                             "minimum": 1,
@@ -649,6 +653,7 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                         "no_outbox",
                         "invalid_parameter",
                         "outbox_unavailable",
+                        "too_many_streams",
                     ],
                     {
                         "200": {

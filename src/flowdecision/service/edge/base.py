@@ -49,6 +49,8 @@ class EdgeLimits:
     body_timeout_s: float = 30.0
     keep_alive_timeout_s: float = 5.0
     max_connections: int = 1000
+    #: How long the transport's write buffer may stay full (the client not reading).
+    write_timeout_s: float = 30.0
     linger_s: float = LINGER_S
     head_max_bytes: int = HEAD_MAX_BYTES
     head_max_fields: int = HEAD_MAX_FIELDS
@@ -132,6 +134,7 @@ class ConnectionState(asyncio.Protocol):
     _proxy: EdgeTransport
     _phase: str
     _timer: asyncio.TimerHandle | None
+    _write_timer: asyncio.TimerHandle | None
 
     # -- asyncio.Protocol and uvicorn's hook, passed on down the chain of parts ------------
 
@@ -139,6 +142,7 @@ class ConnectionState(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         self._real = cast(asyncio.Transport, transport)
         self._timer = None
+        self._write_timer = None
         self._phase = HEAD
         self._proxy = EdgeTransport(self._real, self)
         self._table.wait(self)
@@ -147,9 +151,37 @@ class ConnectionState(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._phase = CLOSED
         self._cancel_timer()
+        self._cancel_write_timer()
         self._table.busy(self)
         self._table.release()
         super().connection_lost(exc)
+
+    # -- the write timeout: a client that stops reading its answer ----------------------
+    # The transport pauses the protocol past its buffer's high-water mark (uvicorn then
+    # awaits the drain before the next write): a response, or an event stream, written
+    # to a client that does not read waits there, holding its buffers, for ever.
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            delay = self._table.limits.write_timeout_s
+            self._write_timer = asyncio.get_running_loop().call_later(delay, self._write_stuck)
+
+    def resume_writing(self) -> None:
+        self._cancel_write_timer()
+        super().resume_writing()
+
+    def _cancel_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_stuck(self) -> None:
+        self._write_timer = None
+        self._table.events.count("write_timeout")
+        self._phase = CLOSED
+        self._cancel_timer()
+        self._real.abort()  # the buffered answer goes; uvicorn sees the disconnect
 
     def on_response_complete(self) -> None:
         # Sends what the response held back: its head and body, in one write.

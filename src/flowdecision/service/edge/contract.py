@@ -43,6 +43,8 @@ _PROTOCOL_METHODS = (
     "on_response_complete",  # completes a response (flush, linger, keep-alive timer)
     "send_400_response",  # uvicorn's plain-text answer to malformed HTTP, made JSON
     "_unset_keepalive_if_required",  # uvicorn's keep-alive timer, replaced by ours
+    "pause_writing",  # its flow control, which the write timeout watches
+    "resume_writing",
 )
 #: Attributes the protocol sets on itself: the current request and the transport.
 _PROTOCOL_ATTRIBUTES = ("cycle", "transport")
