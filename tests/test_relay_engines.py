@@ -19,7 +19,7 @@ from temporalio.client import Client
 from flowdecision.sinks import OutboxSink
 from tests.engine_fixtures import TEMPORAL_QUEUE
 from tests.engine_servers import RestateServer, TemporalServer, stopped
-from tests.service_process import decision, wait_for
+from tests.service_process import ServiceProcess, decision, wait_for
 from tests.test_relay_process import HOLDS, RelayProcess, _cli
 from tests.test_restate_sink import applied
 
@@ -92,26 +92,69 @@ def engine(request: pytest.FixtureRequest) -> tuple[str, Any]:
     return server.url("DecisionRun", "apply", keyed_by_run=True), Restate(server, run_id)
 
 
+def _target(engine: tuple[str, Any], run_id: str) -> Any:
+    """The engine's view of another run."""
+    return type(engine[1])(engine[1].server, run_id)
+
+
+def test_runs_delivered_concurrently_each_in_seq_order(
+    engine: tuple[str, Any], tmp_path: Path
+) -> None:
+    sink_url, first = engine
+    url = f"sqlite:///{tmp_path / 'flowdecision.db'}"
+    runs = [first, *(_target(engine, f"{first.run_id}-{n}") for n in range(1, 6))]
+    expected: dict[str, list[str]] = {target.run_id: [] for target in runs}
+    for index in range(8):  # the runs' rows interleaved in the outbox
+        for target in runs:
+            expected[target.run_id] += _fill(url, target.run_id, 1, start=index)
+    done = _cli(tmp_path, "relay", "--from", url, "--to", sink_url, "--once",
+                "--concurrency", "6")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "delivered 48 rows; parked 0" in done.stderr
+    for target in runs:
+        wait_for(lambda target=target: len(target.applied()) == 8, timeout=120)
+        assert target.applied() == expected[target.run_id]
+
+
+def test_an_engine_down_when_the_relay_starts_is_waited_for(
+    engine: tuple[str, Any], tmp_path: Path
+) -> None:
+    sink_url, target = engine
+    url = f"sqlite:///{tmp_path / 'flowdecision.db'}"
+    ids = _fill(url, target.run_id, 3)
+    with stopped(target.server):
+        relay = RelayProcess(tmp_path, url, sink_url, "--retry-cap-s", "1")
+        try:
+            wait_for(lambda: "relay delivery failed; retrying" in relay.text(), timeout=120)
+            assert relay.proc.poll() is None, relay.text()  # waiting, not exited
+        except BaseException:
+            relay.terminate()
+            raise
+    try:
+        wait_for(lambda: target.applied() == ids, timeout=180)
+    finally:
+        assert relay.terminate() == 0, relay.text()
+
+
 def test_a_relay_killed_mid_batch_and_restarted_applies_each_decision_once(
     engine: tuple[str, Any], tmp_path: Path
 ) -> None:
     sink_url, target = engine
     url = f"sqlite:///{tmp_path / 'flowdecision.db'}"
     ids = _fill(url, target.run_id, 40)
-    # One batch holds every row: the cursor cannot move before the kill.
-    options = ("--batch", "100", "--lease-ms", "1000")
+    # The cursor is saved rarely: rows the engine applied are past it when the relay dies.
+    options = ("--batch", "100", "--lease-ms", "1000", "--concurrency", "8")
     first = RelayProcess(tmp_path, url, sink_url, *options)
     wait_for(lambda: len(target.applied()) >= 10, timeout=120)
     first.kill()
-    delivered = len(target.applied())
-    assert _position(tmp_path, url) == 0 < delivered < 40  # killed mid-batch
+    assert _position(tmp_path, url) < 40  # killed mid-way
     second = RelayProcess(tmp_path, url, sink_url, *options)
     try:
         wait_for(lambda: len(target.applied()) >= 40, timeout=120)
         wait_for(lambda: _position(tmp_path, url) == 40, timeout=60)
     finally:
         assert second.terminate() == 0, second.text()
-    # The second relay redelivered the rows the first had delivered; the engine
+    # The second relay redelivered the rows past the saved cursor; the engine
     # absorbed them: each decision applied once, in seq order.
     assert HOLDS in second.text()
     assert target.applied() == ids
@@ -135,3 +178,47 @@ def test_an_engine_stopped_and_restarted_under_a_running_relay(
         wait_for(lambda: _position(tmp_path, url) == 10, timeout=60)
     finally:
         assert relay.terminate() == 0, relay.text()
+
+
+def test_serve_relay_to_an_engine_that_is_down_keeps_trying_and_says_so(
+    engine: tuple[str, Any], tmp_path: Path
+) -> None:
+    """``serve --relay-to`` with the engine down at start: the relay never dies silently;
+    /healthz's body and /metrics say it waits; the same service delivers once the engine
+    is up."""
+    import httpx
+
+    sink_url, target = engine
+    server = target.server
+    server.stop()
+    try:
+        proc = ServiceProcess(tmp_path, "--relay-to", sink_url)
+    except BaseException:
+        server.start()
+        raise
+    with proc:
+        try:
+            body = decision(f"{target.run_id}-d000", run_id=target.run_id).to_json()
+            answer = httpx.post(f"{proc.url}/v1/decisions", content=body, headers=proc.headers)
+            assert answer.status_code == 201, answer.text  # the POST commits locally
+
+            def waiting() -> bool:
+                relay = httpx.get(f"{proc.url}/healthz").json().get("relay") or {}
+                return relay.get("state") in ("opening", "retrying", "backing_off")
+
+            wait_for(waiting, timeout=120)
+            health = httpx.get(f"{proc.url}/healthz")
+            assert health.status_code == 200  # the replica still takes POSTs
+            relay = health.json()["relay"]
+            assert relay["name"] == "default" and relay["last_error"], relay
+            metrics = httpx.get(f"{proc.url}/metrics").text
+            state = relay["state"]
+            assert f'flowdecision_relay_state{{relay="default",state="{state}"}} 1.0' in metrics
+            assert 'flowdecision_relay_state{relay="default",state="delivering"} 0.0' in metrics
+        finally:
+            server.start()
+        wait_for(lambda: target.applied() == [f"{target.run_id}-d000"], timeout=180)
+        wait_for(
+            lambda: httpx.get(f"{proc.url}/healthz").json()["relay"]["state"] == "idle",
+            timeout=60,
+        )
