@@ -1,13 +1,15 @@
 """``flowdecision chaos --sink temporal://…``: after the dispatchers' run, drain the
 outbox into a real Temporal server through ``flowdecision relay`` processes that
-are SIGKILLed and restarted, then check what Temporal applied.
+deliver :data:`RELAY_CONCURRENCY` runs at once and are SIGKILLed and restarted, then
+check what Temporal applied.
 
 The harness runs its own worker (:mod:`.temporal_run`, in a process of its own)
 for the workflow type :data:`~.temporal_run.CHAOS_WORKFLOW` on a task queue of
 its own, so only a Temporal server is needed. The checks: the relay's cursor
 reached the outbox's newest row; every decision in the outbox was applied by the
 workflow exactly once (a relay killed after Temporal's accept and before its
-cursor's advance redelivers: Temporal must absorb it); and in ``seq`` order.
+cursor's advance redelivers: Temporal must absorb it); each run in ``seq`` order; and
+no row was parked (Temporal refused none).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ __all__ = ["RELAY_NAME", "chaos_sink_url", "run_relay_phase"]
 RELAY_NAME = "chaos"
 #: Relays killed before the last one is left to finish.
 MAX_RELAY_KILLS = 6
+#: Runs each relay delivers at once: the kills land among concurrent deliveries.
+RELAY_CONCURRENCY = 16
 
 
 def chaos_sink_url(cfg: ChaosConfig) -> tuple[str, str, str, str]:
@@ -70,6 +74,14 @@ async def _cursor(outbox_url: str) -> tuple[int, int]:
             return states[0].position, states[0].head_seq
         rows = await outbox.fetch(after=0, limit=1)
         return 0, (1 if rows else 0)
+
+
+async def _parked(outbox_url: str) -> list[str]:
+    """The decisions the harness's relay parked or holds (none, when all went well)."""
+    from ..sinks.outbox import OutboxSink
+
+    async with OutboxSink(outbox_url) as outbox:
+        return [row.decision_id for row in await outbox.parked(RELAY_NAME)]
 
 
 async def _rows(outbox_url: str) -> list[tuple[str, str]]:
@@ -113,6 +125,7 @@ def run_relay_phase(cfg: ChaosConfig, workdir: Path) -> tuple[dict[str, tuple[bo
             return {"relay_worker": (False, f"the chaos worker did not start (see {log})")}, 0
         argv = ("flowdecision.cli", "relay", "--from", cfg.outbox_url, "--to", sink_url,
                 "--name", RELAY_NAME, "--batch", "25", "--lease-ms", "500",
+                "--concurrency", str(RELAY_CONCURRENCY),
                 "--retry-cap-s", "1", "--log-level", "warning")  # fmt: skip
         while time.monotonic() < deadline:
             relay = _python(*argv, log=log)
@@ -143,10 +156,12 @@ def _check(cfg: ChaosConfig, address: str, namespace: str) -> dict[str, tuple[bo
     assert cfg.outbox_url is not None
     position, head = asyncio.run(_cursor(cfg.outbox_url))
     rows = asyncio.run(_rows(cfg.outbox_url))
+    parked = asyncio.run(_parked(cfg.outbox_url))
     checks: dict[str, tuple[bool, str]] = {
         "relay_delivered": (
-            position >= head,
-            f"relay cursor at seq {position} of {head} ({len(rows)} outbox rows)",
+            position >= head and not parked,
+            f"relay cursor at seq {position} of {head} ({len(rows)} outbox rows); "
+            f"{len(parked)} parked or held",
         )
     }
     effects = asyncio.run(_effects(address, namespace, {run for run, _ in rows}))
