@@ -535,6 +535,8 @@ class OutboxRelay(Closable):
         try:
             while True:
                 self._check_stop()
+                # Cleared before looking: progress made from here on wakes the waits below.
+                tenure.progress.clear()
                 if tenure.fatal is not None:
                     raise tenure.fatal
                 await self._save(tenure)
@@ -591,8 +593,11 @@ class OutboxRelay(Closable):
         """Stopping: give the deliveries in flight up to :data:`STOP_GRACE_S` to finish, so
         that a clean stop leaves nothing to deliver again (a retrying lane stops at once)."""
         deadline = time.monotonic() + STOP_GRACE_S
-        while tenure.active and (left := deadline - time.monotonic()) > 0:
-            tenure.progress.clear()
+        while True:
+            tenure.progress.clear()  # before looking, so a lane finishing now is not missed
+            left = deadline - time.monotonic()
+            if not tenure.active or left <= 0:
+                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(tenure.progress.wait(), left)
 
@@ -604,7 +609,8 @@ class OutboxRelay(Closable):
         tenure.put(run_id, row)
 
     async def _wait_progress(self, tenure: _Tenure) -> None:
-        tenure.progress.clear()
+        """Wait for a lane to finish an item (the reader cleared the event before it
+        looked, so none is missed), or for the lease's renewal to come due."""
         with contextlib.suppress(TimeoutError):
             await self._until_stopped(
                 asyncio.wait_for(tenure.progress.wait(), min(1.0, self.lease_ms / 3000))
