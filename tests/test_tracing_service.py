@@ -189,3 +189,29 @@ def test_otel_without_the_sdk_is_a_usage_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "pip install 'flowdecision[otel]'" in done.stderr
+
+
+def test_the_standalone_relay_continues_each_rows_trace_with_otel(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    """``flowdecision relay --otel``: the webhook gets the row's trace, not ``null``."""
+    from tests.webhook_receiver import WebhookReceiver
+
+    with ServiceProcess(tmp_path, "--otel", env=_env(receiver, "fd-serve")) as proc:
+        answer = _post(proc.url, decision().to_json(), f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "r")
+        assert answer.status_code == 201, answer.text
+    outbox = f"sqlite:///{tmp_path / '.flowdecision' / 'flowdecision.db'}"
+    with WebhookReceiver() as hook:
+        env = {**os.environ, **_env(receiver, "fd-relay")}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+        done = subprocess.run(
+            [sys.executable, "-m", "flowdecision.cli", "relay", "--from", outbox,
+             "--to", hook.url, "--once", "--otel"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        ((_, headers, _),) = hook.requests
+    deliver = _one(receiver, "flowdecision.relay.deliver", CALLER_TRACE)
+    assert deliver.service_name == "fd-relay"
+    traceparent = {key.lower(): value for key, value in headers.items()}["traceparent"]
+    assert traceparent.split("-")[1] == CALLER_TRACE  # the POST's trace reaches the engine
