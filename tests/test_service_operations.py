@@ -6,6 +6,7 @@ submit token and an admin token, decisions POSTed over HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Iterator
@@ -308,3 +309,91 @@ def test_the_status_page_finds_decisions_and_shows_operator_actions(
     status = requests.get(f"{service.url}/", headers=_auth(TOKEN), timeout=30).text
     actions = section(status, "actions")
     assert "carol" in actions and "replay &lt;f-00&gt;" in actions and "forget" in actions
+
+
+def test_parked_rows_over_http_and_both_clients(tmp_path: Path) -> None:
+    """serve --relay-to a receiver that refuses one decision: the row is parked, listed
+    over HTTP and on the status page, and an operator retries and skips through the
+    clients with the admin token (audited in the outbox)."""
+    import httpx
+
+    from tests.webhook_receiver import WebhookReceiver
+
+    with WebhookReceiver() as hook:
+        hook.refuse = {"p-1", "p-3"}
+        with ServiceProcess(
+            tmp_path, "--relay-to", hook.url, token=TOKEN,
+            env={"FLOWDECISION_ADMIN_TOKEN": ADMIN},
+        ) as service:  # fmt: skip
+            for i in range(4):
+                _submit(service, f"p-{i}", f"run-p{i % 2}")  # p-1 and p-3: one run
+
+            def parked() -> list[dict[str, object]]:
+                answer = httpx.get(
+                    f"{service.url}/v1/outbox/parked", headers=_auth(TOKEN), timeout=30
+                )
+                assert answer.status_code == 200, answer.text
+                rows: list[dict[str, object]] = answer.json()["parked"]
+                return rows
+
+            for _ in range(300):
+                if [r["state"] for r in parked()] == ["parked", "held"]:
+                    break
+                time.sleep(0.1)
+            assert [(r["decision_id"], r["state"]) for r in parked()] == [
+                ("p-1", "parked"),
+                ("p-3", "held"),
+            ]
+            page = httpx.get(f"{service.url}/", headers=_auth(TOKEN), timeout=30).text
+            assert 'id="parked"' in page and "p-1" in page and "HTTP 400" in page
+            metrics = httpx.get(f"{service.url}/metrics", headers=_auth(TOKEN), timeout=30).text
+            assert 'flowdecision_relay_parked_rows{relay="default"} 1.0' in metrics
+            assert 'flowdecision_relay_held_rows{relay="default"} 1.0' in metrics
+
+            asyncio.run(_skip_with_the_async_client(service.url))
+            # The skip released the run: p-3 is delivered next, and refused in its turn.
+            for _ in range(300):
+                if [(r["decision_id"], r["state"]) for r in parked()] == [("p-3", "parked")]:
+                    break
+                time.sleep(0.1)
+            assert [(r["decision_id"], r["state"]) for r in parked()] == [("p-3", "parked")]
+            hook.refuse.clear()
+            with SyncDecisionClient(service.url, token=TOKEN) as sync:
+                again = sync.retry_parked("p-3", actor="ops", reason="fixed", admin_token=ADMIN)
+                assert again.action == "retry"
+                for _ in range(300):
+                    if not sync.parked():
+                        break
+                    time.sleep(0.1)
+                assert sync.parked() == []
+            with SyncDecisionClient(service.url, token=ADMIN) as admin:
+                with pytest.raises(ServiceError) as gone:
+                    admin.retry_parked("p-3", actor="ops", reason="twice")
+            assert (gone.value.status, gone.value.error_code) == (404, "not_found")
+    delivered = [h.get("Idempotency-Key") for _, h, _ in hook.requests]
+    assert delivered.count("p-0") == 1 and delivered.count("p-2") == 1
+    assert "p-1" in delivered and delivered[-1] == "p-3"  # refused, skipped; p-3 last
+
+
+async def _skip_with_the_async_client(url: str) -> None:
+    """List the parked rows, be refused twice, then skip the parked one (admin token)."""
+    async with DecisionClient(url, token=TOKEN) as client:
+        rows = await client.parked()
+        assert [(r.decision_id, r.state) for r in rows] == [
+            ("p-1", "parked"),
+            ("p-3", "held"),
+        ]
+        with pytest.raises(ServiceError) as refused:  # the submit token cannot act
+            await client.retry_parked("p-1", actor="ops", reason="r")
+        assert refused.value.status == 403
+        with pytest.raises(ServiceError) as held:  # a held row is not the one
+            await client.skip_parked("p-3", actor="ops", reason="r", admin_token=ADMIN)
+        assert (held.value.status, held.value.error_code) == (409, "action_refused")
+        entry = await client.skip_parked(
+            "p-1", actor="ops", reason="never deliverable", admin_token=ADMIN
+        )
+        assert (entry.action, entry.relay, entry.state_before) == (
+            "skip",
+            "default",
+            "parked",
+        )

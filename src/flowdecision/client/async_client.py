@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections.abc import Mapping
 from typing import Any, Unpack
 
@@ -12,6 +13,7 @@ from ..closing import Closable
 from ..ledger.query import AuditPage, DecisionPage
 from ..ledger.states import AuditEntry
 from ..model import DecisionRequest
+from ..sinks.parking import OutboxAuditEntry, ParkedRow
 from ..transport import HttpPool, ResponseLike
 from .base import USER_AGENT, BaseClient, send_headers, send_kwargs
 from .protocol import ActionArguments, Send, audit_params, query_params, run_path
@@ -133,6 +135,30 @@ class DecisionClient(BaseClient[HttpPool | httpx.AsyncClient], Closable):
     async def forget(self, decision_id: str, **action: Unpack[ActionArguments]) -> AuditEntry:
         """Forget a completed decision or tombstone so its id can be used again; audited."""
         return await self._drive(self._protocol.action("forget", decision_id, **action))
+
+    async def parked(
+        self, *, relay: str | None = None, request_id: str | None = None
+    ) -> builtins.list[ParkedRow]:  # (``list`` is a method of this class)
+        """The rows outbox relays parked (their sink refused them for good) and the rows
+        held behind them (``GET /v1/outbox/parked``); ``relay`` narrows to one relay."""
+        return await self._drive(self._protocol.parked(relay, request_id=request_id))
+
+    async def retry_parked(
+        self, decision_id: str, *, relay: str = "default", **action: Unpack[ActionArguments]
+    ) -> OutboxAuditEntry:
+        """Deliver a parked row again: next in its run, then the run's held rows; audited.
+
+        Needs an admin token, as :meth:`release`.
+        """
+        return await self._drive(
+            self._protocol.parked_action("retry", decision_id, relay, **action)
+        )
+
+    async def skip_parked(
+        self, decision_id: str, *, relay: str = "default", **action: Unpack[ActionArguments]
+    ) -> OutboxAuditEntry:
+        """Drop a parked row: it is never delivered and its run goes on; audited."""
+        return await self._drive(self._protocol.parked_action("skip", decision_id, relay, **action))
 
     async def _send(self, step: Send) -> ResponseLike:
         http = self._http

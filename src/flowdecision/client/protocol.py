@@ -25,6 +25,7 @@ from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..ledger.query import AuditPage, DecisionPage
 from ..ledger.states import AuditEntry
 from ..model import DecisionRequest
+from ..sinks.parking import OutboxAuditEntry, ParkedRow
 from ..transport import ResponseLike
 from .decode import decision_state, outbox_page, service_health, submit_result
 from .errors import ServiceConnectionError, ServiceError, connection_error, error_from_response
@@ -283,21 +284,49 @@ class ServiceProtocol:
         request_id: str | None = None,
     ) -> Exchange[AuditEntry]:
         """``POST /v1/actions/{name}`` with the admin token (or the client's own)."""
+        body = {"decision_id": decision_id, "actor": actor, "reason": reason}
+        answer = yield from self._act(name, body, admin_token, request_id)
+        return AuditEntry.from_dict(answer)
+
+    def parked_action(
+        self,
+        name: str,
+        decision_id: str,
+        relay: str,
+        *,
+        actor: str,
+        reason: str,
+        admin_token: str | None = None,
+        request_id: str | None = None,
+    ) -> Exchange[OutboxAuditEntry]:
+        """``POST /v1/actions/outbox-{name}``: retry or skip a row relay ``relay`` parked."""
+        body = {"decision_id": decision_id, "actor": actor, "reason": reason, "relay": relay}
+        answer = yield from self._act(f"outbox-{name}", body, admin_token, request_id)
+        return OutboxAuditEntry.from_dict(answer)
+
+    def _act(
+        self, name: str, body: dict[str, str], admin_token: str | None, request_id: str | None
+    ) -> Exchange[Any]:
         headers = self.headers(request_id)
         headers["Content-Type"] = "application/json"
         if admin_token is not None:
             headers["Authorization"] = f"Bearer {admin_token.strip()}"
-        body = json.dumps({"decision_id": decision_id, "actor": actor, "reason": reason})
         response, _tries = yield from self._exchange(
             "POST",
             f"/v1/actions/{name}",
             headers=headers,
-            content=body.encode("utf-8"),
+            content=json.dumps(body).encode("utf-8"),
             # Not idempotent (a release bumps the fencing token): never resent blindly.
             resend_ok=False,
             accept=_is_200,
         )
-        return AuditEntry.from_dict(response.json())
+        return response.json()
+
+    def parked(self, relay: str | None, *, request_id: str | None) -> Exchange[list[ParkedRow]]:
+        """``GET /v1/outbox/parked``: the rows relays parked, and those held behind them."""
+        params = _params(relay=relay)
+        response = yield from self._get_ok("/v1/outbox/parked", params, request_id)
+        return [ParkedRow.from_dict(row) for row in response.json()["parked"]]
 
     # the retry loop
 

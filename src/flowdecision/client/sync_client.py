@@ -63,6 +63,9 @@ class SyncDecisionClient(BaseClient[httpx.Client]):
     audit = _blocking(DecisionClient.audit)
     release = _blocking(DecisionClient.release)
     forget = _blocking(DecisionClient.forget)
+    parked = _blocking(DecisionClient.parked)
+    retry_parked = _blocking(DecisionClient.retry_parked)
+    skip_parked = _blocking(DecisionClient.skip_parked)
 
     def _new_http(self, max_connections: int) -> httpx.Client:
         return httpx.Client(**HTTP_DEFAULTS, limits=httpx.Limits(max_connections=max_connections))
