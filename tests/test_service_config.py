@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,21 @@ async def test_sqlite_ledger_without_a_path_is_the_ledger_serve_uses_here(
         assert load_settings({}, env={}).ledger == LEGACY_LEDGER_URL
     finally:
         await ledger.close()
+
+
+def test_a_relay_url_is_checked_whole_when_the_settings_load() -> None:
+    """serve exits 2 on a malformed relay URL at once, instead of starting a relay that
+    stops for good later (or waits forever on an engine it can never reach)."""
+    for bad, problem in (
+        ("temporal://127.0.0.1:7233/default?workflow=W", "needs ?task_queue="),
+        ("restate+http://127.0.0.1:9", "Restate sink URL"),
+        ("python:nodots", "python:module:attribute"),
+        ("ftp://x/y", "unsupported sink URL scheme"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(problem)):
+            load_settings({"relay_to": bad}, env={})
+    with pytest.raises(ConfigError, match=r"relay_concurrency must be in 1\.\.1000"):
+        load_settings({"relay_concurrency": 0}, env={})
+    good = "temporal://127.0.0.1:7233/default?task_queue=q&workflow=W"
+    settings = load_settings({"relay_to": good}, env={"FLOWDECISION_RELAY_CONCURRENCY": "8"})
+    assert (settings.relay_to, settings.relay_concurrency) == (good, 8)
