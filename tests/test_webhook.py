@@ -9,6 +9,7 @@ import socket
 
 import pytest
 
+from flowdecision.errors import sink_refused
 from flowdecision.sinks.webhook import (
     WebhookError,
     WebhookRejectedError,
@@ -74,6 +75,22 @@ async def test_other_4xx_and_3xx_fail_at_once(receiver: WebhookReceiver, status:
     assert caught.value.status == status
     assert caught.value.tries == 1
     assert len(receiver.requests) == 1
+    assert sink_refused(caught.value)  # permanent: a relay parks the row
+
+
+@pytest.mark.parametrize(("status", "headers"), [(408, {}), (429, {}), (409, {"Retry-After": "0"})])
+async def test_a_timeout_too_many_requests_and_a_busy_409_are_transient(
+    receiver: WebhookReceiver, status: int, headers: dict[str, str]
+) -> None:
+    receiver.set_script([(status, headers), (200, {})])
+    async with WebhookSink(receiver.url, max_attempts=3, **FAST) as sink:
+        await sink.submit(decision(), 1)
+    assert len(receiver.requests) == 2
+    receiver.set_script([(status, headers)])
+    async with WebhookSink(receiver.url, max_attempts=2, **FAST) as sink:
+        with pytest.raises(WebhookError) as caught:
+            await sink.submit(decision(), 1)
+    assert not sink_refused(caught.value)  # a relay retries it, never parks it
 
 
 async def test_retries_are_bounded(receiver: WebhookReceiver) -> None:

@@ -55,7 +55,6 @@ __all__ = [
     "ProcrastinateConflictError",
     "ProcrastinateSinkError",
     "RelayError",
-    "RestateRejectedError",
     "RestateSinkError",
     "ResultReceiptError",
     "RetryPolicyError",
@@ -558,10 +557,6 @@ class TemporalRunClosedError(TemporalRejectedError, code="temporal_run_closed"):
 class RestateSinkError(FlowDecisionError, code="restate_sink"):
     """Restate's ingress answered something the sink cannot read as an acceptance."""
 
-
-class RestateRejectedError(RestateSinkError, SinkRefusedError, code="restate_rejected"):
-    """Restate's ingress refused the decision for good (an unknown service or handler,
-    a request it cannot read: a 4xx other than 408 and 429)."""
 
 
 class DeliveryError(FlowDecisionError, code="invalid_delivery"):

@@ -13,10 +13,13 @@ Every delivery is ``POST <url>`` with the request's exact wire bytes
 
 Any 2xx means accepted. Only transient failures are retried, at most
 ``max_attempts`` tries in all, with jittered exponential backoff: connection
-failures and timeouts, 5xx, and 429. A ``Retry-After`` on a 429 or 503 is
-honoured (seconds or an HTTP date); one longer than ``max_retry_after_s`` ends
-the retries at once instead of holding the claim. Any other status (3xx, 4xx)
-fails immediately with :class:`WebhookRejectedError`. Retrying after a timeout
+failures and timeouts, 5xx, 408, 429, and a 409 that carries ``Retry-After`` (a
+receiver busy with the same id, as flowdecision's own service answers). A
+``Retry-After`` on a 409, 429 or 503 is honoured (seconds or an HTTP date); one
+longer than ``max_retry_after_s`` ends the retries at once instead of holding the
+claim. Any other status (3xx, 4xx) fails immediately with
+:class:`WebhookRejectedError`: the receiver refuses the decision for good (a
+:class:`~flowdecision.errors.SinkRefusedError`, which a relay parks). Retrying after a timeout
 is safe only because the receiver deduplicates on ``Idempotency-Key``.
 
 Requests go through one aiohttp connection pool per sink
@@ -37,7 +40,7 @@ import asyncio
 import logging
 import random
 from collections import OrderedDict
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from ..backoff import parse_retry_after
 from ..closing import Openable
@@ -177,14 +180,14 @@ class WebhookSink(Openable):
                     self._recovered(decision_id, tries)
                     return response
                 problem = f"HTTP {status}"
-                if status != 429 and status < 500:
+                if status < 500 and not _busy(status, response.headers):
                     self._failing.pop(decision_id, None)
                     raise WebhookRejectedError(
                         f"{self.name} rejected the decision with HTTP {status}{_snippet(response)}",
                         status=status,
                         tries=tries,
                     )
-                if status in (429, 503):
+                if status in (409, 429, 503):
                     wait = parse_retry_after(response.headers.get("Retry-After"))
             if tries >= self.max_attempts:
                 raise WebhookError(
@@ -227,6 +230,12 @@ class WebhookSink(Openable):
                 "webhook delivery succeeded after failures",
                 extra={"decision_id": decision_id, "try": tries},
             )
+
+
+def _busy(status: int, headers: Any) -> bool:
+    """A status worth retrying below 500: a timeout (408), too many requests (429), or a
+    409 with ``Retry-After`` (busy with the same id, not a conflict of content)."""
+    return status in (408, 429) or (status == 409 and "Retry-After" in headers)
 
 
 def _snippet(response: HttpResponse) -> str:
