@@ -61,7 +61,7 @@ from tests.service_process import ServiceProcess  # noqa: E402
 from flowdecision.client import DecisionClient, SyncDecisionClient  # noqa: E402
 from flowdecision.model import DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
 from flowdecision.sinks.delivery import DecisionDelivery  # noqa: E402
-from flowdecision.sinks.restate import RestateSink  # noqa: E402
+from flowdecision.sinks.restate import RestateSink, parse_restate_url  # noqa: E402
 from flowdecision.sinks.webhook import WebhookSink  # noqa: E402
 
 LUA = HERE / "wrk_service.lua"
@@ -107,7 +107,9 @@ async def closed_loop(
 
     async def one() -> None:
         while time.monotonic() < stop:
-            body = next(feed)
+            body = next(feed, None)
+            if body is None:  # made too few: the rate is still right, over less time
+                break
             try:
                 ok = await post(body)
             except Exception:
@@ -327,18 +329,20 @@ async def sink_run(
 ) -> dict[str, Any]:
     """``clients`` tasks submitting through the sink, or aiohttp posting what the sink posts."""
 
+    restate = parse_restate_url(target) if kind == "restate" else None
+
     def wire(request: DecisionRequest) -> tuple[str, bytes, dict[str, str]]:
         # What the sink sends for ``request`` (its module docstring's contract).
         if kind == "webhook":
             headers = {"Content-Type": "application/json", "Idempotency-Key": request.decision_id,
                        "X-Flow-Attempt": "1"}  # fmt: skip
             return target, request.to_json(), headers
-        sink_target = RestateSink(target).target
         delivery = DecisionDelivery.of(request, 1)
         body = json.dumps(delivery.to_dict(), ensure_ascii=False).encode()
         headers = {"Content-Type": "application/json", "idempotency-key": request.decision_id,
                    "x-flow-attempt": "1"}  # fmt: skip
-        return sink_target.send_url(request.run_id), body, headers
+        assert restate is not None
+        return restate.send_url(request.run_id), body, headers
 
     expected = {200, 202} if kind == "restate" else {200}
     if name == "aiohttp (plain)":
@@ -372,8 +376,8 @@ async def sink_run(
         return True
 
     try:
-        await closed_loop(post, clients, warmup_s, sink_requests(int(warmup_s * 5000) + 500))
-        return await closed_loop(post, clients, seconds, sink_requests(int(seconds * 5000) + 500))
+        await closed_loop(post, clients, warmup_s, sink_requests(int(warmup_s * 10_000) + 500))
+        return await closed_loop(post, clients, seconds, sink_requests(int(seconds * 10_000)))
     finally:
         await close()
 
