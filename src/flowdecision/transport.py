@@ -7,9 +7,9 @@ between any number of tasks of that loop.
 
 Why aiohttp and not httpx's ``AsyncClient``: httpx's async pool does not scale with
 concurrency (encode/httpx#3215); measured side by side against ``flowdecision serve``,
-64 concurrent submitters got about a tenth of what plain aiohttp gets, and httpx with
-aiohttp underneath (httpx-aiohttp) still under half, because httpx's own request and
-response layers cost about as much CPU as the whole exchange (docs/ARCHITECTURE.md, "The
+64 concurrent submitters got a few percent of what plain aiohttp gets, and httpx with
+aiohttp underneath (httpx-aiohttp) 0.6-0.8x, because httpx's own request and response
+layers cost about as much CPU as aiohttp's whole exchange (docs/ARCHITECTURE.md, "The
 HTTP transport"). aiohttp is imported on the first request, so importing the client or a
 sink costs nothing; it comes with the ``client``, ``service`` and ``restate`` extras.
 
