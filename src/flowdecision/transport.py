@@ -244,10 +244,6 @@ class HttpPool:
         except (TimeoutError, aiohttp.ClientError, ValueError) as error:
             raise _mapped(error) from error
 
-    @property
-    def closed(self) -> bool:
-        return self._session is None
-
     async def close(self) -> None:
         """Close the pool's connections; the next request opens a new pool."""
         session, self._session = self._session, None
