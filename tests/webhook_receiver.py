@@ -14,6 +14,12 @@ import time
 from typing import Any
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    # socketserver's listen backlog is 5: 64 clients connecting at once overflow it and
+    # wait out TCP's one-second SYN retry (a stall of the receiver, not of the sender).
+    request_queue_size = 256
+
+
 class WebhookReceiver:
     def __init__(self, script: list[tuple[int, dict[str, str]]] | None = None, port: int = 0):
         self.script = list(script or [(200, {})])
@@ -68,7 +74,7 @@ class WebhookReceiver:
             def log_message(self, format: str, *args: Any) -> None:
                 return None
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server = _Server(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/hooks/decisions"
