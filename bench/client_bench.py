@@ -13,8 +13,9 @@ candidates rotates from round to round), medians over rounds:
   one thread, N connections), plain aiohttp (one ``ClientSession`` with
   ``TCPConnector(limit=64)``, N tasks), ``DecisionClient`` (N tasks on one client),
   ``SyncDecisionClient`` (N threads on one client; httpx's blocking pool) and, for the
-  record, httpx's own ``AsyncClient(limits=Limits(max_connections=64))`` and httpx with
-  httpx-aiohttp's transport when that package is installed.
+  record, httpx's own ``AsyncClient(limits=Limits(max_connections=64))``, and, when their
+  packages are installed (none is a dependency), httpx with httpx-aiohttp's transport,
+  pyreqwest (Rust's reqwest) and aiosonic, each with a pool of 64.
 * ``webhook``: ``WebhookSink.submit`` from 64 tasks into a local receiver (an aiohttp
   server in a subprocess that answers 200 to every POST), beside plain aiohttp posting the
   same bytes with the same headers to the same receiver, and httpx's ``AsyncClient`` doing
@@ -203,6 +204,51 @@ async def httpx_aiohttp_client(url: str, clients: int) -> AsyncIterator[Post]:
         yield httpx_post(client, url)
 
 
+@asynccontextmanager
+async def pyreqwest_client(url: str, clients: int) -> AsyncIterator[Post]:
+    from pyreqwest.client import ClientBuilder
+
+    async with ClientBuilder().max_connections(64).build() as client:
+
+        async def post(body: bytes) -> bool:
+            request = client.post(f"{url}/v1/decisions")
+            request = request.header("Content-Type", "application/json").body_bytes(body)
+            answer = await request.build().send()
+            await answer.bytes()
+            return answer.status == 201
+
+        yield post
+
+
+@asynccontextmanager
+async def aiosonic_client(url: str, clients: int) -> AsyncIterator[Post]:
+    import aiosonic
+    from aiosonic.pools import PoolConfig
+
+    pools = {":default": PoolConfig(size=64)}
+    client = aiosonic.HTTPClient(connector=aiosonic.TCPConnector(pool_configs=pools))
+    headers = {"Content-Type": "application/json"}
+    try:
+
+        async def post(body: bytes) -> bool:
+            answer = await client.post(f"{url}/v1/decisions", data=body, headers=headers)
+            await answer.content()
+            return answer.status_code == 201
+
+        yield post
+    finally:
+        await client.aclose()
+
+
+def installed(module: str) -> bool:
+    """Whether an optional candidate's package is there (the bench runs without them)."""
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
 def has_httpx_aiohttp() -> bool:
     try:
         import httpx_aiohttp  # noqa: F401
@@ -256,6 +302,10 @@ def client_part(args: argparse.Namespace) -> list[dict[str, Any]]:
     candidates = dict(CLIENT_CANDIDATES)
     if has_httpx_aiohttp():
         candidates["httpx + httpx-aiohttp (plain)"] = httpx_aiohttp_client
+    if installed("pyreqwest"):
+        candidates["pyreqwest (plain)"] = pyreqwest_client
+    if installed("aiosonic"):
+        candidates["aiosonic (plain)"] = aiosonic_client
     names = ["wrk", *candidates, "SyncDecisionClient"]
     samples: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="client-bench-") as work:
