@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,6 +20,7 @@ from .service_process import ROOT, ServiceProcess, decision
 
 TOKEN = "submit-token-0123456789abcdef"
 ADMIN = "admin-token-0123456789abcdef"
+JSON = {"Content-Type": "application/json"}
 HUGE = "1" * 5000  # past int()'s 4,300-digit limit
 
 
@@ -192,3 +194,23 @@ def test_service_md_gives_the_wait_range_the_validator_takes(service: ServicePro
     assert f"`wait=S` (0..{MAX_WAIT_S};" in text and "`wait=S` (1..30)" not in text
     assert _get(service, "/v1/outbox?wait=0").status_code == 200
     assert _get(service, f"/v1/outbox?wait={MAX_WAIT_S + 1}").status_code == 422
+
+
+def test_a_body_with_too_many_values_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    chain = "[" * 100 + "]" * 100
+    nested = ",".join([chain] * 20)  # 2,019 items: 2,000 arrays, 19 commas
+    with ServiceProcess(tmp_path, "--max-body-values", "2000") as svc:
+        body = decision("deep-1", step=False).to_json().replace(b'{"n":1}', f"[{nested}]".encode())
+        refused = requests.post(f"{svc.url}/v1/decisions", data=body, headers=JSON, timeout=30)
+        assert refused.status_code == 413, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["limit_values"]) == ("too_many_values", 2000)
+        # Brackets and commas inside strings are text, not values.
+        text = json.dumps("[,{" * 3000)
+        prose = decision("prose-1", step=False).to_json().replace(b'{"n":1}', text.encode())
+        accepted = requests.post(f"{svc.url}/v1/decisions", data=prose, headers=JSON, timeout=30)
+        assert accepted.status_code == 201, accepted.text
+        fewer = ",".join([chain] * 9)  # 1,800 arrays: under the limit, parsed
+        body = decision("deep-2", step=False).to_json().replace(b'{"n":1}', f"[{fewer}]".encode())
+        taken = requests.post(f"{svc.url}/v1/decisions", data=body, headers=JSON, timeout=30)
+        assert taken.status_code == 201, taken.text

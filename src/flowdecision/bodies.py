@@ -45,6 +45,7 @@ __all__ = [
     "ReceiptBody",
     "Schema",
     "TooLargeDetails",
+    "ValuesLimitDetails",
     "outbox_entry_body",
 ]
 
@@ -383,6 +384,12 @@ class LimitDetails(TypedDict):
     """``payload_too_large``: the body limit."""
 
     limit_bytes: NonNegative
+
+
+class ValuesLimitDetails(TypedDict):
+    """``too_many_values``: the most JSON values and containers a body may hold."""
+
+    limit_values: NonNegative
 
 
 class ParameterDetails(TypedDict):

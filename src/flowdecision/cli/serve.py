@@ -66,6 +66,12 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
 @_flag("--header-timeout-s", type=float, help="Time to send request headers.  [default: 10]")
 @_flag("--body-timeout-s", type=float, help="Time to send a request body.  [default: 30]")
 @_flag("--keep-alive-timeout-s", type=float, help="Idle keep-alive timeout.  [default: 5]")
+@_flag(
+    "--max-body-values",
+    type=int,
+    help="The most JSON values and containers a decision body may hold (413 above; counted "
+    "before parsing).  [default: 20000]",
+)
 @_flag("--max-connections", type=int, help="Open connection cap.  [default: 1000]")
 @_flag(
     "--write-timeout-s",

@@ -90,6 +90,9 @@ class Settings:
     production_branch: str = "production"
     lease_ms: int = DEFAULT_LEASE_MS
     max_body_bytes: int = 2 * 1024 * 1024
+    #: The most JSON values and containers a decision body may hold (counted by a byte
+    #: scan before it is parsed): what one body can cost the event loop.
+    max_body_values: int = 20_000
     lossy_numbers: bool = False
     token: str | None = field(default=None, repr=False)
     token_file: str | None = None
@@ -161,7 +164,13 @@ class Settings:
         """Check ranges and the auth rule; return self."""
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
-        for name in ("lease_ms", "max_body_bytes", "recent_limit", "webhook_max_attempts"):
+        for name in (
+            "lease_ms",
+            "max_body_bytes",
+            "max_body_values",
+            "recent_limit",
+            "webhook_max_attempts",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         floats = [name for name, kind in _TYPES.items() if kind is float]
@@ -335,6 +344,7 @@ _TYPES: dict[str, type] = {
     "production_branch": str,
     "lease_ms": int,
     "max_body_bytes": int,
+    "max_body_values": int,
     "lossy_numbers": bool,
     "token": str,
     "token_file": str,

@@ -33,6 +33,7 @@ from ..bodies import (
     NotFoundDetails,
     ParameterDetails,
     TooLargeDetails,
+    ValuesLimitDetails,
 )
 from ..errors import classified_code
 from .logs import current_request_id
@@ -226,6 +227,7 @@ SERVICE_ERRORS: dict[str, ServiceCode] = {
     "request_timeout": ServiceCode(408, "edge/timeouts"),
     "expectation_failed": ServiceCode(417, "guards"),
     "payload_too_large": ServiceCode(413, "handlers", LimitDetails),
+    "too_many_values": ServiceCode(413, "handlers", ValuesLimitDetails),
     "unsupported_media_type": ServiceCode(415, "guards"),
     "host_not_allowed": ServiceCode(421, "guards"),
     "request_head_too_large": ServiceCode(431, "edge/timeouts"),

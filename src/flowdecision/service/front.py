@@ -40,7 +40,7 @@ from .. import tracing as _tracing
 from .auth import AuthMiddleware
 from .boundary import Answer, BoundaryMiddleware, end_server_span, start_server_span
 from .guards import BrowserGuardMiddleware, JsonContentTypeMiddleware
-from .handlers import AppContext, answer_post, read_post_body
+from .handlers import AppContext, answer_post, read_decision
 from .inputs import declared_over
 from .logs import new_request_id, request_id_for, request_id_var
 
@@ -171,12 +171,12 @@ class DecisionsFront:
         body_pending = True
         head_sent = False
         try:
-            body = await read_post_body(context, receive, declared)
-            if isinstance(body, Response):
-                response = body  # the 413, sent before the body was read whole
+            decision, read_whole = await read_decision(context, service, receive, declared)
+            body_pending = not read_whole  # a 413 sent before the body was read whole
+            if isinstance(decision, Response):
+                response = decision
             else:
-                body_pending = False
-                response = await answer_post(context, service, body, prefer, started)
+                response = await answer_post(context, service, decision, prefer, started)
             headers = [*response.raw_headers, (b"x-request-id", request_id.encode("ascii"))]
             if body_pending:
                 headers.append((b"connection", b"close"))

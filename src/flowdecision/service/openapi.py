@@ -514,6 +514,7 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
     submit_codes = [
         *_common(True, submit_only=True),
         "payload_too_large",
+        "too_many_values",
         "unsupported_media_type",
         *(code for code in HTTP_ERRORS if code != "internal"),
     ]
