@@ -148,6 +148,9 @@ def test_the_sync_client_has_the_async_clients_calls() -> None:
         "audit",
         "release",
         "forget",
+        "parked",
+        "retry_parked",
+        "skip_parked",
     }
     for name in calls:
         blocking, awaited = getattr(SyncDecisionClient, name), getattr(DecisionClient, name)
