@@ -143,14 +143,16 @@ def test_runs_needs_a_run_id_within_the_identifier_limit(service: ServiceProcess
     assert long_query.json()["error"]["field"] == "run_id"
 
 
+def _act(service: ServiceProcess, action: str, body: bytes) -> requests.Response:
+    headers = {**_auth(ADMIN), **JSON}
+    return requests.post(
+        f"{service.url}/v1/actions/{action}", data=body, headers=headers, timeout=30
+    )
+
+
 def test_an_action_body_is_bounded_before_it_is_read(service: ServiceProcess) -> None:
     body = json.dumps({"decision_id": "d", "actor": "a", "reason": "r" * 3_000_000}).encode()
-    answer = requests.post(
-        f"{service.url}/v1/actions/forget",
-        data=body,
-        headers={**_auth(ADMIN), "Content-Type": "application/json"},
-        timeout=30,
-    )
+    answer = _act(service, "forget", body)
     assert answer.status_code == 413, answer.text
     error = answer.json()["error"]
     assert error["code"] == "payload_too_large" and error["limit_bytes"] == 64 * 1024
@@ -158,13 +160,7 @@ def test_an_action_body_is_bounded_before_it_is_read(service: ServiceProcess) ->
 
 
 def test_an_action_body_with_a_repeated_field_is_refused(service: ServiceProcess) -> None:
-    body = b'{"decision_id":"d","actor":"a","reason":"one","reason":"two"}'
-    answer = requests.post(
-        f"{service.url}/v1/actions/release",
-        data=body,
-        headers={**_auth(ADMIN), "Content-Type": "application/json"},
-        timeout=30,
-    )
+    answer = _act(service, "release", b'{"decision_id":"d","actor":"a","reason":"1","reason":"2"}')
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"]["message"] == "field `reason` is given twice"
 

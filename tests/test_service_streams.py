@@ -42,6 +42,14 @@ def _status(sock: socket.socket) -> tuple[int, bytes]:
     return int(head.split()[1]), head
 
 
+def _stream_taken(url: str) -> bool:
+    """Whether one more event stream is taken (200) rather than refused."""
+    sock = _open(url, "/v1/outbox")
+    status, _head = _status(sock)
+    sock.close()
+    return status == 200
+
+
 def test_streams_have_their_own_bound_and_requests_are_still_answered(tmp_path: Path) -> None:
     # 20 connections: streams get at most half of them, whatever max_streams says.
     with ServiceProcess(tmp_path, "--max-connections", "20") as svc:
@@ -62,14 +70,7 @@ def test_streams_have_their_own_bound_and_requests_are_still_answered(tmp_path: 
         # A stream that ends gives its place back.
         held = [sock for sock, (status, _) in zip(streams, answers, strict=False) if status == 200]
         held[0].close()
-
-        def reopened() -> bool:
-            sock = _open(svc.url, "/v1/outbox")
-            status, _head = _status(sock)
-            sock.close()
-            return status == 200
-
-        wait_for(reopened, timeout=30, interval=0.2)
+        wait_for(lambda: _stream_taken(svc.url), timeout=30, interval=0.2)
         for sock in [*streams, *polls]:
             sock.close()
 
@@ -125,15 +126,8 @@ def test_a_client_that_stops_reading_is_dropped_after_the_write_timeout(tmp_path
         second = _open(svc.url, "/v1/outbox")
         assert _status(second)[0] == 503  # the one stream allowed is the stuck one
         second.close()
-
-        def freed() -> bool:
-            sock = _open(svc.url, "/v1/outbox")
-            status, _head = _status(sock)
-            sock.close()
-            return status == 200
-
         # The server stops writing to it after 1 s: its place is free again...
-        wait_for(freed, timeout=30, interval=0.3)
+        wait_for(lambda: _stream_taken(svc.url), timeout=30, interval=0.3)
         # ...and its connection is gone: what it can still read ends.
         stuck.settimeout(30)
         received = 0
