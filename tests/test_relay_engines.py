@@ -139,25 +139,33 @@ def test_an_engine_down_when_the_relay_starts_is_waited_for(
 def test_a_relay_killed_mid_batch_and_restarted_applies_each_decision_once(
     engine: tuple[str, Any], tmp_path: Path
 ) -> None:
-    sink_url, target = engine
+    sink_url, first = engine
     url = f"sqlite:///{tmp_path / 'flowdecision.db'}"
-    ids = _fill(url, target.run_id, 40)
-    # The cursor is saved rarely: rows the engine applied are past it when the relay dies.
+    runs = [first, *(_target(engine, f"{first.run_id}-{n}") for n in range(1, 4))]
+    expected: dict[str, list[str]] = {target.run_id: [] for target in runs}
+    for index in range(20):  # 4 runs, their rows interleaved: 4 lanes deliver at once
+        for target in runs:
+            expected[target.run_id] += _fill(url, target.run_id, 1, start=index)
+
+    def applied() -> int:
+        return sum(len(target.applied()) for target in runs)
+
     options = ("--batch", "100", "--lease-ms", "1000", "--concurrency", "8")
-    first = RelayProcess(tmp_path, url, sink_url, *options)
-    wait_for(lambda: len(target.applied()) >= 10, timeout=120)
-    first.kill()
-    assert _position(tmp_path, url) < 40  # killed mid-way
+    relay = RelayProcess(tmp_path, url, sink_url, *options)
+    wait_for(lambda: applied() >= 4, timeout=120)
+    relay.kill()
+    assert _position(tmp_path, url) < 80  # killed mid-way
     second = RelayProcess(tmp_path, url, sink_url, *options)
     try:
-        wait_for(lambda: len(target.applied()) >= 40, timeout=120)
-        wait_for(lambda: _position(tmp_path, url) == 40, timeout=60)
+        wait_for(lambda: applied() >= 80, timeout=120)
+        wait_for(lambda: _position(tmp_path, url) == 80, timeout=60)
     finally:
         assert second.terminate() == 0, second.text()
     # The second relay redelivered the rows past the saved cursor; the engine
-    # absorbed them: each decision applied once, in seq order.
+    # absorbed them: each decision applied once, each run in seq order.
     assert HOLDS in second.text()
-    assert target.applied() == ids
+    for target in runs:
+        assert target.applied() == expected[target.run_id]
 
 
 def test_an_engine_stopped_and_restarted_under_a_running_relay(
