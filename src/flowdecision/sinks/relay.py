@@ -56,7 +56,7 @@ import socket
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Self
 
 import flowdecision.tracing as tracing
@@ -199,6 +199,8 @@ class _Tenure:
         self.active = 0
         self.progress = asyncio.Event()
         self.fatal: BaseException | None = None
+        #: the requests of rows read and not yet done, parsed once (by seq)
+        self.requests: dict[int, DecisionRequest] = {}
 
     def mark(self) -> int:
         """The low-water mark: every row up to it is done."""
@@ -228,6 +230,7 @@ class _Tenure:
         self.outstanding -= 1
         if item is not _RESUME:
             self.finished.add(item.seq)
+            self.requests.pop(item.seq, None)
         self.progress.set()
 
     def resume(self, run_id: str) -> None:
@@ -314,10 +317,13 @@ class OutboxRelay(Closable):
         self._probe = asyncio.Lock()
         #: (what failed last, when it was logged, failures since)
         self._logged: tuple[str, float, int] = ("", 0.0, 0)
-        self._status = RelayStatus(
+        #: the fields of :meth:`status`, kept mutable: a delivery updates two of them, and
+        #: building a frozen status each time cost more than the relay's own bookkeeping
+        self._now: dict[str, Any] = dict(
             name=self.name, owner=self.owner, state="starting", position=0, fence=0,
             delivered=0, retries=0, leases_lost=0, head_seq=0, lag_rows=0, lag_seconds=0.0,
-            concurrency=concurrency,
+            last_error=None, last_error_at_ms=None, last_delivered_at_ms=None,
+            concurrency=concurrency, in_flight=0, parked=0, parked_rows=0, held_rows=0,
         )  # fmt: skip
 
     # -- life cycle ---------------------------------------------------------------------
@@ -391,9 +397,8 @@ class OutboxRelay(Closable):
     def status(self) -> RelayStatus:
         """The relay's current state and counters (no I/O)."""
         tenure = self._tenure
-        if tenure is not None and tenure.outstanding != self._status.in_flight:
-            self._set(in_flight=tenure.outstanding)
-        return self._status
+        self._now["in_flight"] = 0 if tenure is None else tenure.outstanding
+        return RelayStatus(**self._now)
 
     # -- running ------------------------------------------------------------------------
 
@@ -413,9 +418,10 @@ class OutboxRelay(Closable):
         (``parked_rows``, ``held_rows``) says how many are left.
         """
         self._wake_stop = asyncio.get_running_loop().create_future()
-        before = self._status.delivered
+        before: int = self._now["delivered"]
         await self._work(drain=True)
-        return self._status.delivered - before
+        delivered: int = self._now["delivered"]
+        return delivered - before
 
     async def _work(self, *, drain: bool) -> None:
         """Hold the cursor and deliver (until nothing is deliverable, with ``drain``),
@@ -466,7 +472,7 @@ class OutboxRelay(Closable):
             await self._pause(min(max(left_s, 0.01), 1.0))
 
     def _held(self, held: LeaseHeld) -> None:
-        if self._status.state != "waiting_for_lease":
+        if self._now["state"] != "waiting_for_lease":
             log.info(
                 "relay waits: another relay holds its cursor",
                 extra={"relay": held.name, "holder": held.owner,
@@ -520,7 +526,7 @@ class OutboxRelay(Closable):
             "relay lost its cursor's lease to another relay of the same name; waiting",
             extra={"relay": self.name, "owner": self.owner},
         )
-        self._set(state="waiting_for_lease", leases_lost=self._status.leases_lost + 1)
+        self._set(state="waiting_for_lease", leases_lost=self._now["leases_lost"] + 1)
 
     # -- reading: one reader fills the lanes --------------------------------------------
 
@@ -603,7 +609,8 @@ class OutboxRelay(Closable):
 
     def _enqueue(self, tenure: _Tenure, row: OutboxEntry) -> None:
         try:
-            run_id = row.request.run_id
+            request = tenure.requests[row.seq] = row.request
+            run_id = request.run_id
         except FlowDecisionError:
             run_id = ""  # unreadable: its own lane; the sink's refusal parks it
         tenure.put(run_id, row)
@@ -733,7 +740,7 @@ class OutboxRelay(Closable):
                 extra={"relay": self.name, "seq": row.seq, "decision_id": row.decision_id,
                        "run_id": run_id, "cause": error},
             )  # fmt: skip
-            self._set(parked=self._status.parked + 1)
+            self._set(parked=self._now["parked"] + 1)
 
     async def _patiently(self, work: Any) -> Any:
         """``await work()``, retried with backoff while the outbox's store fails."""
@@ -748,12 +755,10 @@ class OutboxRelay(Closable):
 
     def _delivered(self, tenure: _Tenure) -> None:
         tenure.unsaved += 1
-        status = self._status
-        self._set(
-            state=self._working_state(),
-            delivered=status.delivered + 1,
-            last_delivered_at_ms=_now_ms(),
-        )
+        now = self._now
+        now["state"] = self._working_state()
+        now["delivered"] += 1
+        now["last_delivered_at_ms"] = _now_ms()
 
     async def _attempt(self, run_id: str, row: OutboxEntry) -> BaseException | None:
         """Hand ``row`` to the sink until it accepts (None) or refuses it for good (the
@@ -790,7 +795,10 @@ class OutboxRelay(Closable):
         await self._submit(sink, row, retry)
 
     async def _submit(self, sink: Sink, row: OutboxEntry, retry: int) -> None:
-        request = row.request
+        tenure = self._tenure
+        request = tenure.requests.get(row.seq) if tenure is not None else None
+        if request is None:  # a row from the parked table, or one that did not parse
+            request = row.request
         if not tracing.active():
             await sink.submit(request, row.highest_attempt)
             return
@@ -823,7 +831,7 @@ class OutboxRelay(Closable):
         outage = self._streak >= OUTAGE_STREAK and len(self._streak_runs) > 1
         if not outage:
             self._streak = min(self._streak, OUTAGE_STREAK - 1)
-        elif self._status.state != "backing_off":
+        elif self._now["state"] != "backing_off":
             log.warning(
                 "relay's sink looks down: one delivery at a time probes it, backing off",
                 extra={"relay": self.name, "cause": f"{type(error).__name__}: {error}"},
@@ -832,7 +840,7 @@ class OutboxRelay(Closable):
             self._probes += 1
             self._not_before = time.monotonic() + self._delay(self._probes)
         self._failed(error, f"delivering seq {row.seq} (`{row.decision_id}`)")
-        self._set(state="backing_off" if outage else "retrying", retries=self._status.retries + 1)
+        self._set(state="backing_off" if outage else "retrying", retries=self._now["retries"] + 1)
 
     def _recovered(self) -> None:
         if self._streak >= OUTAGE_STREAK:
@@ -901,7 +909,7 @@ class OutboxRelay(Closable):
             head_seq=state.head_seq,
             lag_rows=state.lag_rows,
             lag_seconds=state.lag_seconds,
-            position=max(self._status.position, state.position),
+            position=max(self._now["position"], state.position),
             parked_rows=state.parked_rows,
             held_rows=state.held_rows,
         )
@@ -924,4 +932,4 @@ class OutboxRelay(Closable):
         self._set(last_error=text, last_error_at_ms=_now_ms())
 
     def _set(self, **changes: Any) -> None:
-        self._status = replace(self._status, **changes)
+        self._now.update(changes)
