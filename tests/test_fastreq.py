@@ -6,6 +6,7 @@ None (Python's turn, and Python's error) for every body it does not."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import random
 import sys
@@ -355,3 +356,69 @@ def test_builds_only_the_classes_it_was_shown(decode: Any) -> None:
     request = decode(body_of(BASE))
     assert type(request) is DecisionRequest and type(request.decision) is ScheduleStep
     assert type(request.decision.step) is DecisionStep
+
+
+# -- failure paths ------------------------------------------------------------------
+
+
+class _FailingHash:
+    """A digest whose ``hexdigest`` fails as hashlib's would out of memory."""
+
+    def __init__(self, data: bytes) -> None:
+        pass
+
+    def hexdigest(self) -> str:
+        raise MemoryError("hexdigest")
+
+
+@pytest.mark.parametrize("where", ["constructor", "hexdigest"])
+@pytest.mark.parametrize("failing", range(4))
+def test_a_failing_digest_ends_decode_with_its_own_error(
+    decode: Any, where: str, failing: int
+) -> None:
+    """Out of memory in any of the four digests (the request hash, then the receipt's
+    three) -- a hash constructor configured to fail at that call -- ends decode() at
+    once with that MemoryError: not a SystemError from calling on with it pending, no
+    later digest, nothing leaked."""
+    from flowdecision import _fastreq
+    from flowdecision.identity import DECISION_IDENTITY_DOMAIN, EVIDENCE_DOMAIN, RESULT_DOMAIN
+
+    calls: list[bytes] = []
+
+    def sha256(data: bytes) -> Any:
+        calls.append(data)
+        if len(calls) - 1 != failing:
+            return hashlib.sha256(data)
+        if where == "constructor":
+            raise MemoryError("constructor")
+        return _FailingHash(data)
+
+    def configure(constructor: Any) -> None:
+        _fastreq.configure_digests(
+            constructor, DECISION_IDENTITY_DOMAIN, EVIDENCE_DOMAIN, RESULT_DOMAIN
+        )
+
+    body = body_of(with_step(input={"b": [1, {"a": None}], "text": "x" * 200}))
+    configure(sha256)
+    try:
+        with pytest.raises(MemoryError, match=rf"^{where}$") as raised:
+            decode(body)
+        assert raised.value.__context__ is None  # raised with nothing pending before it
+        assert len(calls) == failing + 1
+        decode(body)  # warm up: first-call allocations are not a leak
+        tracemalloc.start()
+        try:
+            gc.collect()  # an exception and its traceback make cycles: count only leaks
+            start = tracemalloc.get_traced_memory()[0]
+            for _ in range(2_000):
+                calls.clear()
+                with pytest.raises(MemoryError):
+                    decode(body)
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - start
+        finally:
+            tracemalloc.stop()
+        assert grown < 64 * 1024, grown
+    finally:
+        configure(hashlib.sha256)
+    assert check(decode, body)  # the digests configured back are hashlib's again

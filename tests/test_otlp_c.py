@@ -305,3 +305,49 @@ print("python encoded", len(spans))
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "python encoded 9"
+
+
+class _ShiftFails(int):
+    """A trace id whose ``>> 64`` fails as a big int's would out of memory."""
+
+    def __rshift__(self, other: Any) -> Any:
+        raise MemoryError("trace id")
+
+
+class _Fields:
+    """A finished span's fields (the C encoder reads any object's), with a read of
+    ``dropped_attributes`` -- the next field after the ids -- recorded."""
+
+    def __init__(self, span: Any, context: trace.SpanContext) -> None:
+        names = ("parent", "name", "kind", "start_time", "end_time", "attributes")
+        names += ("events", "links", "status", "dropped_events", "dropped_links")
+        for name in names:
+            setattr(self, name, getattr(span, name))
+        self.context = context
+        self.reads = 0
+
+    @property
+    def dropped_attributes(self) -> int:
+        self.reads += 1
+        return 0
+
+
+def test_a_failure_ends_the_encoding_with_its_own_error(fast: Any) -> None:
+    """A span whose trace id fails to shift (out of memory): the encoder raises that
+    MemoryError at once, reading nothing more of the span (no Python run with it
+    pending, which would make it a SystemError), and leaks nothing."""
+    span = _common_spans()[0]
+    context = trace.SpanContext(_ShiftFails(REMOTE.trace_id), REMOTE.span_id, is_remote=False)
+    fields = _Fields(span, context)
+    with pytest.raises(MemoryError, match=r"^trace id$") as raised:
+        fast(fields)
+    assert raised.value.__context__ is None
+    assert fields.reads == 0
+    watched = [fields, context, span.attributes]
+    before = [sys.getrefcount(item) for item in watched]
+    for _ in range(2_000):
+        with pytest.raises(MemoryError):
+            fast(fields)
+    assert [sys.getrefcount(item) for item in watched] == before
+    fields.context = span.context  # the same fields with a plain id: encoded as before
+    assert fast(fields) == fast(span) == _span(span)

@@ -579,20 +579,15 @@ static PyObject *configure_types(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* A new instance of shape's class with values (new references, consumed; NULL
- * for a value that could not be made) in its slots, as object.__new__ and
- * object.__setattr__ make one. */
-static PyObject *build(Shape *shape, PyObject **values) {
-    PyObject *obj = NULL;
-    for (int i = 0; i < shape->count; i++)
-        if (values[i] == NULL) goto done;
-    obj = shape->type->tp_alloc(shape->type, 0);
+/* A new instance of shape's class with values (borrowed, none NULL) in its
+ * slots, as object.__new__ and object.__setattr__ make one; NULL (an exception
+ * set) if that fails. */
+static PyObject *build(Shape *shape, PyObject *const *values) {
+    PyObject *obj = shape->type->tp_alloc(shape->type, 0);
     for (int i = 0; obj != NULL && i < shape->count; i++) {
         PyObject *slot = shape->slots[i];
         if (Py_TYPE(slot)->tp_descr_set(slot, obj, values[i]) < 0) Py_CLEAR(obj);
     }
-done:
-    for (int i = 0; i < shape->count; i++) Py_XDECREF(values[i]);
     return obj;
 }
 
@@ -641,9 +636,10 @@ static PyObject *configure_digests(PyObject *module, PyObject *args) {
     PyObject *sha256, *identity, *evidence, *result;
     if (!PyArg_ParseTuple(args, "OUUU:configure_digests", &sha256, &identity, &evidence, &result))
         return NULL;
-    PyObject *prefixes[3] = {domain_prefix(identity), domain_prefix(evidence),
-                             domain_prefix(result)};
-    if (prefixes[0] == NULL || prefixes[1] == NULL || prefixes[2] == NULL) {
+    PyObject *prefixes[3] = {NULL, NULL, NULL};
+    if ((prefixes[0] = domain_prefix(identity)) == NULL ||
+        (prefixes[1] = domain_prefix(evidence)) == NULL ||
+        (prefixes[2] = domain_prefix(result)) == NULL) {
         for (int i = 0; i < 3; i++) Py_XDECREF(prefixes[i]);
         return NULL;
     }
@@ -654,12 +650,47 @@ static PyObject *configure_digests(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Each value decode() makes, in the order it makes them: the first that fails
+ * ends it (with that exception set), so no later step calls into Python with
+ * an exception pending -- which would turn, say, a MemoryError into a
+ * SystemError. Slots are NULL until made; all are released at the end. */
+enum {
+    STEP_ID, STEP_NAME, INPUT, RETRY, INPUT_TEXT, /* the DecisionStep, in slot order */
+    STEP,                                         /* the ScheduleStep's one slot */
+    DECISION_ID, RUN_ID, BRANCH, CAUSE, DECISION, WIRE, DECISION_TEXT, REQUEST_HASH,
+    CANONICAL, DIGESTS, /* the DecisionRequest, in slot order */
+    IDENTITY_DIGEST, EVIDENCE_DIGEST, RESULT_DIGEST, /* DIGESTS' three items */
+    VALUES
+};
+_Static_assert(INPUT_TEXT - STEP_ID + 1 == sizeof step_names / sizeof *step_names, "slots");
+_Static_assert(DIGESTS - DECISION_ID + 1 == sizeof request_names / sizeof *request_names, "slots");
+
+/* The three receipt digests (None until configure_digests() ran: then they are
+ * computed in Python, as the request hash is). */
+static int digest(PyObject **v, const Request *r, const Buf *decision, const Buf *wire,
+                  const Buf *canonical) {
+    if (sha256_new == NULL) {
+        v[REQUEST_HASH] = Py_NewRef(Py_None);
+        v[DIGESTS] = Py_NewRef(Py_None);
+        return 0;
+    }
+    if ((v[REQUEST_HASH] = hex_digest(NULL, wire->data, wire->len)) == NULL ||
+        (v[IDENTITY_DIGEST] = hex_digest(identity_prefix, canonical->data, canonical->len)) ==
+            NULL ||
+        (v[EVIDENCE_DIGEST] = hex_digest(evidence_prefix, r->cause.s, r->cause.n)) == NULL ||
+        (v[RESULT_DIGEST] = hex_digest(result_prefix, decision->data, decision->len)) == NULL)
+        return -1;
+    v[DIGESTS] = PyTuple_Pack(3, v[IDENTITY_DIGEST], v[EVIDENCE_DIGEST], v[RESULT_DIGEST]);
+    return v[DIGESTS] == NULL ? -1 : 0;
+}
+
 static PyObject *decode(PyObject *module, PyObject *body) {
     if (!PyBytes_CheckExact(body) || request_shape.type == NULL) Py_RETURN_NONE;
     Cur c = {PyBytes_AS_STRING(body), PyBytes_AS_STRING(body) + PyBytes_GET_SIZE(body)};
     Request r;
     memset(&r, 0, sizeof r);
     Buf decision_buf = {0}, wire_buf = {0}, canonical_buf = {0};
+    PyObject *v[VALUES] = {NULL};
     PyObject *result = NULL;
     int rc = request(&c, &r);
     if (rc == FAILED) goto done;
@@ -668,39 +699,29 @@ static PyObject *decode(PyObject *module, PyObject *body) {
         goto done;
     }
     if (decision_text(&decision_buf, &r) < 0 ||
-        wire_text(&wire_buf, &r, &decision_buf) < 0 || canonical_text(&canonical_buf, &r) < 0)
+        wire_text(&wire_buf, &r, &decision_buf) < 0 || canonical_text(&canonical_buf, &r) < 0 ||
+        /* model.request_hash and identity.decision_receipt's three digests */
+        digest(v, &r, &decision_buf, &wire_buf, &canonical_buf) < 0)
         goto done;
-    /* model.request_hash and identity.decision_receipt's three digests (None
-     * until configure_digests() ran: then they are computed in Python). */
-    PyObject *request_hash = Py_None, *digests = Py_None;
-    if (sha256_new != NULL) {
-        request_hash = hex_digest(NULL, wire_buf.data, wire_buf.len);
-        digests = Py_BuildValue(
-            "(NNN)", hex_digest(identity_prefix, canonical_buf.data, canonical_buf.len),
-            hex_digest(evidence_prefix, r.cause.s, r.cause.n),
-            hex_digest(result_prefix, decision_buf.data, decision_buf.len));
-        if (request_hash == NULL || digests == NULL) {
-            Py_XDECREF(request_hash);
-            Py_XDECREF(digests);
-            goto done;
-        }
-    } else {
-        Py_INCREF(request_hash);
-        Py_INCREF(digests);
-    }
-    PyObject *step_values[] = {
-        text_str(r.step_id), text_str(r.step_name), Py_NewRef(r.input),
-        Py_NewRef(default_retry),
-        PyUnicode_FromStringAndSize(r.input_text.data, r.input_text.len)};
-    PyObject *schedule_values[] = {build(&step_shape, step_values)};
-    PyObject *request_values[] = {
-        text_str(r.decision_id), text_str(r.run_id), text_str(r.branch), text_str(r.cause),
-        build(&schedule_shape, schedule_values),
-        PyBytes_FromStringAndSize(wire_buf.data, wire_buf.len),
-        PyBytes_FromStringAndSize(decision_buf.data, decision_buf.len), request_hash,
-        PyBytes_FromStringAndSize(canonical_buf.data, canonical_buf.len), digests};
-    result = build(&request_shape, request_values);
+    v[INPUT] = Py_NewRef(r.input);
+    v[RETRY] = Py_NewRef(default_retry);
+    if ((v[STEP_ID] = text_str(r.step_id)) == NULL ||
+        (v[STEP_NAME] = text_str(r.step_name)) == NULL ||
+        (v[INPUT_TEXT] = PyUnicode_FromStringAndSize(r.input_text.data, r.input_text.len)) ==
+            NULL ||
+        (v[STEP] = build(&step_shape, &v[STEP_ID])) == NULL ||
+        (v[DECISION] = build(&schedule_shape, &v[STEP])) == NULL ||
+        (v[DECISION_ID] = text_str(r.decision_id)) == NULL ||
+        (v[RUN_ID] = text_str(r.run_id)) == NULL || (v[BRANCH] = text_str(r.branch)) == NULL ||
+        (v[CAUSE] = text_str(r.cause)) == NULL ||
+        (v[WIRE] = PyBytes_FromStringAndSize(wire_buf.data, wire_buf.len)) == NULL ||
+        (v[DECISION_TEXT] = PyBytes_FromStringAndSize(decision_buf.data, decision_buf.len)) ==
+            NULL ||
+        (v[CANONICAL] = PyBytes_FromStringAndSize(canonical_buf.data, canonical_buf.len)) == NULL)
+        goto done;
+    result = build(&request_shape, &v[DECISION_ID]);
 done:
+    for (int i = 0; i < VALUES; i++) Py_XDECREF(v[i]);
     Py_XDECREF(r.input);
     buf_free(&r.input_text);
     buf_free(&decision_buf);

@@ -28,7 +28,10 @@ static PyObject *s_context, *s_parent, *s_name, *s_kind, *s_start_time, *s_end_t
     *s_attributes, *s_dropped_attributes, *s_events, *s_dropped_events, *s_links,
     *s_dropped_links, *s_status, *s_status_code, *s_description;
 
-/* A growing output buffer; `fallback` set means "not encodable here". */
+/* A growing output buffer; `fallback` set means "not encodable here". Once
+ * `failed` or `fallback` is set every step below does nothing: none calls into
+ * Python with an exception pending (which would turn, say, a MemoryError into
+ * a SystemError) or clears the exception the failure set. */
 typedef struct {
     unsigned char *data;
     Py_ssize_t len, cap;
@@ -61,23 +64,16 @@ static int grow(Out *out, Py_ssize_t need) {
     return 0;
 }
 
+static int stopped(const Out *out) { return out->failed || out->fallback; }
+
 static void put(Out *out, const void *bytes, Py_ssize_t n) {
-    if (out->failed || out->fallback || grow(out, n) < 0)
+    if (stopped(out) || grow(out, n) < 0)
         return;
     memcpy(out->data + out->len, bytes, n);
     out->len += n;
 }
 
 static void put_byte(Out *out, unsigned char b) { put(out, &b, 1); }
-
-static Py_ssize_t varint_size(uint64_t v) {
-    Py_ssize_t n = 1;
-    while (v > 127) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
 
 static void put_varint(Out *out, uint64_t v) {
     unsigned char buf[10];
@@ -118,7 +114,7 @@ static Py_ssize_t open_field(Out *out, unsigned char tag) {
 }
 
 static void close_field(Out *out, Py_ssize_t at) {
-    if (out->failed || out->fallback)
+    if (stopped(out))
         return;
     Py_ssize_t body = out->len - at - 5;
     unsigned char buf[10];
@@ -138,6 +134,8 @@ static void give_up(Out *out) { out->fallback = 1; }
 
 /* An unsigned 64-bit integer from a Python int (the times, the counts). */
 static int as_u64(Out *out, PyObject *value, uint64_t *result) {
+    if (stopped(out))
+        return -1;
     if (!PyLong_Check(value)) {
         give_up(out);
         return -1;
@@ -154,6 +152,8 @@ static int as_u64(Out *out, PyObject *value, uint64_t *result) {
 /* A trace id (128 bits) or span id (64 bits), big-endian, as OTLP writes ids; a
  * negative or wider id is left to Python (which refuses it, as the SDK does). */
 static void put_id(Out *out, PyObject *value, int bytes) {
+    if (stopped(out))
+        return;
     if (!PyLong_Check(value)) {
         give_up(out);
         return;
@@ -192,6 +192,8 @@ static void put_id(Out *out, PyObject *value, int bytes) {
 
 /* UTF-8 of an exact str; NULL (and fallback) for anything else or a lone surrogate. */
 static const char *text(Out *out, PyObject *value, Py_ssize_t *size) {
+    if (stopped(out))
+        return NULL;
     if (!PyUnicode_CheckExact(value)) {
         give_up(out);
         return NULL;
@@ -212,7 +214,7 @@ static void put_text(Out *out, unsigned char tag, const char *raw, Py_ssize_t si
 
 /* Repeated KeyValue fields under `tag`, from an exact dict of scalar values. */
 static void put_attributes(Out *out, unsigned char tag, PyObject *attributes) {
-    if (attributes == Py_None)
+    if (stopped(out) || attributes == Py_None)
         return;
     if (!PyDict_CheckExact(attributes)) {
         give_up(out);
@@ -220,7 +222,7 @@ static void put_attributes(Out *out, unsigned char tag, PyObject *attributes) {
     }
     Py_ssize_t pos = 0;
     PyObject *key, *value;
-    while (!out->failed && !out->fallback && PyDict_Next(attributes, &pos, &key, &value)) {
+    while (!stopped(out) && PyDict_Next(attributes, &pos, &key, &value)) {
         Py_ssize_t key_size;
         const char *key_raw = text(out, key, &key_size);
         if (key_raw == NULL)
@@ -270,6 +272,8 @@ static void put_attributes(Out *out, unsigned char tag, PyObject *attributes) {
 
 /* A non-zero count under `tag` (dropped attributes, events, links). */
 static void put_count(Out *out, unsigned char tag, PyObject *owner, PyObject *name) {
+    if (stopped(out))
+        return;
     PyObject *count = PyObject_GetAttr(owner, name);
     if (count == NULL) {
         PyErr_Clear();
@@ -312,6 +316,8 @@ static const unsigned char HAS_REMOTE[4] = {0x00, 0x01, 0x00, 0x00};
 static const unsigned char IS_REMOTE[4] = {0x00, 0x03, 0x00, 0x00};
 
 static void put_link(Out *out, PyObject *link) {
+    if (stopped(out))
+        return;
     PyObject *names[2] = {s_context, s_attributes}, *fields[2];
     if (read_fields(out, link, names, fields, 2) < 0)
         return;
@@ -325,7 +331,7 @@ static void put_link(Out *out, PyObject *link) {
         Py_ssize_t at = open_field(out, 0x6A);
         put_ids(out, context);
         put_count(out, 0x28, link, s_dropped_attributes);
-        int remote = PyObject_IsTrue(PyTuple_GET_ITEM(context, 2));
+        int remote = stopped(out) ? 0 : PyObject_IsTrue(PyTuple_GET_ITEM(context, 2));
         if (remote < 0) {
             out->failed = 1;
         } else {
@@ -339,6 +345,8 @@ static void put_link(Out *out, PyObject *link) {
 }
 
 static void put_status(Out *out, PyObject *status) {
+    if (stopped(out))
+        return;
     if (status == unset_status) {
         put(out, "\x7a\x00", 2);
         return;
@@ -436,13 +444,15 @@ static PyObject *encode_span(PyObject *module, PyObject *span) {
     put_attributes(&out, 0x4A, f[ATTRIBUTES]);
     put_count(&out, 0x50, span, s_dropped_attributes);
     put_count(&out, 0x60, span, s_dropped_events);
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(f[LINKS]) && !out.failed && !out.fallback; i++) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(f[LINKS]) && !stopped(&out); i++) {
         PyObject *link = Py_NewRef(PyList_GET_ITEM(f[LINKS], i)); /* reading it may run Python */
         put_link(&out, link);
         Py_DECREF(link);
     }
     put_count(&out, 0x70, span, s_dropped_links);
     put_status(&out, f[STATUS]);
+    if (stopped(&out))
+        goto done;
     int remote = 0;
     if (parent != Py_None && (remote = PyObject_IsTrue(PyTuple_GET_ITEM(parent, 2))) < 0) {
         out.failed = 1;
