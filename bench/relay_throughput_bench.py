@@ -16,6 +16,10 @@ by run). Per target and round, the same decisions shape (``--runs`` runs of
 * **relay**: the same decisions written to a fresh SQLite outbox first (not
   timed), then ``OutboxRelay(...).drain()`` timed, at ``--concurrency`` runs at once.
 
+Before each side the engines' processes must be idle (under 15% of a core): Temporal
+runs started workflows after it answered, and that backlog must not slow the next
+side. The sides alternate which goes first.
+
 Rates are decisions per second; the ratio is relay / engine alone, per round.
 
 Two more parts:
@@ -111,13 +115,14 @@ async def engine_alone(url: str, runs: list[list[DecisionRequest]], clients: int
 
 
 async def fill(folder: Path, runs: list[list[DecisionRequest]]) -> str:
-    """A fresh SQLite outbox holding the runs' decisions, interleaved as they would arrive."""
+    """A fresh SQLite outbox holding the runs' decisions, each run's one after the other
+    (as an agent proposes them): the relay needs many runs in its window to fill its
+    lanes, the harder case for it."""
     url = f"sqlite:///{folder / f'outbox-{uuid.uuid4().hex[:6]}.db'}"
     async with OutboxSink(url) as outbox:
-        for index in range(max(map(len, runs))):
-            for run in runs:
-                if index < len(run):
-                    await outbox.submit(run[index], 1)
+        for run in runs:
+            for request in run:
+                await outbox.submit(request, 1)
     return url
 
 
@@ -141,6 +146,35 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
+#: The engines' processes (servers, worker, Restate service): :func:`quiesce` watches them.
+ENGINE_PIDS: list[int] = []
+
+
+def _cpu_ticks(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total
+
+
+def quiesce(limit_s: float = 90.0) -> float:
+    """Wait until the engines are idle (under 15% of a core over 0.5 s): a side must not
+    pay for the work the previous one left queued (Temporal runs the started workflows
+    after answering). Returns the seconds waited."""
+    started = time.monotonic()
+    hz = os.sysconf("SC_CLK_TCK")
+    while time.monotonic() - started < limit_s:
+        before = _cpu_ticks(ENGINE_PIDS)
+        time.sleep(0.5)
+        if (_cpu_ticks(ENGINE_PIDS) - before) / hz / 0.5 < 0.15:
+            break
+    return time.monotonic() - started
+
+
 async def engines_part(args: argparse.Namespace, urls: dict[str, str], folder: Path) -> dict:
     results: dict[str, dict[str, list[float]]] = {}
     targets = [t for t in ("temporal-run", "temporal-start", "restate") if t in args.only]
@@ -153,10 +187,11 @@ async def engines_part(args: argparse.Namespace, urls: dict[str, str], folder: P
             got: dict[str, float] = {}
             for side in order:
                 runs = decisions(runs_n, per_run)
+                outbox = await fill(folder, runs) if side == "relay" else ""
+                quiesce()
                 if side == "alone":
                     got[side] = await engine_alone(urls[target], runs, args.clients)
                 else:
-                    outbox = await fill(folder, runs)
                     got[side], status = await relay_drain(urls[target], outbox, args.concurrency)
                     assert status.parked_rows == 0, status
                 row[side].append(got[side])
@@ -290,6 +325,7 @@ def main() -> None:
             processes.insert(0, deployment)
             restate.register(deployment.uri)
             urls["restate"] = restate.url("DecisionRun", "apply", keyed_by_run=True)
+        ENGINE_PIDS.extend(p.proc.pid for p in processes if p.proc is not None)
         report["engines"] = asyncio.run(engines_part(args, urls, folder))
         if "poison" in args.only:
             report["poison"] = asyncio.run(poison_part(args, folder))

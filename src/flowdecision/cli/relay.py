@@ -82,7 +82,7 @@ def _outbox_url(url: str | None) -> str:
               help="Rows read from the outbox at a time.")  # fmt: skip
 @click.option("--window", type=click.IntRange(1, 100_000), default=None,
               help="Rows the relay may read past its saved cursor: a relay killed at any "
-              "point delivers at most this many rows again.  [default: max(batch, 8 × "
+              "point delivers at most this many rows again.  [default: max(batch, 32 × "
               "concurrency)]")  # fmt: skip
 @click.option("--lease-ms", type=click.IntRange(min=100), default=15_000, show_default=True,
               help="The cursor's lease: how soon another relay of this name takes over "

@@ -18,7 +18,8 @@ through their sinks) makes the effect exactly once.
   ``save_interval_s`` while it moves, and each save renews the lease. The
   reader never runs more than ``window`` rows past the mark, so a relay killed
   at any point redelivers **at most ``window`` rows** (default
-  ``max(batch, 8 × concurrency)``: 256).
+  ``max(batch, 32 × concurrency)``: 1,024; a run's rows come in a row, so the window
+  must span many runs to keep every lane busy).
 * **Permanent vs transient failures.** A row the sink refuses for good (it
   raised a :class:`~flowdecision.errors.SinkRefusedError`: a webhook 4xx, a
   closed Temporal run, an unknown Restate handler, a content conflict) is
@@ -288,7 +289,7 @@ class OutboxRelay(Closable):
         self.batch = batch
         self.concurrency = concurrency
         #: rows the reader may run ahead of the saved mark: the redelivery bound
-        self.window = max(batch, 8 * concurrency) if window is None else window
+        self.window = max(batch, 32 * concurrency) if window is None else window
         self.lease_ms = lease_ms
         self.owner = owner or _default_owner()
         self.retry_base_s = float(retry_base_s)
