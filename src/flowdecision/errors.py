@@ -558,7 +558,6 @@ class RestateSinkError(FlowDecisionError, code="restate_sink"):
     """Restate's ingress answered something the sink cannot read as an acceptance."""
 
 
-
 class DeliveryError(FlowDecisionError, code="invalid_delivery"):
     """A delivery payload that does not hold together (a field missing or mistyped,
     or a request whose hash or ids differ from the envelope's)."""
