@@ -478,3 +478,25 @@ def test_a_404_from_a_wrong_base_url_is_an_error_not_a_missing_decision(tmp_path
             wrong.get("dec-1")
         assert right.get("dec-1") is None
     assert error.value.status == 404 and error.value.error_code == "not_found"
+
+
+def test_a_tombstone_reads_back_as_completed_with_its_completion_time() -> None:
+    """A tombstone is a completed decision pruned to its digests: the client's
+    ``completed`` says so, and ``to_dict()`` is the service's body, completion time kept."""
+    import httpx
+
+    from flowdecision.client.decode import decision_state
+
+    body = {
+        "decision_id": "dec-t",
+        "state": "tombstoned",
+        "attempts": 1,
+        "request_hash": "ab" * 32,
+        "execution_identity": None,
+        "receipt": None,
+        "completed_at_ms": 1_700_000_000_000,
+    }
+    state = decision_state(httpx.Response(200, json=body))
+    assert state.completed
+    assert state.to_dict()["completed_at_ms"] == 1_700_000_000_000
+    assert state.to_dict()["state"] == "tombstoned"

@@ -77,7 +77,7 @@ class DecisionState:
     """``GET /v1/decisions/{id}``: the claim record (never its owner)."""
 
     decision_id: str
-    state: str  # "pending" or "completed" (a newer service may add states)
+    state: str  # "pending", "completed" or "tombstoned" (a newer service may add states)
     attempts: int
     request_hash: str
     lease_expires_at_ms: int | None
@@ -88,7 +88,9 @@ class DecisionState:
 
     @property
     def completed(self) -> bool:
-        return self.state == "completed"
+        """Completed, including a tombstone (completed, then pruned with its receipt's
+        digest kept), as the ledger's ``Tombstoned`` is a ``Completed``."""
+        return self.state in ("completed", "tombstoned")
 
     def to_dict(self) -> DecisionStateBody:
         """The service's answer body (``LedgerEntry.to_dict()``'s shape)."""
