@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest bench clean chromium wrk openapi engines
+.PHONY: run test lint typecheck pytest c-check sanitizers bench clean chromium wrk openapi engines
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,7 +63,25 @@ engines: $(RESTATE_STAMP)
 pytest: $(STAMP) chromium engines
 	$(BIN)/python -m pytest
 
-test: lint typecheck pytest
+# The C extensions' safety net (tests/c_check.sh, ~1 min): a strict build (-Wall -Wextra
+# -Werror; a warning fails) and an ASan + UBSan build whose differential and fuzz tests
+# run under the sanitizers. Both go to a temporary directory: `pip install` still builds
+# the extensions optionally, with the compiler's defaults.
+c-check: $(STAMP) sanitizers
+	bash tests/c_check.sh $(BIN)/python
+
+# gcc's ASan and UBSan runtimes come with Debian's gcc (libgcc-N-dev); install them only
+# if missing.
+sanitizers:
+	@for lib in libasan.so libubsan.so; do \
+		if [ ! -e "$$(gcc -print-file-name=$$lib)" ]; then \
+			echo "installing gcc's sanitizer runtimes for make test's c-check"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+				"libgcc-$$(gcc -dumpversion)-dev" && break; \
+		fi; \
+	done
+
+test: lint typecheck c-check pytest
 
 # Regenerate the committed OpenAPI contract (tests/test_openapi.py fails when it is stale).
 openapi: $(STAMP)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -225,6 +226,73 @@ def test_any_scalar_span_encodes_as_python_does(
 
 def _has_surrogate(value: str) -> bool:
     return any(0xD800 <= ord(char) <= 0xDFFF for char in value)
+
+
+def _random_text(rng: random.Random, most: int) -> str:
+    """Up to ``most`` characters (past one- and two-byte length varints), of every
+    UTF-8 width, with a lone surrogate now and then."""
+    size = min(most, rng.choice([0, 1, 5, 127, 128, 300, 20_000]))
+    piece = "".join(chr(rng.choice(_CODE_POINTS)) for _ in range(8))
+    text = (piece * (size // 8 + 1))[:size]
+    if text and rng.random() < 0.02:
+        at = rng.randrange(len(text))
+        text = text[:at] + "\ud800" + text[at + 1 :]
+    return text
+
+
+_CODE_POINTS = [0x20, 0x41, 0x7F, 0x80, 0xE9, 0x7FF, 0x800, 0x2713, 0xFFFF, 0x1D11E]
+
+
+def _random_value(rng: random.Random) -> Any:
+    kind = rng.randrange(4)
+    if kind == 0:
+        return _random_text(rng, 20_000)
+    if kind == 1:
+        return rng.random() < 0.5
+    if kind == 2:
+        return rng.choice([0, 1, 127, 128, 2**31, 2**63 - 1, -1, -(2**63), rng.getrandbits(64)])
+    return rng.choice([0.0, -0.0, 1.5, -1e300, 5e-324, rng.uniform(-1e9, 1e9)])
+
+
+def test_many_random_spans_encode_as_python_does(fast: Any) -> None:
+    """Seeded random spans past the generated ones' sizes (make test also runs this
+    under ASan and UBSan, tests/c_check.sh): the C bytes are the Python encoder's, or
+    None where a text has a lone surrogate or an int is past int64."""
+    rng = random.Random(39)
+    tracer, memory = _tracer(SpanLimits(max_span_attributes=20, max_links=3))
+    statuses = [None, trace.StatusCode.OK, trace.StatusCode.ERROR]
+    for _ in range(3_000):
+        parent = rng.choice([None, REMOTE, LOCAL])
+        context = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else None
+        attributes = {
+            _random_text(rng, 40) or "k": _random_value(rng) for _ in range(rng.randrange(25))
+        }
+        span = tracer.start_span(
+            _random_text(rng, 200) or "span",
+            context=context,
+            kind=rng.choice(list(trace.SpanKind)),
+            attributes=attributes,
+            links=[trace.Link(rng.choice([REMOTE, LOCAL])) for _ in range(rng.randrange(5))],
+        )
+        status = rng.choice(statuses)
+        if status is trace.StatusCode.ERROR:
+            span.set_status(trace.Status(status, _random_text(rng, 50) or None))
+        elif status is not None:
+            span.set_status(status)
+        span.end()
+    spans = memory.get_finished_spans()
+    taken = 0
+    for span in spans:
+        encoded = fast(span)
+        texts = [span.name, *span.attributes, span.status.description or ""]
+        texts += [value for value in span.attributes.values() if isinstance(value, str)]
+        wide = any(isinstance(v, int) and v >= 2**63 for v in span.attributes.values())
+        if wide or any(_has_surrogate(text) for text in texts):
+            assert encoded is None
+        else:
+            assert encoded == _span(span)
+            taken += 1
+    assert len(spans) == 3_000 and taken > 500
 
 
 def _c_encoder_in(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

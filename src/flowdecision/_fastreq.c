@@ -46,6 +46,7 @@ static int buf_reserve(Buf *b, Py_ssize_t more) {
 }
 
 static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
+    if (n == 0) return 0; /* b->data may be NULL: memcpy must not see it (UBSan) */
     if (buf_reserve(b, n) < 0) return -1;
     memcpy(b->data + b->len, s, (size_t)n);
     b->len += n;
