@@ -249,8 +249,16 @@ def sigkill_part(args: argparse.Namespace, server: TemporalServer, folder: Path)
                 break
             kills += 1
     seconds = time.perf_counter() - started
-    effects = asyncio.run(_effects(server.address, [run[0].run_id for run in runs]))
     expected = {run[0].run_id: [d.decision_id for d in run] for run in runs}
+    # An update Temporal accepted is durable, but its handler runs when the worker gets
+    # to it: read the effects until every decision shows (or two minutes pass).
+    settle = time.monotonic() + 120
+    while True:
+        effects = asyncio.run(_effects(server.address, list(expected)))
+        shown = sum(len(applied) for applied in effects.values())
+        if shown >= sum(map(len, expected.values())) or time.monotonic() > settle:
+            break
+        time.sleep(1.0)
     counts = Counter(d for applied in effects.values() for d in applied)
     lost = sum(1 for run in expected.values() for d in run if counts[d] == 0)
     twice = sum(1 for n in counts.values() if n > 1)
