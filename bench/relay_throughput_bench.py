@@ -263,7 +263,9 @@ def sigkill_part(args: argparse.Namespace, server: TemporalServer, folder: Path)
     lost = sum(1 for run in expected.values() for d in run if counts[d] == 0)
     twice = sum(1 for n in counts.values() if n > 1)
     in_order = all(effects[run_id] == ids for run_id, ids in expected.items())
+    parked = asyncio.run(_parked(outbox))
     result = {
+        "parked": parked,
         "decisions": sum(map(len, runs)),
         "kills": kills,
         "seconds": round(seconds, 1),
@@ -273,6 +275,11 @@ def sigkill_part(args: argparse.Namespace, server: TemporalServer, folder: Path)
     }
     print(f"sigkill: {result}", flush=True)
     return result
+
+
+async def _parked(outbox_url: str) -> int:
+    async with OutboxSink(outbox_url) as outbox:
+        return len(await outbox.parked("bench-kill"))
 
 
 async def _cursor(outbox_url: str) -> tuple[int, int]:
@@ -367,7 +374,7 @@ def main() -> None:
             "",
             f"SIGKILL every 2 s into Temporal (run mode): {s['decisions']} decisions, "
             f"{s['kills']} kills, {s['seconds']} s; lost {s['lost']}, applied twice "
-            f"{s['twice']}, every run in seq order: {s['in_order']}.",
+            f"{s['twice']}, parked {s['parked']}, every run in seq order: {s['in_order']}.",
         ]
     text = "\n".join(lines)
     print(text)
