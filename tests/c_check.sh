@@ -14,6 +14,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-.venv/bin/python}
+# The extensions' tests (setup.py lists the extensions themselves).
+tests=(tests/test_fastreq.py tests/test_otlp_c.py)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -35,7 +37,7 @@ build sanitize "$work/sanitize"
 
 # The interpreter is not sanitized, so ASan's runtime must be loaded first, before
 # libc's malloc is in use: preload the one the extensions were linked against.
-extension=$(find "$work/sanitize/flowdecision" -name '_fastreq*.so')
+extension=$(find "$work/sanitize/flowdecision" -name '*.so' | head -n 1)
 asan=$(ldd "$extension" | awk '$1 ~ /^libasan\.so/ { print $3 }')
 if [ ! -f "$asan" ]; then
     echo "c-check: no ASan runtime found for $extension" >&2
@@ -56,18 +58,20 @@ sanitized=(
 
 # The tests must be importing the sanitized build, not the installed one.
 "${sanitized[@]}" - "$work/sanitize/flowdecision" <<'EOF'
+import importlib
 import sys
 from pathlib import Path
 
-from flowdecision import _fastreq, _otlp
-
-for module in (_fastreq, _otlp):
-    where = Path(module.__file__).parent
-    assert where == Path(sys.argv[1]), f"{module.__name__} from {where}, not the sanitized build"
+built = Path(sys.argv[1])
+names = sorted(path.name.split(".")[0] for path in built.glob("*.so"))
+assert names, f"no extension was built in {built}"
+for name in names:
+    where = Path(importlib.import_module(f"flowdecision.{name}").__file__).parent
+    assert where == built, f"flowdecision.{name} from {where}, not the sanitized build"
+print("c-check: sanitized", ", ".join(names))
 EOF
 
 echo "c-check: differential and fuzz tests under ASan + UBSan"
 # --capture=sys: a sanitizer reports on file descriptor 2 and then aborts the
 # process, so pytest must not be holding that descriptor's output.
-"${sanitized[@]}" -m pytest -q -p no:cacheprovider --capture=sys \
-    tests/test_fastreq.py tests/test_otlp_c.py
+"${sanitized[@]}" -m pytest -q -p no:cacheprovider --capture=sys "${tests[@]}"
