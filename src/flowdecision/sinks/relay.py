@@ -546,7 +546,9 @@ class OutboxRelay(Closable):
                 tenure.progress.clear()
                 if tenure.fatal is not None:
                     raise tenure.fatal
-                await self._save(tenure)
+                # Caught up, the mark is saved before the reader waits for rows: the
+                # lag must read 0 at once, not after the wait.
+                await self._save(tenure, force=tenure.outstanding == 0)
                 if time.monotonic() - looked_at_parked >= PARKED_POLL_S:
                     looked_at_parked = time.monotonic()
                     await self._look_at_parked(tenure)
