@@ -15,7 +15,7 @@ from flowdecision.transport import (
     ConnectError,
     HttpPool,
     ReadError,
-    ReadTimeout,
+    ReadTimeoutError,
     TransportError,
 )
 from tests.service_process import decision
@@ -82,7 +82,7 @@ async def test_failures_say_whether_the_request_may_have_been_sent(
             await pool.request("POST", receiver.url, content=b"{}", connect_s=5, read_s=5)
         receiver.set_script([(200, {})])
         receiver.delay_s = 1.0
-        with pytest.raises(ReadTimeout) as slow:
+        with pytest.raises(ReadTimeoutError) as slow:
             await pool.request("POST", receiver.url, content=b"{}", connect_s=5, read_s=0.2)
         with pytest.raises(TransportError) as unsendable:
             await pool.request("POST", "ftp://127.0.0.1/?token=secret-1", connect_s=5, read_s=5)

@@ -38,11 +38,11 @@ if TYPE_CHECKING:
 __all__ = [
     "TRANSIENT_ERRORS",
     "ConnectError",
-    "ConnectTimeout",
+    "ConnectTimeoutError",
     "HttpPool",
     "HttpResponse",
     "ReadError",
-    "ReadTimeout",
+    "ReadTimeoutError",
     "ResponseLike",
     "TransportError",
     "pool_size",
@@ -64,11 +64,11 @@ class ConnectError(TransportError, code="connect_failed"):
     """No connection: refused, unreachable, a name that does not resolve, a TLS failure."""
 
 
-class ConnectTimeout(TransportError, code="connect_timeout"):
+class ConnectTimeoutError(TransportError, code="connect_timeout"):
     """No connection within the connect timeout (waiting for a pooled one included)."""
 
 
-class ReadTimeout(TransportError, code="read_timeout"):
+class ReadTimeoutError(TransportError, code="read_timeout"):
     """The request was sent, and no answer came within the read timeout."""
 
     sent = True
@@ -83,8 +83,8 @@ class ReadError(TransportError, code="connection_lost"):
 #: Failures worth another try (for a POST only where the receiver deduplicates).
 TRANSIENT_ERRORS: tuple[type[TransportError], ...] = (
     ConnectError,
-    ConnectTimeout,
-    ReadTimeout,
+    ConnectTimeoutError,
+    ReadTimeoutError,
     ReadError,
 )
 
@@ -282,11 +282,11 @@ def _mapped(error: BaseException) -> TransportError:
 
     kind: type[TransportError]
     if isinstance(error, aiohttp.ConnectionTimeoutError):
-        kind = ConnectTimeout
+        kind = ConnectTimeoutError
     elif isinstance(error, aiohttp.ClientConnectorError):
         kind = ConnectError
     elif isinstance(error, aiohttp.SocketTimeoutError | TimeoutError):
-        kind = ReadTimeout
+        kind = ReadTimeoutError
     elif isinstance(error, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError | ValueError):
         kind = TransportError  # cannot be sent: retrying cannot help
     else:  # disconnected, reset, a malformed or truncated answer

@@ -71,7 +71,7 @@ NOT_SENT: tuple[type[Exception], ...] = (
     httpx.ConnectTimeout,
     httpx.PoolTimeout,
     transport.ConnectError,
-    transport.ConnectTimeout,
+    transport.ConnectTimeoutError,
 )
 #: The request may have reached the service (or part of it did).
 MAYBE_SENT: tuple[type[Exception], ...] = (
@@ -80,7 +80,7 @@ MAYBE_SENT: tuple[type[Exception], ...] = (
     httpx.ReadError,
     httpx.WriteError,
     httpx.RemoteProtocolError,
-    transport.ReadTimeout,
+    transport.ReadTimeoutError,
     transport.ReadError,
 )
 #: Any failure without an answer; those in neither tuple above are final.

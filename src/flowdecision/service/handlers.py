@@ -42,7 +42,7 @@ from .errors import (
     static_error,
 )
 from .inputs import (
-    BadParam,
+    BadParamError,
     bad_param,
     bounded_int,
     declared_over,
@@ -450,7 +450,7 @@ async def get_outbox(request: Request) -> Response:
         resume = _last_event_id(request.scope, after)  # checked even where unused
         if stream:
             after = resume
-    except BadParam as bad:
+    except BadParamError as bad:
         return bad_param(bad)
     gate = context.streams
     if (stream or wait_s) and not gate.enter():

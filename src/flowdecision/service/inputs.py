@@ -15,10 +15,11 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope
 
+from ..errors import FlowDecisionError
 from .errors import error_response
 
 __all__ = [
-    "BadParam",
+    "BadParamError",
     "bad_param",
     "bounded_int",
     "declared_over",
@@ -31,7 +32,7 @@ __all__ = [
 SHOWN_CHARS = 40
 
 
-class BadParam(Exception):
+class BadParamError(FlowDecisionError, code="invalid_parameter"):
     """A refused query parameter (or, as ``where`` says, header or path parameter):
     its name and the problem."""
 
@@ -44,7 +45,7 @@ class BadParam(Exception):
         self.where = where
 
 
-def bad_param(bad: BadParam) -> JSONResponse:
+def bad_param(bad: BadParamError) -> JSONResponse:
     """The 422 ``invalid_parameter`` for ``bad``."""
     return error_response(
         422, "invalid_parameter", f"{bad.where} `{bad.name}` {bad.problem}",
@@ -60,13 +61,13 @@ def one_param(query: QueryParams, name: str, *, empty_ok: bool = False) -> str |
     """
     values = query.getlist(name)
     if len(values) > 1:
-        raise BadParam(name, f"must be given at most once, got {len(values)} values")
+        raise BadParamError(name, f"must be given at most once, got {len(values)} values")
     if not values:
         return None
     if values[0] == "":
         if empty_ok:
             return None
-        raise BadParam(name, "must not be empty (leave it out instead)")
+        raise BadParamError(name, "must not be empty (leave it out instead)")
     return values[0]
 
 
@@ -76,7 +77,7 @@ def one_header(scope: Scope, name: str) -> str | None:
     wanted = name.lower().encode("ascii")
     values = [value for key, value in scope["headers"] if key == wanted]
     if len(values) > 1:
-        raise BadParam(name, f"must be sent at most once, got {len(values)}", where="header")
+        raise BadParamError(name, f"must be sent at most once, got {len(values)}", where="header")
     if not values:
         return None
     return bytes(values[0]).decode("utf-8", "replace")
@@ -90,7 +91,7 @@ def bounded_int(name: str, raw: str, low: int, high: int, *, where: str = "query
         or len(raw.lstrip("0")) > len(str(high))
         or not low <= int(raw) <= high
     ):
-        raise BadParam(
+        raise BadParamError(
             name, f"must be an integer in {low}..{high}, got `{raw[:SHOWN_CHARS]}`", where=where
         )
     return int(raw)

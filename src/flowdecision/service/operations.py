@@ -45,7 +45,7 @@ from ..sinks.outbox import OutboxSink
 from ..sinks.relay import DEFAULT_RELAY_NAME
 from .auth import presented_token
 from .errors import error_response, response_for_error
-from .inputs import BadParam, bad_param, bounded_int, one_param, read_body_within
+from .inputs import BadParamError, bad_param, bounded_int, one_param, read_body_within
 from .runtime import Service
 from .status import FIND_PARAMS, Finder, RecentActions
 
@@ -116,16 +116,16 @@ async def _page(request: Request, run_id: str | None, run_where: str) -> Respons
         )
         count_text = _one(request, "count") or "false"
         if count_text not in ("true", "false"):
-            raise BadParam("count", f"must be `true` or `false`, got `{count_text[:40]}`")
+            raise BadParamError("count", f"must be `true` or `false`, got `{count_text[:40]}`")
         with_count = count_text == "true"
-    except BadParam as bad:
+    except BadParamError as bad:
         return bad_param(bad)
     except InvalidArgumentError as error:
         name = next(
             (n for n in ("by", "state", "cursor", "run_id") if f"`{n}`" in str(error)), "query"
         )
         where = run_where if name == "run_id" else "query parameter"
-        return bad_param(BadParam(name, str(error), where=where))
+        return bad_param(BadParamError(name, str(error), where=where))
     page = await _ledger_call(service, service.ledger.list_decisions(query))
     if isinstance(page, Response):
         return page
@@ -142,7 +142,7 @@ async def list_decisions(request: Request) -> Response:
     """A keyset page of decisions by run, state and first-claim or completion time."""
     try:
         run_id = _one(request, "run_id")
-    except BadParam as bad:
+    except BadParamError as bad:
         return bad_param(bad)
     return await _page(request, run_id, "query parameter")
 
@@ -152,7 +152,7 @@ async def get_run(request: Request) -> Response:
     run_id = request.path_params["run_id"]
     if run_id == "":  # `/v1/runs/` (where `/v1/runs` redirects): no run named
         return bad_param(
-            BadParam("run_id", "must not be empty: name the run", where="path parameter")
+            BadParamError("run_id", "must not be empty: name the run", where="path parameter")
         )
     return await _page(request, run_id, "path parameter")
 
@@ -168,10 +168,10 @@ async def get_audit(request: Request) -> Response:
             cursor=_one(request, "cursor"),
             limit=_number(request, "limit", 1, MAX_PAGE_LIMIT) or DEFAULT_PAGE_LIMIT,
         )
-    except BadParam as bad:
+    except BadParamError as bad:
         return bad_param(bad)
     except InvalidArgumentError as error:
-        return bad_param(BadParam("cursor", str(error)))
+        return bad_param(BadParamError("cursor", str(error)))
     page = await _ledger_call(service, service.ledger.audit(query))
     if isinstance(page, Response):
         return page
@@ -333,7 +333,7 @@ async def get_parked(request: Request) -> Response:
     service = _service(request)
     try:
         relay = _one(request, "relay")
-    except BadParam as error:
+    except BadParamError as error:
         return bad_param(error)
     outbox = service.sink
     if not isinstance(outbox, OutboxSink):
@@ -343,7 +343,7 @@ async def get_parked(request: Request) -> Response:
             check_cursor_name(relay)
         rows = await outbox.parked(relay)
     except InvalidArgumentError as error:
-        return bad_param(BadParam("relay", str(error)))
+        return bad_param(BadParamError("relay", str(error)))
     except FlowDecisionError as error:
         return response_for_error(error, _now(service))
     return JSONResponse({"parked": [row.to_dict() for row in rows]})
