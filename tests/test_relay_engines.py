@@ -36,6 +36,22 @@ def _fill(url: str, run_id: str, count: int, start: int = 0) -> list[str]:
     return ids
 
 
+def _fill_runs(url: str, run_ids: list[str], per_run: int) -> dict[str, list[str]]:
+    """``per_run`` decisions for each run, the runs' rows interleaved in the outbox."""
+    expected: dict[str, list[str]] = {run_id: [] for run_id in run_ids}
+
+    async def go() -> None:
+        async with OutboxSink(url) as outbox:
+            for index in range(per_run):
+                for run_id in run_ids:
+                    decision_id = f"{run_id}-d{index:03d}"
+                    await outbox.submit(decision(decision_id, run_id=run_id), 1)
+                    expected[run_id].append(decision_id)
+
+    asyncio.run(go())
+    return expected
+
+
 def _position(cwd: Path, url: str) -> int:
     done = _cli(cwd, "outbox", "cursors", "--sink", url, "--json")
     assert done.returncode == 0, done.stderr
@@ -103,10 +119,7 @@ def test_runs_delivered_concurrently_each_in_seq_order(
     sink_url, first = engine
     url = f"sqlite:///{tmp_path / 'flowdecision.db'}"
     runs = [first, *(_target(engine, f"{first.run_id}-{n}") for n in range(1, 6))]
-    expected: dict[str, list[str]] = {target.run_id: [] for target in runs}
-    for index in range(8):  # the runs' rows interleaved in the outbox
-        for target in runs:
-            expected[target.run_id] += _fill(url, target.run_id, 1, start=index)
+    expected = _fill_runs(url, [target.run_id for target in runs], 8)
     done = _cli(tmp_path, "relay", "--from", url, "--to", sink_url, "--once",
                 "--concurrency", "6")  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -142,10 +155,11 @@ def test_a_relay_killed_mid_batch_and_restarted_applies_each_decision_once(
     sink_url, first = engine
     url = f"sqlite:///{tmp_path / 'flowdecision.db'}"
     runs = [first, *(_target(engine, f"{first.run_id}-{n}") for n in range(1, 4))]
-    expected: dict[str, list[str]] = {target.run_id: [] for target in runs}
-    for index in range(20):  # 4 runs, their rows interleaved: 4 lanes deliver at once
-        for target in runs:
-            expected[target.run_id] += _fill(url, target.run_id, 1, start=index)
+    # Restate takes ~1,000 decisions/s here, Temporal ~50: enough rows that the kill
+    # lands mid-way either way. 4 runs, their rows interleaved: 4 lanes at once.
+    per_run = 150 if isinstance(first, Restate) else 20
+    expected = _fill_runs(url, [target.run_id for target in runs], per_run)
+    total = 4 * per_run
 
     def applied() -> int:
         return sum(len(target.applied()) for target in runs)
@@ -154,11 +168,11 @@ def test_a_relay_killed_mid_batch_and_restarted_applies_each_decision_once(
     relay = RelayProcess(tmp_path, url, sink_url, *options)
     wait_for(lambda: applied() >= 4, timeout=120)
     relay.kill()
-    assert _position(tmp_path, url) < 80  # killed mid-way
+    assert _position(tmp_path, url) < total  # killed mid-way
     second = RelayProcess(tmp_path, url, sink_url, *options)
     try:
-        wait_for(lambda: applied() >= 80, timeout=120)
-        wait_for(lambda: _position(tmp_path, url) == 80, timeout=60)
+        wait_for(lambda: applied() >= total, timeout=120)
+        wait_for(lambda: _position(tmp_path, url) == total, timeout=60)
     finally:
         assert second.terminate() == 0, second.text()
     # The second relay redelivered the rows past the saved cursor; the engine
