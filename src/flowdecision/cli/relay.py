@@ -255,27 +255,41 @@ _SINK_OPTION = click.option(
 def parked_cmd(sink_url: str | None, relay: str | None, as_json: bool) -> None:
     """List the rows relays parked (their sink refused them for good) and the rows held
     behind them, which wait until the parked row is retried or skipped."""
+
+    rows = _read_outbox(sink_url, lambda outbox: outbox.parked(relay))
+    shown = [
+        (r.relay, r.seq, printable(r.decision_id), printable(r.run_id), r.state, r.attempts,
+         printable((r.error or "-")[:80]))
+        for r in rows
+    ]  # fmt: skip
+    headers = ["relay", "seq", "decision", "run", "state", "attempts", "error"]
+    _listing(as_json, "parked", rows, "no row is parked", headers, shown)
+
+
+def _read_outbox(sink_url: str | None, read: Any) -> list[Any]:
+    """``await read(outbox)`` on the outbox ``sink_url`` names (it must exist)."""
     from ..sinks.outbox import OutboxSink
 
     url = _outbox_url(sink_url)
 
     async def go() -> list[Any]:
         async with OutboxSink(url) as outbox:
-            return await outbox.parked(relay)
+            result: list[Any] = await read(outbox)
+            return result
 
-    rows = run(go)
+    return run(go)
+
+
+def _listing(
+    as_json: bool, key: str, items: list[Any], empty: str, headers: list[str], shown: list[Any]
+) -> None:
+    """``{key: [item.to_dict(), ...]}`` with ``--json``, else a table (or ``empty``)."""
     if as_json:
-        click.echo(json.dumps({"parked": [row.to_dict() for row in rows]}, indent=2))
-        return
-    if not rows:
-        click.echo("no row is parked", err=True)
-        return
-    shown = [
-        (r.relay, r.seq, printable(r.decision_id), printable(r.run_id), r.state, r.attempts,
-         printable((r.error or "-")[:80]))
-        for r in rows
-    ]  # fmt: skip
-    click.echo(table(["relay", "seq", "decision", "run", "state", "attempts", "error"], shown))
+        click.echo(json.dumps({key: [item.to_dict() for item in items]}, indent=2))
+    elif not items:
+        click.echo(empty, err=True)
+    else:
+        click.echo(table(headers, shown))
 
 
 def _parked_action(action: str, help_text: str) -> click.Command:
@@ -333,24 +347,11 @@ skip_cmd = _parked_action(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def outbox_audit_cmd(sink_url: str | None, relay: str | None, as_json: bool) -> None:
     """The outbox's audit trail: operator retries and skips of parked rows, oldest first."""
-    from ..sinks.outbox import OutboxSink
-
-    url = _outbox_url(sink_url)
-
-    async def go() -> list[Any]:
-        async with OutboxSink(url) as outbox:
-            return await outbox.audit(relay)
-
-    entries = run(go)
-    if as_json:
-        click.echo(json.dumps({"entries": [entry.to_dict() for entry in entries]}, indent=2))
-        return
-    if not entries:
-        click.echo("no action on a parked row yet", err=True)
-        return
+    entries = _read_outbox(sink_url, lambda outbox: outbox.audit(relay))
     shown = [
         (e.seq, e.at_ms, e.relay, e.action, printable(e.decision_id), printable(e.actor),
          printable(e.reason[:60]))
         for e in entries
     ]  # fmt: skip
-    click.echo(table(["seq", "at_ms", "relay", "action", "decision", "actor", "reason"], shown))
+    headers = ["seq", "at_ms", "relay", "action", "decision", "actor", "reason"]
+    _listing(as_json, "entries", entries, "no action on a parked row yet", headers, shown)
