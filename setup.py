@@ -1,12 +1,9 @@
-"""Build hook for the optional C extensions; everything else is in pyproject.toml.
+"""Build hook for the optional C extension; everything else is in pyproject.toml.
 
-* ``flowdecision._otlp`` encodes finished spans to OTLP protobuf in C for
-  ``serve --otel`` (src/flowdecision/_otlp.c);
-* ``flowdecision._fastreq`` decodes the common decision request body and writes
-  its wire and canonical JSON in C (src/flowdecision/_fastreq.c).
-
-Both are optional: where no C compiler is at hand the package installs without
-them and tracer.py and model.py do the same work in Python.
+``flowdecision._fastreq`` decodes the common decision request body and writes
+its wire and canonical JSON in C (src/flowdecision/_fastreq.c). It is
+optional: where no C compiler is at hand the package installs without it and
+model.py does the same work in Python.
 
 ``FLOWDECISION_C_BUILD`` picks one of the checked builds ``make test`` makes
 (tests/c_check.sh, into a temporary directory; an install never sets it):
@@ -54,6 +51,6 @@ setup(
             extra_compile_args=compile_args,
             extra_link_args=link_args,
         )
-        for name in ("_otlp", "_fastreq")
+        for name in ("_fastreq",)
     ]
 )

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# The C extensions' safety net, run by `make test` (target c-check) before pytest:
+# The C extension's safety net, run by `make test` (target c-check) before pytest:
 #
-# 1. strict: both extensions built by setup.py with FLOWDECISION_C_BUILD=strict
+# 1. strict: every extension setup.py lists built with FLOWDECISION_C_BUILD=strict
 #    (-Wall -Wextra -Werror, not optional): a warning fails the run.
-# 2. sanitize: both built with AddressSanitizer and UndefinedBehaviorSanitizer
-#    (FLOWDECISION_C_BUILD=sanitize), then their differential and fuzz tests
-#    (tests/test_fastreq.py, tests/test_otlp_c.py) run against that build.
+# 2. sanitize: built with AddressSanitizer and UndefinedBehaviorSanitizer
+#    (FLOWDECISION_C_BUILD=sanitize), then the differential and fuzz tests
+#    (tests/test_fastreq.py) run against that build.
 #
-# Both builds go to a temporary directory: the installed extensions (the
-# lenient, optional build of `pip install`) are left as they are.
+# Both builds go to a temporary directory: the installed extension (the
+# lenient, optional build of `pip install`) is left as it is.
 #
 # Usage: bash tests/c_check.sh [python]   (default: .venv/bin/python)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-.venv/bin/python}
 # The extensions' tests (setup.py lists the extensions themselves).
-tests=(tests/test_fastreq.py tests/test_otlp_c.py)
+tests=(tests/test_fastreq.py)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -1,8 +1,14 @@
-"""An in-memory OpenTelemetry SDK for tests, registered for one test and removed after.
+"""An in-memory OpenTelemetry SDK for tests, on for one test and off after.
 
-The SDK's global tracer provider can be set once per process; tests put it in
-place and take it away through the API's module globals, so tracing is on only
-inside the tests that ask for it (every other test runs with tracing off).
+A process registers its global tracer provider once (the API's
+``set_tracer_provider``), so the tests register one for the whole process, a
+:class:`Switch`, that hands each tracer call to the SDK provider a test put in
+place, or to the API's no-op tracer between such tests. Only public names of
+OpenTelemetry are used. Once the switch is registered, :func:`flowdecision.tracing.active`
+is True for the rest of the process; with no provider in place every span is
+the API's invalid, non-recording one, so nothing is recorded, stored or sent,
+as with tracing off (tests/test_tracing.py checks that;
+tests/test_tracing_absent.py checks a process with no provider at all).
 """
 
 from __future__ import annotations
@@ -16,26 +22,59 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from flowdecision.tracer import LeanTracerProvider
+
+class Switch(trace.TracerProvider):
+    """The process's tracer provider in tests: ``target``'s tracers, or no-op ones."""
+
+    def __init__(self) -> None:
+        self.target: TracerProvider | None = None
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        return _SwitchedTracer(self, args, kwargs)
 
 
-@pytest.fixture(name="spans", params=["sdk", "lean"])
-def spans_fixture(request: pytest.FixtureRequest) -> Iterator[InMemorySpanExporter]:
-    """Tracing on, every finished span kept in memory (``spans.get_finished_spans()``).
+class _SwitchedTracer(trace.Tracer):
+    """A tracer that asks its :class:`Switch` for the real one at each span."""
 
-    Once with the SDK's tracer provider (what a user's own process registers),
-    once with flowdecision's lean one (what ``serve --otel`` registers): the
-    same span trees, events, links and statuses either way.
-    """
+    def __init__(self, switch: Switch, args: Any, kwargs: Any) -> None:
+        self._switch, self._args, self._kwargs = switch, args, kwargs
+
+    def _now(self) -> trace.Tracer:
+        target = self._switch.target
+        if target is None:
+            return trace.NoOpTracer()
+        return target.get_tracer(*self._args, **self._kwargs)
+
+    def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
+        return self._now().start_span(*args, **kwargs)
+
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+        return self._now().start_as_current_span(*args, **kwargs)
+
+
+def switch() -> Switch:
+    """The process's :class:`Switch`, registered the first time it is asked for."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, Switch):
+        trace.set_tracer_provider(Switch())
+        provider = trace.get_tracer_provider()
+        assert isinstance(provider, Switch), f"a provider was registered already: {provider!r}"
+    return provider
+
+
+@pytest.fixture(name="spans")
+def spans_fixture() -> Iterator[InMemorySpanExporter]:
+    """Tracing on (the SDK's tracer provider), every finished span kept in memory
+    (``spans.get_finished_spans()``)."""
     exporter = InMemorySpanExporter()
-    provider: Any = TracerProvider() if request.param == "sdk" else LeanTracerProvider()
+    provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    saved = trace._TRACER_PROVIDER
-    trace._TRACER_PROVIDER = provider
+    switched = switch()
+    switched.target = provider
     try:
         yield exporter
     finally:
-        trace._TRACER_PROVIDER = saved
+        switched.target = None
         provider.shutdown()
 
 

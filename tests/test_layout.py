@@ -160,3 +160,88 @@ def test_the_service_edge_is_one_optional_seam() -> None:
         if not name.startswith("flowdecision.service.edge")
     }
     assert reaches <= {"flowdecision.service.logs", "flowdecision.service.logs.new_request_id"}
+
+
+#: Where the project's own Python lives: none of it may use a private OpenTelemetry name.
+PROJECT = ROOT.parents[1]
+PROJECT_CODE = ("src", "tests", "bench", "examples")
+
+
+def _private_opentelemetry_uses(source: str) -> list[str]:
+    """Each private OpenTelemetry name the Python ``source`` uses: a ``_x`` module or name imported
+    from ``opentelemetry``, or a ``_x`` attribute read (also by ``getattr``) of a name
+    bound to an OpenTelemetry module or imported from one."""
+    tree = ast.parse(source)
+    bound: set[str] = set()  # local names of OpenTelemetry modules and their members
+    found: list[str] = []
+
+    def private(name: str) -> bool:
+        return any(part.startswith("_") and not part.startswith("__") for part in name.split("."))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "opentelemetry":
+                    bound.add(alias.asname or alias.name.split(".")[0])
+                    if private(alias.name):
+                        found.append(f"import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == (
+            "opentelemetry"
+        ):
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+                if private(f"{node.module}.{alias.name}"):
+                    found.append(f"from {node.module} import {alias.name}")
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in bound
+            and private(node.attr)
+        ):
+            found.append(f"{node.value.id}.{node.attr}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id in bound
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and private(node.args[1].value)
+        ):
+            found.append(f"{node.func.id}({node.args[0].id}, {node.args[1].value!r})")
+    return found
+
+
+def test_no_project_file_uses_a_private_opentelemetry_name() -> None:
+    offences = [
+        f"{path.relative_to(PROJECT)}: {use}"
+        for folder in PROJECT_CODE
+        for path in sorted((PROJECT / folder).rglob("*.py"))
+        for use in _private_opentelemetry_uses(path.read_text(encoding="utf-8"))
+    ]
+    assert not offences, "\n".join(offences)
+
+
+def test_the_private_name_check_sees_each_form() -> None:
+    # A guard for the guard: each way the old tracer reached a private name is found.
+    sample = "\n".join(
+        [
+            "from opentelemetry import context, trace",
+            "from opentelemetry.trace.propagation import _SPAN_KEY",
+            "from opentelemetry.exporter.http.transport._base import BaseHTTPTransport",
+            "from opentelemetry.util._decorator import _agnosticcontextmanager",
+            "provider = trace._TRACER_PROVIDER",
+            "runtime = getattr(context, '_RUNTIME_CONTEXT', None)",
+            "public = trace.get_tracer_provider(), context.attach, trace.__name__",
+        ]
+    )
+    assert _private_opentelemetry_uses(sample) == [
+        "from opentelemetry.trace.propagation import _SPAN_KEY",
+        "from opentelemetry.exporter.http.transport._base import BaseHTTPTransport",
+        "from opentelemetry.util._decorator import _agnosticcontextmanager",
+        "trace._TRACER_PROVIDER",
+        "getattr(context, '_RUNTIME_CONTEXT')",
+    ]
