@@ -74,9 +74,9 @@ def _body(n: int) -> bytes:
 
 
 def _start_tracing() -> None:
-    """What ``serve --otel`` registers (the lean provider, every trace sampled), its
-    batch processor holding every span (encoded as it ends) so that no export
-    runs while calls are counted."""
+    """What ``serve --otel`` registers (the SDK's provider, every trace sampled), its
+    batch processor holding every span so that no export runs while calls are
+    counted."""
     os.environ.update(
         OTEL_TRACES_SAMPLER="always_on",
         OTEL_BSP_MAX_QUEUE_SIZE="1000000",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from opentelemetry import trace
+from opentelemetry import context, trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from flowdecision import Dispatcher, tracing
@@ -240,6 +240,32 @@ async def test_a_duplicate_links_to_the_dispatch_that_completed_the_original(
     [commit] = named(finished, "flowdecision.ledger.commit")
     assert linked_to(duplicate) == {hex_ids(original), hex_ids(commit)}
     [link] = [x for x in duplicate.links if x.context.span_id == original.context.span_id]
+    assert dict(link.attributes or {}) == {"flowdecision.link": "completed_original"}
+
+
+async def test_a_sampled_duplicate_links_to_an_original_that_was_sampled_out(
+    store: Store, spans: InMemorySpanExporter
+) -> None:
+    # A parent-based sampler: the original ran under a caller's unsampled context, so
+    # nothing of it was recorded, yet its context was stored; the duplicate, in a
+    # sampled trace, still links to it.
+    dispatcher = Dispatcher("production", await store.outbox(), await store.ledger())
+    unsampled = tracing.context_of("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")
+    token = context.attach(unsampled)
+    try:
+        await dispatcher.dispatch(request(decision_id="dec-1"))
+    finally:
+        context.detach(token)
+    assert spans.get_finished_spans() == ()
+    stored = await _stored_traceparent(store, "dec-1")
+    assert stored is not None and stored.startswith("00-0af7651916cd43dd8448eb211c80319c-")
+    assert stored.endswith("-00")
+
+    assert not (await dispatcher.dispatch(request(decision_id="dec-1"))).submitted
+
+    [duplicate] = named(spans.get_finished_spans(), "flowdecision.dispatch")
+    [link] = [x for x in duplicate.links if (x.attributes or {}).get("flowdecision.link")]
+    assert f"00-{link.context.trace_id:032x}-{link.context.span_id:016x}-00" == stored
     assert dict(link.attributes or {}) == {"flowdecision.link": "completed_original"}
 
 
