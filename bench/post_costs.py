@@ -1,7 +1,6 @@
 """What one POST /v1/decisions costs, counted rather than timed (issue 18, "Half the Python").
 
     .venv/bin/python bench/post_costs.py                      # the service as it is
-    .venv/bin/python bench/post_costs.py --starlette-stack    # Starlette's own layers
     .venv/bin/python bench/post_costs.py --outbox-row-by-row  # one outbox INSERT per decision
     .venv/bin/python bench/post_costs.py --otel               # tracing on (serve --otel)
     .venv/bin/python bench/post_costs.py --time --posts 20000 # CPU time instead of counts
@@ -88,7 +87,7 @@ def _start_tracing() -> None:
     tracing.start_sdk()
 
 
-async def _run(posts: int, callers: int, starlette_stack: bool, timed: bool = False) -> None:
+async def _run(posts: int, callers: int, timed: bool = False) -> None:
     global _measuring
     from flowdecision.service.app import create_app
     from flowdecision.service.config import Settings
@@ -98,8 +97,6 @@ async def _run(posts: int, callers: int, starlette_stack: bool, timed: bool = Fa
     settings = Settings().validate()
     service = await Service.start(settings)
     app = create_app(settings, service=service)
-    if starlette_stack:
-        app.middleware_stack = app.build_middleware_stack()
     statuses: list[int] = []
 
     async def post(body: bytes) -> None:
@@ -166,8 +163,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--posts", type=int, default=3000)
     parser.add_argument("--callers", type=int, default=50)
-    parser.add_argument("--starlette-stack", action="store_true",
-                        help="Starlette's own layers instead of the lean path")  # fmt: skip
     parser.add_argument("--outbox-row-by-row", action="store_true",
                         help="one outbox row per statement (no write_sqlite_many)")  # fmt: skip
     parser.add_argument("--otel", action="store_true",
@@ -184,11 +179,11 @@ def main() -> None:
     import uvloop
 
     if args.time:
-        uvloop.run(_run(args.posts, args.callers, args.starlette_stack, timed=True))
+        uvloop.run(_run(args.posts, args.callers, timed=True))
         return
     _count_statements()
     threading.setprofile(_profile)
-    uvloop.run(_run(args.posts, args.callers, args.starlette_stack))
+    uvloop.run(_run(args.posts, args.callers))
 
 
 if __name__ == "__main__":

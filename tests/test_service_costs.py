@@ -1,5 +1,4 @@
-"""The per-request shortcuts keep behaviour (the lean ASGI path: tests/test_service_lean.py):
-the direct access line is the line the JSON
+"""The per-request shortcuts keep behaviour: the direct access line is the line the JSON
 formatter writes, buffered lines are written by the end of the loop iteration and at
 exit, request ids stay unique, the written-out health dict is ``asdict``'s, cached
 request counters count, and a response leaves in one write."""

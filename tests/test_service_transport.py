@@ -211,11 +211,13 @@ def test_guard_refuses_wrong_content_type_foreign_origin_and_foreign_host(
 
 
 def test_host_check_is_off_on_a_public_bind_unless_names_are_configured(tmp_path: Path) -> None:
-    from flowdecision.service.guards import BrowserGuardMiddleware
+    from flowdecision.service.guards import BrowserGuard
 
     public = Settings(host="0.0.0.0", token="t" * 32)
-    assert BrowserGuardMiddleware.middleware(public).kwargs["check_host"] is False
-    assert BrowserGuardMiddleware.middleware(Settings()).kwargs["check_host"] is True
+    assert BrowserGuard.from_settings(public).check_host is False
+    assert BrowserGuard.from_settings(Settings()).check_host is True
+    named = Settings(host="0.0.0.0", token="t" * 32, allowed_hosts=("api.example",))
+    assert BrowserGuard.from_settings(named).check_host is True
 
 
 # -- timeouts ------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The decision service: a Starlette app around one :class:`~.runtime.Service`.
+"""The decision service: the ASGI app (:class:`~.pipeline.Pipeline`) around one
+:class:`~.runtime.Service`.
 
 The module map (every module of the service and of the library) and a tour of
 one ``POST`` through them, file by file, are in docs/ARCHITECTURE.md.
@@ -14,21 +15,16 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
-
-from .auth import AuthMiddleware
-from .boundary import BoundaryMiddleware
+from .auth import Auth
+from .boundary import RequestRecord
 from .config import Settings, redact_url
-from .errors import http_exception_handler
-from .front import DecisionsFront
-from .guards import BrowserGuardMiddleware, JsonContentTypeMiddleware
+from .guards import BrowserGuard
 from .handlers import AppContext, routes
-from .lean import lean_stack
 from .metrics import ServiceMetrics
 from .operations import admin_may
+from .pipeline import Pipeline
 from .runtime import Service
 
 __all__ = ["Service", "create_app"]
@@ -36,7 +32,7 @@ __all__ = ["Service", "create_app"]
 log = logging.getLogger("flowdecision.service")
 
 
-def create_app(settings: Settings, *, service: Service | None = None) -> Starlette:
+def create_app(settings: Settings, *, service: Service | None = None) -> Pipeline:
     """The ASGI app. With ``service`` the app uses (and on shutdown closes) it."""
     # Imported here so `python -m flowdecision.service.openapi` runs it fresh.
     from .openapi import OPENAPI_PATH, openapi_route
@@ -55,7 +51,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
     )
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: Pipeline) -> AsyncIterator[None]:
         current = context.service
         if current is None:
             current = context.service = await Service.start(settings)
@@ -82,47 +78,18 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Starlet
             await current.stop(settings.shutdown_grace_s)
             log.info("service stopped")
 
-    # The contract is public: it holds nothing a caller could not read in the repository.
-    all_routes = [*routes(), openapi_route()]
-    body_routes = {r.path: r.methods for r in all_routes if r.methods}
     # Admin tokens pass authentication on the operator's routes only; the action
-    # routes then ask for one.
+    # routes then ask for one. The contract is public: it holds nothing a caller
+    # could not read in the repository.
     tokens, admin_tokens = settings.tokens(), settings.admin_tokens()
     public = frozenset({OPENAPI_PATH} if settings.auth_healthz else {"/healthz", OPENAPI_PATH})
-    middleware = [
-        Middleware(
-            BoundaryMiddleware,
-            access_log_enabled=settings.access_log,
-            on_response=metrics.count_request,
+    return Pipeline(
+        [*routes(), openapi_route()],
+        guard=BrowserGuard.from_settings(settings),
+        auth=Auth(tokens=tokens, public=public, admin_tokens=admin_tokens, admin_may=admin_may),
+        record=RequestRecord(
+            access_log_enabled=settings.access_log, on_response=metrics.count_request
         ),
-        BrowserGuardMiddleware.middleware(settings),
-        # Without tokens it lets every request through: one layer less per request.
-        *(
-            [
-                Middleware(
-                    AuthMiddleware,
-                    tokens=tokens,
-                    public=public,
-                    admin_tokens=admin_tokens,
-                    admin_may=admin_may,
-                )
-            ]
-            if tokens or admin_tokens
-            else []
-        ),
-        # Only methods a route takes: elsewhere a POST or PUT is answered 405, not 415.
-        Middleware(JsonContentTypeMiddleware, routes=body_routes),
-    ]
-    app = Starlette(
-        routes=all_routes,
-        middleware=middleware,
         lifespan=lifespan,
-        exception_handlers={HTTPException: http_exception_handler},
+        state=SimpleNamespace(context=context, settings=settings, metrics=metrics),
     )
-    # The same routes, middleware and handlers, with fewer layers per request (lean.py),
-    # and the plain POST /v1/decisions in one function in front of them (front.py).
-    app.middleware_stack = DecisionsFront(lean_stack(app), context)
-    app.state.context = context
-    app.state.settings = settings
-    app.state.metrics = metrics
-    return app

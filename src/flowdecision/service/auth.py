@@ -8,11 +8,10 @@ import hmac
 from collections.abc import Callable, Sequence
 
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import error_response
 
-__all__ = ["AuthMiddleware", "presented_token", "token_matches"]
+__all__ = ["Auth", "presented_token", "token_matches"]
 
 
 def token_matches(presented: bytes, tokens: Sequence[bytes]) -> bool:
@@ -23,25 +22,24 @@ def token_matches(presented: bytes, tokens: Sequence[bytes]) -> bool:
     return matched
 
 
-def presented_token(scope: Scope) -> bytes | None:
-    """The bearer token (or Basic password) a request presents, if any."""
-    for name, value in scope.get("headers", []):
-        if name == b"authorization":
-            scheme, _, credentials = value.partition(b" ")
-            scheme = scheme.lower()
-            if scheme == b"bearer":
-                return bytes(credentials.strip())
-            if scheme == b"basic":  # browsers: any user name, the token as password
-                try:
-                    decoded = base64.b64decode(credentials.strip(), validate=True)
-                except (binascii.Error, ValueError):
-                    return None
-                return bytes(decoded.partition(b":")[2])
+def presented_token(authorization: bytes | None) -> bytes | None:
+    """The bearer token (or Basic password) an ``Authorization`` header presents, if any."""
+    if authorization is None:
+        return None
+    scheme, _, credentials = authorization.partition(b" ")
+    scheme = scheme.lower()
+    if scheme == b"bearer":
+        return bytes(credentials.strip())
+    if scheme == b"basic":  # browsers: any user name, the token as password
+        try:
+            decoded = base64.b64decode(credentials.strip(), validate=True)
+        except (binascii.Error, ValueError):
             return None
+        return bytes(decoded.partition(b":")[2])
     return None
 
 
-class AuthMiddleware:
+class Auth:
     """Bearer-token auth (constant-time) for every path except the public ones.
 
     Two kinds of token (docs/SERVICE.md, "Auth"): a submit token (``tokens``)
@@ -55,31 +53,24 @@ class AuthMiddleware:
 
     def __init__(
         self,
-        app: ASGIApp,
         *,
         tokens: Sequence[bytes],
         public: frozenset[str],
         admin_tokens: Sequence[bytes] = (),
         admin_may: Callable[[str, str], bool] | None = None,
     ) -> None:
-        self.app = app
         self.tokens = tuple(tokens)
         self.public = public
         self.admin_tokens = tuple(admin_tokens)
         self.admin_may = admin_may
+        #: Without any token every request passes: nothing to check.
+        self.enabled = bool(self.tokens or self.admin_tokens)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refusal = self.refusal(scope) if scope["type"] == "http" else None
-        if refusal is None:
-            await self.app(scope, receive, send)
-            return
-        await refusal(scope, receive, send)
-
-    def refusal(self, scope: Scope) -> Response | None:
+    def refusal(self, method: str, path: str, authorization: bytes | None) -> Response | None:
         """None when the request may pass; else the 401 or 403 to answer."""
-        if scope["path"] in self.public:
+        if not self.enabled or path in self.public:
             return None
-        presented = presented_token(scope)
+        presented = presented_token(authorization)
         if presented is not None and token_matches(presented, self.tokens):
             return None
         if (
@@ -87,7 +78,7 @@ class AuthMiddleware:
             and self.admin_tokens
             and token_matches(presented, self.admin_tokens)
         ):
-            if self.admin_may is not None and self.admin_may(scope["method"], scope["path"]):
+            if self.admin_may is not None and self.admin_may(method, path):
                 return None
             return error_response(
                 403,

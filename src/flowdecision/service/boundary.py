@@ -1,4 +1,4 @@
-"""The outermost middleware: what every request gets, however it ends.
+"""What every request gets, however it ends (the pipeline, :mod:`.pipeline`, applies it).
 
 * a request id (the client's ``X-Request-Id`` if short and plain, else a new
   one) in the ``X-Request-Id`` response header, in every error body and on
@@ -28,14 +28,14 @@ import time
 from collections.abc import Callable
 
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
 
 from .. import tracing as _tracing
 from .errors import error_response, static_error
-from .guards import has_body
-from .logs import request_id_for, request_id_var, write_access_line
+from .logs import write_access_line
 
-__all__ = ["CLIENT_CLOSED", "Answer", "BoundaryMiddleware"]
+__all__ = ["CLIENT_CLOSED", "Answer", "RequestRecord", "end_server_span", "start_server_span"]
 
 log = logging.getLogger("flowdecision.service")
 
@@ -43,8 +43,8 @@ log = logging.getLogger("flowdecision.service")
 CLIENT_CLOSED = 499
 
 
-class BoundaryMiddleware:
-    """Request id, access log, request metric and the last word on every request.
+class RequestRecord:
+    """Counts each request and writes its access line.
 
     ``on_response(method, route, status)`` feeds the request counter metric.
     The access-log record holds: method, path (no query string), route
@@ -54,40 +54,12 @@ class BoundaryMiddleware:
 
     def __init__(
         self,
-        app: ASGIApp,
         *,
         access_log_enabled: bool = True,
         on_response: Callable[[str, str, int], None] | None = None,
     ) -> None:
-        self.app = app
         self.access_log_enabled = access_log_enabled
         self.on_response = on_response
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        request_id = request_id_for(scope)
-        scope.setdefault("state", {})["request_id"] = request_id
-        token = request_id_var.set(request_id)
-        # The server span (tracing on): continues the caller's traceparent/tracestate.
-        server_span = start_server_span(scope, request_id) if _tracing.active() else None
-        # A body not read whole when the answer starts (a refusal, a 413 on
-        # Content-Length...): the answer says Connection: close (module docstring).
-        answer = Answer(send, receive, request_id, body_pending=has_body(scope))
-        app_receive = answer.receive if answer.body_pending else receive
-        try:
-            await self.app(scope, app_receive, answer.send)
-        except (asyncio.CancelledError, Exception) as error:
-            await answer.end_abnormally(error, scope)
-        finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "<unmatched>"
-            self.finish(request_id, scope, template, answer.status, answer.sent, started)
-            if server_span is not None:
-                end_server_span(server_span, scope, template, answer.status)
-            request_id_var.reset(token)
 
     def finish(
         self,
@@ -116,17 +88,19 @@ class BoundaryMiddleware:
 
 
 class Answer:
-    """One request's ``send`` (and ``receive``) as the boundary passes them down.
+    """One request's answer: its ``send`` (and ``receive``) as the pipeline passes them on.
 
-    ``send`` adds ``X-Request-Id`` (and ``Connection: close`` while the body is
-    unread) to the answer's head and notes its status and size; ``receive``
-    notes when the body has been read whole.
+    Every answer's head gets ``X-Request-Id``, ``Connection: close`` while the
+    body is unread, and the ``extra`` headers (an allowed origin's CORS
+    headers); the answer's status and size are noted for the access line.
+    ``receive`` notes when the body has been read whole.
     """
 
     __slots__ = (
         "_receive",
         "_send",
         "body_pending",
+        "extra",
         "request_id",
         "response_started",
         "sent",
@@ -134,23 +108,16 @@ class Answer:
     )
 
     def __init__(
-        self,
-        send: Send,
-        receive: Receive,
-        request_id: str,
-        *,
-        body_pending: bool,
-        status: int = 500,
-        sent: int = 0,
-        response_started: bool = False,
+        self, send: Send, receive: Receive, request_id: str, *, body_pending: bool
     ) -> None:
         self._send = send
         self._receive = receive
         self.request_id = request_id
         self.body_pending = body_pending
-        self.status = status
-        self.sent = sent
-        self.response_started = response_started
+        self.extra: list[tuple[bytes, bytes]] = []
+        self.status = 500
+        self.sent = 0
+        self.response_started = False
 
     async def receive(self) -> Message:
         message = await self._receive()
@@ -158,18 +125,41 @@ class Answer:
             self.body_pending = False
         return message
 
+    def reader(self) -> Receive:
+        """The ``receive`` for the endpoint: through :meth:`receive` while a body is
+        unread (so the answer knows when it is read whole), else the server's own."""
+        return self.receive if self.body_pending else self._receive
+
+    def _head(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        headers.append((b"x-request-id", self.request_id.encode("ascii")))
+        if self.body_pending:
+            headers.append((b"connection", b"close"))
+        headers.extend(self.extra)
+        return headers
+
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.response_started = True
             self.status = message["status"]
-            headers = list(message.get("headers", []))
-            headers.append((b"x-request-id", self.request_id.encode("ascii")))
-            if self.body_pending:
-                headers.append((b"connection", b"close"))
-            message = {**message, "headers": headers}
+            message = {**message, "headers": self._head(list(message.get("headers", [])))}
         elif message["type"] == "http.response.body":
             self.sent += len(message.get("body", b""))
         await self._send(message)
+
+    async def respond(self, response: Response, scope: Scope) -> None:
+        """Send ``response``: a whole body in two messages, a stream through :meth:`send`."""
+        body = getattr(response, "body", None)
+        if body is None:  # a StreamingResponse: it sends as it goes
+            await response(scope, self.receive, self.send)
+            return
+        self.response_started = True
+        self.status = status = response.status_code
+        headers = self._head(list(response.raw_headers))
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        self.sent = len(body)
+        await self._send({"type": "http.response.body", "body": body})
+        if response.background is not None:
+            await response.background()
 
     async def end_abnormally(self, error: BaseException, scope: Scope) -> None:
         """Answer a request that ended in ``error`` (module docstring); re-raise the rest."""
@@ -181,28 +171,25 @@ class Answer:
             # grace period is over. The task ends here (it is uvicorn's own), so
             # the cancellation is answered rather than re-raised into uvicorn.
             if not self.response_started:
-                await static_error("shutting_down")(scope, self._receive, self.send)
+                await self.respond(static_error("shutting_down"), scope)
             log.info("request cancelled at the end of the shutdown grace period")
         elif isinstance(error, Exception):
             log.error("unhandled error while serving a request", exc_info=error)
             if not self.response_started:
-                response = error_response(500, "internal", "internal server error")
-                await response(scope, self._receive, self.send)
+                await self.respond(error_response(500, "internal", "internal server error"), scope)
         else:  # pragma: no cover - only the two kinds above are caught
             raise error
 
 
 def start_server_span(
-    scope: Scope, request_id: str, route: str | None = None, *, extract: bool = True
+    scope: Scope, request_id: str, route: str | None, *, extract: bool
 ) -> _tracing.SpanScope:
     """Open and make current the request's server span (ended by :func:`end_server_span`).
 
-    ``route``: the route template when it is known before routing (the front's one
-    path), so the span is named for it from the start; ``extract=False`` when the
-    caller saw that no header carries trace context.
+    ``route``: the template of the route the path found (None: none did), which
+    names the span; ``extract``: whether a header carries trace context to continue.
     """
     method = scope["method"]
-    headers = scope.get("headers")
     attributes = {
         "http.request.method": method,
         "url.path": scope["path"],
@@ -212,26 +199,19 @@ def start_server_span(
     if route is not None:
         attributes["http.route"] = route
     server = _tracing.span(
-        # without a route: renamed to "METHOD route" once routing found it
         method if route is None else f"{method} {route}",
         kind=_tracing.SERVER,
-        parent=_tracing.extract(headers) if headers and extract else None,
+        parent=_tracing.extract(scope["headers"]) if extract else None,
         attributes=attributes,
     )
     server.open()
     return server
 
 
-def end_server_span(
-    server: _tracing.SpanScope, scope: Scope, route: str | None, status: int
-) -> None:
-    """Name the span for ``route`` (None: named when it started), record ``status`` and end it."""
+def end_server_span(server: _tracing.SpanScope, status: int) -> None:
+    """Record ``status`` on the request's server span and end it."""
     current = server.span
-    if route is not None and route != "<unmatched>":
-        current.update_name(f"{scope['method']} {route}")
-        current.set_attributes({"http.route": route, "http.response.status_code": status})
-    else:
-        current.set_attribute("http.response.status_code", status)
+    current.set_attribute("http.response.status_code", status)
     if status >= 500:
         _tracing.fail_status(current, str(status))
     server.close()

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 
 from ..bodies import (
     BranchDetails,
@@ -32,6 +31,7 @@ from ..bodies import (
     LimitDetails,
     NotFoundDetails,
     ParameterDetails,
+    RunClosedDetails,
     TooLargeDetails,
     ValuesLimitDetails,
 )
@@ -49,7 +49,7 @@ __all__ = [
     "busy_retry_after_s",
     "error_code_for",
     "error_response",
-    "http_exception_handler",
+    "http_error",
     "response_for_error",
     "static_error",
 ]
@@ -136,6 +136,16 @@ def _conflict(error: Any, _ctx: ErrorContext) -> ConflictDetails:
     return {"decision_id": error.decision_id}
 
 
+def _run_closed(error: Any, _ctx: ErrorContext) -> RunClosedDetails:
+    return {
+        "decision_id": error.decision_id,
+        "run_id": error.run_id,
+        "run_state": error.run_state,
+        "closed_by": error.closed_by,
+        "closed_at_ms": error.closed_at_ms,
+    }
+
+
 #: Error code -> HTTP answer. The codes are the error classes' ``code`` (see
 #: ``flowdecision/errors.py``); docs/SERVICE.md lists the same table.
 HTTP_ERRORS: dict[str, HttpAnswer] = {
@@ -143,6 +153,8 @@ HTTP_ERRORS: dict[str, HttpAnswer] = {
     "forbidden_branch": HttpAnswer(403, None, details=_branch),
     "conflict": HttpAnswer(409, None, details=_conflict),
     "busy": HttpAnswer(409, None, RetryAfter.HEARTBEAT, _busy),
+    # The run is over (or, for a terminal decision, has its terminal one): permanent.
+    "run_closed": HttpAnswer(409, None, details=_run_closed),
     "decision_too_large": HttpAnswer(413, None, details=_too_large),
     "invalid_request": HttpAnswer(422, None, details=_fields),
     "invalid_identifier": HttpAnswer(422, None, details=_fields),
@@ -294,11 +306,10 @@ def static_error(code: str) -> JSONResponse:
     return error_response(row.status, code, row.message or code, headers=headers)
 
 
-async def http_exception_handler(request: Request, exc: Exception) -> Response:
-    status = int(getattr(exc, "status_code", 500))
-    detail = str(getattr(exc, "detail", "") or "")
-    headers = getattr(exc, "headers", None)
+def http_error(
+    status: int, detail: str = "", *, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The answer to an HTTP-level refusal (no route, a method a route does not take,
+    an ``HTTPException``): its code from the status, ``detail`` as its message."""
     code = _HTTP_CODES.get(status, f"http_{status}")
-    if status == 404:
-        detail = f"no such endpoint: {request.method} {request.url.path}"
     return error_response(status, code, detail or code.replace("_", " "), headers=headers)

@@ -20,7 +20,6 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ..errors import DispatchError, LedgerError
@@ -53,6 +52,7 @@ from .inputs import (
 from .logs import describe_cause
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .operations import list_decisions, operation_routes, recent_actions, status_finder
+from .routing import Route
 from .runtime import Service
 from .status import ATTENTION_FATES, Attention, RecentDecision, render_status_page
 

@@ -40,8 +40,6 @@ import time
 from json.encoder import encode_basestring
 from typing import Any, TextIO
 
-from starlette.types import Scope
-
 from .. import tracing as _tracing
 from ..redact import json_safe, redact_text
 
@@ -349,21 +347,14 @@ def new_request_id() -> str:
     return f"{_id_prefix}{next(_id_counter):08x}"
 
 
-def request_id_for(scope: Scope) -> str:
-    """The client's ``X-Request-Id`` if it is short and plain, else a new id."""
-    return _incoming_request_id(scope) or new_request_id()
-
-
-def _incoming_request_id(scope: Scope) -> str | None:
-    for name, value in scope.get("headers", []):
-        if name == b"x-request-id":
-            text = bytes(value).decode("latin-1")
-            # Only echo ids that are short and plain; anything else is replaced.
-            if 0 < len(text) <= 64 and all(
-                c.isascii() and (c.isalnum() or c in "-_.") for c in text
-            ):
-                return text
-    return None
+def request_id_for(header: bytes | None) -> str:
+    """The client's ``X-Request-Id`` (``header``) if it is short and plain, else a new id."""
+    if header is not None:
+        text = bytes(header).decode("latin-1")
+        # Only echo ids that are short and plain; anything else is replaced.
+        if 0 < len(text) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_.") for c in text):
+            return text
+    return new_request_id()
 
 
 def describe_cause(error: BaseException) -> str:

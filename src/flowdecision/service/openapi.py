@@ -45,7 +45,6 @@ from typing import (
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from .. import bodies
 from ..errors import FlowDecisionError, InvalidArgumentTypeError, LedgerError, OutboxError
@@ -64,6 +63,7 @@ from ..limits import I64_MAX, IDENTIFIER_MAX_BYTES, U64_MAX
 from ..model import json_schemas
 from .errors import HTTP_ERRORS, SERVICE_ERRORS, RetryAfter
 from .handlers import MAX_WAIT_S, OUTBOX_MAX_LIMIT
+from .routing import Route
 
 __all__ = ["OPENAPI_PATH", "openapi_document", "openapi_json", "openapi_route"]
 

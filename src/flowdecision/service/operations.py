@@ -17,13 +17,11 @@ admin token opens nothing else).
 from __future__ import annotations
 
 import datetime
-import hmac
 import json
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from ..errors import (
     ActionRefusedError,
@@ -43,9 +41,10 @@ from ..limits import U64_MAX
 from ..sinks.cursor import check_cursor_name
 from ..sinks.outbox import OutboxSink
 from ..sinks.relay import DEFAULT_RELAY_NAME
-from .auth import presented_token
+from .auth import presented_token, token_matches
 from .errors import error_response, response_for_error
 from .inputs import BadParamError, bad_param, bounded_int, one_param, read_body_within
+from .routing import Route
 from .runtime import Service
 from .status import FIND_PARAMS, Finder, RecentActions
 
@@ -187,16 +186,20 @@ def _admin_refusal(request: Request) -> Response | None:
             "operator actions are disabled: this service has no admin token "
             "(set FLOWDECISION_ADMIN_TOKEN or admin_token_file)",
         )  # fmt: skip
-    presented = presented_token(request.scope)
+    presented = presented_token(_first_header(request, b"authorization"))
     if presented is None:
         response = error_response(401, "unauthorized", "an admin token is required")
         response.headers["WWW-Authenticate"] = 'Bearer realm="flowdecision-admin"'
         return response
-    matched = False
-    for token in admin:  # every token is compared: no early exit
-        matched |= hmac.compare_digest(presented, token)
-    if not matched:
+    if not token_matches(presented, admin):
         return error_response(403, "forbidden", "this action needs an admin token")
+    return None
+
+
+def _first_header(request: Request, name: bytes) -> bytes | None:
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return bytes(value)
     return None
 
 

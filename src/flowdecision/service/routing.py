@@ -1,0 +1,124 @@
+"""The service's routes: a path, an endpoint and its methods; and how a path finds one.
+
+A route is declared as ``Route("/v1/decisions/{decision_id:path}", endpoint,
+methods=["GET"])``: ``{name}`` takes one path segment, ``{name:path}`` the
+rest of the path (slashes included). A route taking ``GET`` also takes
+``HEAD``. :class:`Router` finds a route by a dictionary lookup on the path, or
+for a route with parameters by its pattern, in the order the routes were
+given (the first whose path matches decides).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+__all__ = ["Endpoint", "Route", "RouteMatch", "Router"]
+
+#: An endpoint: a Starlette request in, a Starlette response out.
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+_PARAMETER = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)(?::(path|str))?\}")
+
+
+def _compile(path: str) -> tuple[re.Pattern[str] | None, tuple[str, ...]]:
+    names: list[str] = []
+    pattern = ""
+    end = 0
+    for match in _PARAMETER.finditer(path):
+        name, kind = match.group(1), match.group(2) or "str"
+        if name in names:
+            raise ValueError(f"route `{path}` names parameter `{name}` twice")
+        names.append(name)
+        pattern += re.escape(path[end : match.start()])
+        pattern += f"(?P<{name}>.*)" if kind == "path" else f"(?P<{name}>[^/]+)"
+        end = match.end()
+    if not names:
+        return None, ()
+    return re.compile(pattern + re.escape(path[end:]) + r"\Z"), tuple(names)
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Route:
+    """One endpoint at one path template, for the methods it takes."""
+
+    path: str
+    endpoint: Endpoint
+    methods: frozenset[str]
+    #: ``methods`` as the ``Allow`` header of a 405 lists them (sorted).
+    allow: str
+    pattern: re.Pattern[str] | None = field(repr=False)
+
+    def __init__(self, path: str, endpoint: Endpoint, *, methods: Iterable[str]) -> None:
+        if not path.startswith("/"):
+            raise ValueError(f"route path `{path}` must start with `/`")
+        taken = {method.upper() for method in methods}
+        if not taken:
+            raise ValueError(f"route `{path}` takes no method")
+        if "GET" in taken:
+            taken.add("HEAD")
+        pattern, _ = _compile(path)
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "endpoint", endpoint)
+        object.__setattr__(self, "methods", frozenset(taken))
+        object.__setattr__(self, "allow", ", ".join(sorted(taken)))
+        object.__setattr__(self, "pattern", pattern)
+
+    def match(self, path: str) -> dict[str, Any] | None:
+        """The path parameters when ``path`` is this route's, else None."""
+        if self.pattern is None:
+            return {} if path == self.path else None
+        found = self.pattern.match(path)
+        return None if found is None else found.groupdict()
+
+
+@dataclass(frozen=True, slots=True)
+class RouteMatch:
+    """The route a path found, and its parameters."""
+
+    route: Route
+    params: dict[str, Any]
+
+
+class Router:
+    """Finds the route of a path: by dictionary on plain paths, by pattern otherwise."""
+
+    def __init__(self, routes: Sequence[Route]) -> None:
+        self.routes = tuple(routes)
+        #: Plain path -> its route, unless an earlier patterned route takes that path.
+        self._exact: dict[str, RouteMatch] = {}
+        #: Every route in order: the paths the dictionary does not answer.
+        self._ordered: list[Route] = []
+        for index, route in enumerate(self.routes):
+            shadowed = any(
+                earlier.pattern is not None and earlier.match(route.path) is not None
+                for earlier in self.routes[:index]
+            )
+            if route.pattern is None and not shadowed:
+                self._exact.setdefault(route.path, RouteMatch(route, {}))
+            self._ordered.append(route)
+        self.paths = frozenset(route.path for route in self.routes)
+
+    def find(self, path: str) -> RouteMatch | None:
+        """The first route whose path template matches ``path``."""
+        found = self._exact.get(path)
+        if found is not None:
+            return found
+        for route in self._ordered:
+            params = route.match(path)
+            if params is not None:
+                return RouteMatch(route, params)
+        return None
+
+    def redirect(self, path: str) -> str | None:
+        """The path with its trailing slash added or removed, when that one has a route
+        and this one has none (the redirect a client that got the slash wrong is sent)."""
+        if path == "/":
+            return None
+        other = path[:-1] if path.endswith("/") else path + "/"
+        return other if self.find(other) is not None else None
