@@ -237,22 +237,27 @@ def test_the_router_finds_plain_paths_patterns_and_slash_redirects() -> None:
     async def endpoint(request: Any) -> Any:  # never called
         raise AssertionError
 
+    async def other(request: Any) -> Any:  # never called
+        raise AssertionError
+
     router = Router(
         [
             Route("/a", endpoint, methods=["GET"]),
-            Route("/items/{item_id}", endpoint, methods=["GET", "POST"]),
+            Route("/items/{item_id}", endpoint, methods=["GET"]),
             Route("/files/{rest:path}", endpoint, methods=["GET"]),
-            Route("/files/special", endpoint, methods=["GET"]),  # shadowed by the pattern
+            Route("/files/special", endpoint, methods=["GET"]),  # shadowed by the template
+            Route("/items/{item_id}", other, methods=["POST"]),  # one endpoint per method
         ]
     )
     found = router.find("/items/x1")
     assert found is not None and found.params == {"item_id": "x1"}
-    assert found.route.methods == {"GET", "HEAD", "POST"}
+    assert found.routes.endpoints == {"GET": endpoint, "HEAD": endpoint, "POST": other}
+    assert found.routes.allow == "GET, HEAD, POST"
     assert router.find("/items/x1/more") is None
     deep = router.find("/files/a/b.txt")
     assert deep is not None and deep.params == {"rest": "a/b.txt"}
     special = router.find("/files/special")
-    assert special is not None and special.route.path == "/files/{rest:path}"
+    assert special is not None and special.routes.path == "/files/{rest:path}"
     assert router.redirect("/a/") == "/a" and router.redirect("/b") is None
     assert router.redirect("/items/x1/") == "/items/x1"
     assert router.redirect("/items/x1/more/") is None  # neither it nor its twin has a route
@@ -260,6 +265,8 @@ def test_the_router_finds_plain_paths_patterns_and_slash_redirects() -> None:
         Route("/{x}/{x}", endpoint, methods=["GET"])
     with pytest.raises(ValueError, match="no method"):
         Route("/x", endpoint, methods=[])
+    with pytest.raises(ValueError, match="two routes take GET /a"):
+        Router([Route("/a", endpoint, methods=["GET"]), Route("/a", other, methods=["GET"])])
 
 
 _CALLER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

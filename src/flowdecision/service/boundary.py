@@ -125,11 +125,6 @@ class Answer:
             self.body_pending = False
         return message
 
-    def reader(self) -> Receive:
-        """The ``receive`` for the endpoint: through :meth:`receive` while a body is
-        unread (so the answer knows when it is read whole), else the server's own."""
-        return self.receive if self.body_pending else self._receive
-
     def _head(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         headers.append((b"x-request-id", self.request_id.encode("ascii")))
         if self.body_pending:

@@ -653,13 +653,6 @@ async def status_page(request: Request) -> Response:
     return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
 
-async def decisions_root(request: Request) -> Response:
-    """``POST /v1/decisions`` submits; ``GET /v1/decisions`` lists (service/operations.py)."""
-    if request.method == "POST":
-        return await post_decision(request)
-    return await list_decisions(request)
-
-
 async def _attention(service: Service) -> Attention:
     """What the status page's "needs attention" shows (one indexed query, a count)."""
     failures = [item for item in service.recent if item.fate in ATTENTION_FATES][:20]
@@ -679,8 +672,8 @@ def routes() -> list[Route]:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         *operation_routes(),
-        # One route for both methods, so a 405 there lists both in `Allow`.
-        Route("/v1/decisions", decisions_root, methods=["GET", "POST"]),
+        Route("/v1/decisions", post_decision, methods=["POST"]),
+        Route("/v1/decisions", list_decisions, methods=["GET"]),
         Route("/v1/decisions/{decision_id:path}", get_decision, methods=["GET"]),
         Route("/v1/outbox", get_outbox, methods=["GET"]),
     ]

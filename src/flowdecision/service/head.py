@@ -34,6 +34,7 @@ class RequestHead:
         "content_type",
         "declared",
         "expect",
+        "has_body",
         "host",
         "hosts",
         "lengths",
@@ -97,8 +98,5 @@ class RequestHead:
         self.access_control_request = preflight
         #: A header carrying trace context came.
         self.traced = traced
-
-    @property
-    def has_body(self) -> bool:
-        """Whether the request has a body (chunked, or a ``Content-Length`` other than 0)."""
-        return self.chunked or (self.declared is not None and self.declared.strip() != b"0")
+        #: The request has a body (chunked, or a ``Content-Length`` other than 0).
+        self.has_body = chunked or (declared is not None and declared.strip() != b"0")

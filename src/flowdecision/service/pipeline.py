@@ -91,7 +91,7 @@ class Pipeline:
         request_id = request_id_for(head.request_id)
         token = request_id_var.set(request_id)
         found = self.router.find(scope["path"])
-        template = UNMATCHED if found is None else found.route.path
+        template = UNMATCHED if found is None else found.routes.path
         server_span = (
             start_server_span(
                 scope, request_id, None if found is None else template, extract=head.traced
@@ -104,7 +104,16 @@ class Pipeline:
             response = self._refusal(scope, head, found, answer)
             if response is None:
                 assert found is not None
-                response = await self._endpoint(scope, answer, found)
+                scope["app"] = self
+                scope["path_params"] = found.params
+                # While a body is unread the endpoint reads it through the answer, which
+                # then knows whether the connection can carry another request.
+                request = Request(scope, answer.receive if answer.body_pending else receive)
+                try:
+                    response = await found.routes.endpoints[scope["method"]](request)
+                except HTTPException as error:
+                    headers = dict(error.headers) if error.headers else None
+                    response = http_error(error.status_code, error.detail, headers=headers)
             await answer.respond(response, scope)
         except (asyncio.CancelledError, Exception) as error:
             await answer.end_abnormally(error, scope)
@@ -138,20 +147,10 @@ class Pipeline:
             query = scope.get("query_string", b"")
             location = moved + ("?" + query.decode("latin-1") if query else "")
             return Response(status_code=307, headers={"location": location})
-        route = found.route
-        if method not in route.methods:
-            return http_error(405, "", headers={"Allow": route.allow})
+        routes = found.routes
+        if method not in routes.endpoints:
+            return http_error(405, "", headers={"Allow": routes.allow})
         return content_type_refusal(method, head)
-
-    async def _endpoint(self, scope: Scope, answer: Answer, found: RouteMatch) -> Response:
-        scope["app"] = self
-        scope["path_params"] = found.params
-        request = Request(scope, answer.reader())
-        try:
-            return await found.route.endpoint(request)
-        except HTTPException as error:
-            headers = dict(error.headers) if error.headers else None
-            return http_error(error.status_code, error.detail, headers=headers)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         """The ASGI lifespan protocol around the ``lifespan`` context manager."""

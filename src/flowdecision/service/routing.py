@@ -3,9 +3,11 @@
 A route is declared as ``Route("/v1/decisions/{decision_id:path}", endpoint,
 methods=["GET"])``: ``{name}`` takes one path segment, ``{name:path}`` the
 rest of the path (slashes included). A route taking ``GET`` also takes
-``HEAD``. :class:`Router` finds a route by a dictionary lookup on the path, or
-for a route with parameters by its pattern, in the order the routes were
-given (the first whose path matches decides).
+``HEAD``. Several routes may share a path, each for its own methods (one
+endpoint per method: no endpoint dispatches on the method itself).
+:class:`Router` finds a path's routes by a dictionary lookup on the path, or
+for a path with parameters by its pattern, in the order the paths were first
+given (the first whose template matches decides).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-__all__ = ["Endpoint", "Route", "RouteMatch", "Router"]
+__all__ = ["Endpoint", "PathRoutes", "Route", "RouteMatch", "Router"]
 
 #: An endpoint: a Starlette request in, a Starlette response out.
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -50,27 +52,44 @@ class Route:
     path: str
     endpoint: Endpoint
     methods: frozenset[str]
-    #: ``methods`` as the ``Allow`` header of a 405 lists them (sorted).
-    allow: str
-    pattern: re.Pattern[str] | None = field(repr=False)
 
     def __init__(self, path: str, endpoint: Endpoint, *, methods: Iterable[str]) -> None:
         if not path.startswith("/"):
             raise ValueError(f"route path `{path}` must start with `/`")
+        _compile(path)  # a malformed template fails here, where the route is declared
         taken = {method.upper() for method in methods}
         if not taken:
             raise ValueError(f"route `{path}` takes no method")
         if "GET" in taken:
             taken.add("HEAD")
-        pattern, _ = _compile(path)
         object.__setattr__(self, "path", path)
         object.__setattr__(self, "endpoint", endpoint)
         object.__setattr__(self, "methods", frozenset(taken))
-        object.__setattr__(self, "allow", ", ".join(sorted(taken)))
-        object.__setattr__(self, "pattern", pattern)
+
+
+@dataclass(frozen=True, slots=True)
+class PathRoutes:
+    """Every route of one path template: its endpoint per method."""
+
+    path: str
+    endpoints: dict[str, Endpoint]
+    #: The methods as the ``Allow`` header of a 405 lists them (sorted).
+    allow: str
+    pattern: re.Pattern[str] | None = field(repr=False)
+
+    @classmethod
+    def of(cls, routes: Sequence[Route]) -> PathRoutes:
+        endpoints: dict[str, Endpoint] = {}
+        for route in routes:
+            for method in sorted(route.methods):
+                if method in endpoints:
+                    raise ValueError(f"two routes take {method} {route.path}")
+                endpoints[method] = route.endpoint
+        path = routes[0].path
+        return cls(path, endpoints, ", ".join(sorted(endpoints)), _compile(path)[0])
 
     def match(self, path: str) -> dict[str, Any] | None:
-        """The path parameters when ``path`` is this route's, else None."""
+        """The path parameters when ``path`` is this template's, else None."""
         if self.pattern is None:
             return {} if path == self.path else None
         found = self.pattern.match(path)
@@ -79,40 +98,39 @@ class Route:
 
 @dataclass(frozen=True, slots=True)
 class RouteMatch:
-    """The route a path found, and its parameters."""
+    """The routes a path found, and its parameters."""
 
-    route: Route
+    routes: PathRoutes
     params: dict[str, Any]
 
 
 class Router:
-    """Finds the route of a path: by dictionary on plain paths, by pattern otherwise."""
+    """Finds the routes of a path: by dictionary on plain paths, by pattern otherwise."""
 
     def __init__(self, routes: Sequence[Route]) -> None:
-        self.routes = tuple(routes)
-        #: Plain path -> its route, unless an earlier patterned route takes that path.
+        grouped: dict[str, list[Route]] = {}
+        for route in routes:
+            grouped.setdefault(route.path, []).append(route)
+        self.paths = tuple(PathRoutes.of(same) for same in grouped.values())
+        #: Plain path -> its routes, unless an earlier template takes that path.
         self._exact: dict[str, RouteMatch] = {}
-        #: Every route in order: the paths the dictionary does not answer.
-        self._ordered: list[Route] = []
-        for index, route in enumerate(self.routes):
+        for index, entry in enumerate(self.paths):
             shadowed = any(
-                earlier.pattern is not None and earlier.match(route.path) is not None
-                for earlier in self.routes[:index]
+                earlier.pattern is not None and earlier.match(entry.path) is not None
+                for earlier in self.paths[:index]
             )
-            if route.pattern is None and not shadowed:
-                self._exact.setdefault(route.path, RouteMatch(route, {}))
-            self._ordered.append(route)
-        self.paths = frozenset(route.path for route in self.routes)
+            if entry.pattern is None and not shadowed:
+                self._exact[entry.path] = RouteMatch(entry, {})
 
     def find(self, path: str) -> RouteMatch | None:
-        """The first route whose path template matches ``path``."""
+        """The routes of the first template that matches ``path``."""
         found = self._exact.get(path)
         if found is not None:
             return found
-        for route in self._ordered:
-            params = route.match(path)
+        for entry in self.paths:
+            params = entry.match(path)
             if params is not None:
-                return RouteMatch(route, params)
+                return RouteMatch(entry, params)
         return None
 
     def redirect(self, path: str) -> str | None:
