@@ -63,7 +63,7 @@ class Auth:
         self.public = public
         self.admin_tokens = tuple(admin_tokens)
         self.admin_may = admin_may
-        #: Without any token every request passes: nothing to check.
+        #: Without any token every request passes: nothing to ask.
         self.enabled = bool(self.tokens or self.admin_tokens)
 
     def refusal(self, method: str, path: str, authorization: bytes | None) -> Response | None:

@@ -77,15 +77,10 @@ class Pipeline:
         self.state = state if state is not None else SimpleNamespace()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "http":
-            await self._http(scope, receive, send)
-        elif kind == "lifespan":
-            await self._lifespan(receive, send)
-        else:  # a websocket: none is served
-            await send({"type": "websocket.close", "code": 1000})
-
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._other(scope, receive, send)
+            return
+        # One function for the whole request: each frame here is resumed at every await.
         started = time.perf_counter()
         head = RequestHead(scope["headers"])
         request_id = request_id_for(head.request_id)
@@ -137,9 +132,10 @@ class Pipeline:
                 return Response(status_code=204)
         method = scope["method"]
         path = scope["path"]
-        refusal = self.auth.refusal(method, path, head.authorization)
-        if refusal is not None:
-            return refusal
+        if self.auth.enabled:
+            refusal = self.auth.refusal(method, path, head.authorization)
+            if refusal is not None:
+                return refusal
         if found is None:
             moved = self.router.redirect(path)
             if moved is None:
@@ -151,6 +147,12 @@ class Pipeline:
         if method not in routes.endpoints:
             return http_error(405, "", headers={"Allow": routes.allow})
         return content_type_refusal(method, head)
+
+    async def _other(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        else:  # a websocket: none is served
+            await send({"type": "websocket.close", "code": 1000})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         """The ASGI lifespan protocol around the ``lifespan`` context manager."""
