@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 LANES = [
     ("client", ""),
     ("edge + uvicorn", "service/server.py\nservice/edge/"),
-    ("ASGI stack", "service/front.py (plain POST)\nlean.py: boundary, guards, auth"),
+    ("pipeline", "service/pipeline.py: head, rules\n(guards, auth), route, answer"),
     ("handler", "service/handlers.py\nservice/runtime.py"),
     ("dispatcher", "dispatcher.py"),
     ("outbox sink", "sinks/outbox.py"),
@@ -32,8 +32,8 @@ ON_THREAD = {10, 11, 12, 13, 14}
 #: (from, to, label); a self-step when from == to.
 STEPS = [
     ("client", "edge + uvicorn", "POST /v1/decisions"),
-    ("edge + uvicorn", "ASGI stack", "parsed request (timeouts, cap)"),
-    ("ASGI stack", "handler", "request id, Host/Origin, token, route"),
+    ("edge + uvicorn", "pipeline", "parsed request (timeouts, cap)"),
+    ("pipeline", "handler", "request id, Host/Origin, token, route"),
     ("handler", "handler", "read body, DecisionRequest.parse, size"),
     ("handler", "dispatcher", "await dispatch (its task tracked)"),
     ("dispatcher", "dispatcher", "branch, ids, hash, receipt, id gate"),
@@ -47,8 +47,8 @@ STEPS = [
     ("ledger thread", "SQLite file", "COMMIT (synchronous=FULL: durable)"),
     ("ledger thread", "dispatcher", "call_soon_threadsafe(settle): JointOutcome"),
     ("dispatcher", "handler", "DispatchOutcome"),
-    ("handler", "ASGI stack", "201: outcome.to_json() (to_dict()'s bytes)"),
-    ("ASGI stack", "edge + uvicorn", "access log line"),
+    ("handler", "pipeline", "201: outcome.to_json() (to_dict()'s bytes)"),
+    ("pipeline", "edge + uvicorn", "access log line"),
     ("edge + uvicorn", "client", "one send (coalesced)"),
 ]
 
