@@ -40,6 +40,7 @@ from .errors import (
     response_for_error,
     static_error,
 )
+from .head import RequestHead
 from .inputs import (
     BadParamError,
     bad_param,
@@ -195,22 +196,12 @@ def _wait_preference(values: list[str]) -> int | None:
 async def post_decision(request: Request) -> Response:
     """Submit a decision: 201 submitted, 200 duplicate, or an error from the table."""
     context, service = _context(request)
-    # One pass over the headers for the two this handler reads.
-    declared = None
-    prefer: list[str] | None = None
-    for name, value in request.scope["headers"]:
-        if name == b"content-length":
-            if declared is None:
-                declared = value
-        elif name == b"prefer":
-            if prefer is None:
-                prefer = []
-            prefer.append(value.decode("latin-1"))
+    head = RequestHead.of(request.scope)
     started = time.perf_counter()
-    decision, _read = await read_decision(context, service, request.receive, declared)
+    decision = await read_decision(context, service, request.receive, head.declared)
     if isinstance(decision, Response):
         return decision
-    return await answer_post(context, service, decision, prefer, started)
+    return await answer_post(context, service, decision, head.prefer, started)
 
 
 #: A POST body longer than this (or of unknown length) is costly: it waits for the
@@ -258,9 +249,8 @@ def _costly_length(declared: bytes | None) -> bool:
 
 async def read_decision(
     context: AppContext, service: Service, receive: Receive, declared: bytes | None
-) -> tuple[DecisionRequest | Response, bool]:
-    """The decision a ``POST`` carries, or the answer refusing it; and whether its body
-    was read whole (a 413 on ``Content-Length`` or while reading is sent before).
+) -> DecisionRequest | Response:
+    """The decision a ``POST`` carries, or the answer refusing it.
 
     A costly body (over :data:`LANE_BODY_BYTES` or of unknown length; or, once
     read, holding over :data:`LANE_BODY_ITEMS` items) is read, counted and
@@ -270,15 +260,15 @@ async def read_decision(
         async with context.lane.turn():
             body = await read_post_body(context, receive, declared)
             if isinstance(body, Response):
-                return body, False
-            return _parse_post(context, service, body), True
+                return body
+            return _parse_post(context, service, body)
     body = await read_post_body(context, receive, declared)
     if isinstance(body, Response):
-        return body, False
+        return body
     if len(body) > LANE_BODY_ITEMS and _rough_items(body) > LANE_BODY_ITEMS:
         async with context.lane.turn():
-            return _parse_post(context, service, body), True
-    return _parse_post(context, service, body), True
+            return _parse_post(context, service, body)
+    return _parse_post(context, service, body)
 
 
 def _rough_items(body: bytes) -> int:
@@ -323,11 +313,7 @@ async def answer_post(
 ) -> Response:
     """``POST /v1/decisions`` once its decision is read (:func:`read_decision`):
     ``prefer`` holds every ``Prefer`` value (None without one), ``started`` is when
-    the request began (``perf_counter``).
-
-    The one body of the endpoint, for :func:`post_decision` and for the front
-    (:mod:`.front`).
-    """
+    the request began (``perf_counter``)."""
     wait_s = None if prefer is None else _wait_preference(prefer)
     size = len(decision.decision_json())
     if size > RESULT_RECEIPT_MAX_BYTES:

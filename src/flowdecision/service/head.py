@@ -7,11 +7,15 @@ span take what they need from it, so no rule walks the headers again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
+from typing import Any, cast
 
 from .. import tracing as _tracing
 
 __all__ = ["RequestHead"]
+
+#: Where the pipeline keeps a request's head in its ASGI scope, for the endpoint.
+_SCOPE_KEY = "flowdecision.head"
 
 #: Headers that carry trace context: a parent is only looked for when one came.
 _TRACE_HEADERS = frozenset(_tracing.CONTEXT_HEADERS)
@@ -100,3 +104,11 @@ class RequestHead:
         self.traced = traced
         #: The request has a body (chunked, or a ``Content-Length`` other than 0).
         self.has_body = chunked or (declared is not None and declared.strip() != b"0")
+
+    @classmethod
+    def of(cls, scope: MutableMapping[str, Any]) -> RequestHead:
+        """The head of the request ``scope`` describes: read once, then kept in the scope."""
+        head = scope.get(_SCOPE_KEY)
+        if head is None:
+            head = scope[_SCOPE_KEY] = cls(scope["headers"])
+        return cast(RequestHead, head)

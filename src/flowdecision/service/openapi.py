@@ -219,6 +219,67 @@ def _header(description: str, schema: dict[str, Any], required: bool = False) ->
     return {"description": description, "required": required, "schema": schema}
 
 
+def _action(
+    operation_id: str,
+    summary: str,
+    description: str,
+    body: dict[str, Any],
+    answer: dict[str, Any],
+    *,
+    missing: Iterable[str] = ("not_found",),
+    store: Iterable[str] = (),
+) -> dict[str, Any]:
+    """An operator action: a ``POST`` with an admin token and a JSON body, ``answer``
+    its 200; ``missing`` its 404 codes, ``store`` its store's failures."""
+    return {
+        "post": {
+            "operationId": operation_id,
+            "summary": summary,
+            "description": description,
+            "security": [{"bearerAuth": []}],
+            "parameters": [{"$ref": "#/components/parameters/X-Request-Id"}],
+            "requestBody": {"required": True, "content": {_JSON: {"schema": body}}},
+            "responses": _responses(
+                [
+                    *_common(True),
+                    "admin_disabled",
+                    "forbidden",
+                    *missing,
+                    "payload_too_large",
+                    "action_refused",
+                    "invalid_action",
+                    "unsupported_media_type",
+                    *store,
+                ],
+                {"200": answer},
+            ),
+        }
+    }
+
+
+def _text_page(
+    operation_id: str,
+    summary: str,
+    media_type: str,
+    answer: str,
+    *,
+    description: str | None = None,
+    headers: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A ``GET`` for a submit token answering text (metrics, the status page)."""
+    success: dict[str, Any] = {"description": answer}
+    if headers is not None:
+        success["headers"] = headers
+    success["content"] = {media_type: {"schema": {"type": "string"}}}
+    operation: dict[str, Any] = {"operationId": operation_id, "summary": summary}
+    if description is not None:
+        operation["description"] = description
+    operation["security"] = _AUTH
+    operation["parameters"] = [{"$ref": "#/components/parameters/X-Request-Id"}]
+    operation["responses"] = _responses(_common(True, submit_only=True), {"200": success})
+    return {"get": operation}
+
+
 def _responses(
     codes: Iterable[str],
     success: dict[str, dict[str, Any]],
@@ -410,74 +471,57 @@ def _operation_paths(schemas: _Schemas, paths: dict[str, Any]) -> None:
             audit,
         )
     }
-    for name, summary in (
-        ("release", "Release a pending claim, fenced: the old owner can never complete"),
-        ("forget", "Forget a completed decision or tombstone, so its id can be used again"),
-    ):
-        paths[f"/v1/actions/{name}"] = {
-            "post": {
-                "operationId": f"{name}Decision",
-                "summary": summary,
-                "description": "Needs an admin token (never the submit token): 401 without "
-                "one, 403 `forbidden` with another, 403 `admin_disabled` on a service that "
-                "has none. Written to the audit trail in the action's transaction. The "
-                "body is at most 64 KiB (and `max_body_bytes`): 413 above it, before it is "
-                "read whole; a field given twice is a 422.",
-                "security": [{"bearerAuth": []}],
-                "parameters": [{"$ref": "#/components/parameters/X-Request-Id"}],
-                "requestBody": {"required": True, "content": {_JSON: {"schema": action}}},
-                "responses": _responses(
-                    [
-                        *_common(True),
-                        "admin_disabled",
-                        "forbidden",
-                        "not_found",
-                        "payload_too_large",
-                        "action_refused",
-                        "invalid_action",
-                        "unsupported_media_type",
-                        *ledger_codes,
-                    ],
-                    {"200": _json_answer("The audit entry written.", entry)},
-                ),
-            }
-        }
-    outbox_entry = schemas.of(bodies.OutboxAuditEntryBody)
-    outbox_action = schemas.of(bodies.OutboxActionBody)
+    on_ledger: dict[str, Any] = {
+        "description": "Needs an admin token (never the submit token): 401 without one, 403 "
+        "`forbidden` with another, 403 `admin_disabled` on a service that has none. Written "
+        "to the audit trail in the action's transaction. The body is at most 64 KiB (and "
+        "`max_body_bytes`): 413 above it, before it is read whole; a field given twice is a "
+        "422.",
+        "body": action,
+        "answer": _json_answer("The audit entry written.", entry),
+        "store": ledger_codes,
+    }
     outbox_codes = _codes_of(OutboxError)
-    for name, summary in (
-        ("retry", "Deliver a parked outbox row again, next in its run"),
-        ("skip", "Drop a parked outbox row: its run goes on with its next row"),
+    on_outbox: dict[str, Any] = {
+        "description": "A relay parks a row its sink refused for good, and holds its run's "
+        'later rows behind it (docs/OPERATIONS.md, "Parked rows"). Needs an admin token, as '
+        "the other actions; refused (409 `action_refused`) unless the row is parked, 404 "
+        "when the relay parked no row of that decision. Written to the outbox's audit trail "
+        "in the action's transaction.",
+        "body": schemas.of(bodies.OutboxActionBody),
+        "answer": _json_answer(
+            "The outbox audit entry written.", schemas.of(bodies.OutboxAuditEntryBody)
+        ),
+        "missing": ("not_found", "no_outbox"),
+        "store": outbox_codes,
+    }
+    for name, operation_id, summary, kind in (
+        (
+            "release",
+            "releaseDecision",
+            "Release a pending claim, fenced: the old owner can never complete",
+            on_ledger,
+        ),
+        (
+            "forget",
+            "forgetDecision",
+            "Forget a completed decision or tombstone, so its id can be used again",
+            on_ledger,
+        ),
+        (
+            "outbox-retry",
+            "retryParkedRow",
+            "Deliver a parked outbox row again, next in its run",
+            on_outbox,
+        ),
+        (
+            "outbox-skip",
+            "skipParkedRow",
+            "Drop a parked outbox row: its run goes on with its next row",
+            on_outbox,
+        ),
     ):
-        paths[f"/v1/actions/outbox-{name}"] = {
-            "post": {
-                "operationId": f"{name}ParkedRow",
-                "summary": summary,
-                "description": "A relay parks a row its sink refused for good, and holds its "
-                'run\'s later rows behind it (docs/OPERATIONS.md, "Parked rows"). Needs an '
-                "admin token, as the other actions; refused (409 `action_refused`) unless the "
-                "row is parked, 404 when the relay parked no row of that decision. Written "
-                "to the outbox's audit trail in the action's transaction.",
-                "security": [{"bearerAuth": []}],
-                "parameters": [{"$ref": "#/components/parameters/X-Request-Id"}],
-                "requestBody": {"required": True, "content": {_JSON: {"schema": outbox_action}}},
-                "responses": _responses(
-                    [
-                        *_common(True),
-                        "admin_disabled",
-                        "forbidden",
-                        "not_found",
-                        "no_outbox",
-                        "payload_too_large",
-                        "action_refused",
-                        "invalid_action",
-                        "unsupported_media_type",
-                        *outbox_codes,
-                    ],
-                    {"200": _json_answer("The outbox audit entry written.", outbox_entry)},
-                ),
-            }
-        }
+        paths[f"/v1/actions/{name}"] = _action(operation_id, summary, **kind)
     paths["/v1/outbox/parked"] = {
         "get": {
             "operationId": "listParkedRows",
@@ -691,44 +735,17 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                 ),
             }
         },
-        "/metrics": {
-            "get": {
-                "operationId": "getMetrics",
-                "summary": "Prometheus exposition",
-                "security": _AUTH,
-                "parameters": [{"$ref": "#/components/parameters/X-Request-Id"}],
-                "responses": _responses(
-                    _common(True, submit_only=True),
-                    {
-                        "200": {
-                            "description": "Prometheus text format.",
-                            "content": {"text/plain": {"schema": {"type": "string"}}},
-                        }
-                    },
-                ),
-            }
-        },
-        "/": {
-            "get": {
-                "operationId": "getStatusPage",
-                "summary": "The HTML status page",
-                "description": "Basic auth works too: any user name, the token as password.",
-                "security": _AUTH,
-                "parameters": [{"$ref": "#/components/parameters/X-Request-Id"}],
-                "responses": _responses(
-                    _common(True, submit_only=True),
-                    {
-                        "200": {
-                            "description": "The status page.",
-                            "headers": {
-                                "Cache-Control": _header("`no-store`", {"const": "no-store"}, True)
-                            },
-                            "content": {"text/html": {"schema": {"type": "string"}}},
-                        }
-                    },
-                ),
-            }
-        },
+        "/metrics": _text_page(
+            "getMetrics", "Prometheus exposition", "text/plain", "Prometheus text format."
+        ),
+        "/": _text_page(
+            "getStatusPage",
+            "The HTML status page",
+            "text/html",
+            "The status page.",
+            description="Basic auth works too: any user name, the token as password.",
+            headers={"Cache-Control": _header("`no-store`", {"const": "no-store"}, True)},
+        ),
         OPENAPI_PATH: {
             "get": {
                 "operationId": "getOpenApi",

@@ -82,7 +82,7 @@ class Pipeline:
             return
         # One function for the whole request: each frame here is resumed at every await.
         started = time.perf_counter()
-        head = RequestHead(scope["headers"])
+        head = RequestHead.of(scope)
         request_id = request_id_for(head.request_id)
         token = request_id_var.set(request_id)
         found = self.router.find(scope["path"])

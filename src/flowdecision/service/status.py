@@ -92,8 +92,9 @@ def _section(heading: str, section_id: str, error: str | None, failure: str) -> 
 def _attention_html(attention: Attention | None) -> str:
     if attention is None:
         return ""
-    failure = "The ledger could not be queried"
-    parts = _section("Needs attention", "attention", attention.error, failure)
+    parts = _section(
+        "Needs attention", "attention", attention.error, "The ledger could not be queried"
+    )
     if attention.error is None and attention.expired:
         rows = "".join(
             f"<tr><td><code>{escape(shown_text(row.decision_id))}</code></td>"
@@ -230,8 +231,12 @@ def _finder_html(finder: Finder | None) -> str:
 def _actions_html(actions: RecentActions | None) -> str:
     if actions is None:
         return ""
-    failure = "The audit trail could not be read"
-    parts = _section("Operator actions (last 24 hours)", "actions", actions.error, failure)
+    parts = _section(
+        "Operator actions (last 24 hours)",
+        "actions",
+        actions.error,
+        "The audit trail could not be read",
+    )
     if actions.error is None and actions.entries:
         rows = [
             [
