@@ -43,6 +43,9 @@ __all__ = [
     "ParkedPageBody",
     "ParkedRowBody",
     "ReceiptBody",
+    "RunClosedDetails",
+    "RunPageBody",
+    "RunStateBody",
     "Schema",
     "TooLargeDetails",
     "ValuesLimitDetails",
@@ -208,6 +211,39 @@ class DecisionPageBody(TypedDict):
     decisions: list[DecisionRowBody]
     next_cursor: str | None
     count: NotRequired[NonNegative]
+
+
+class RunStateBody(TypedDict):
+    """A run's state under the run invariants (``GET /v1/runs/{run_id}``'s ``run``).
+
+    ``open``: no terminal decision yet. ``closing``: a ``complete`` or ``fail``
+    decision (``terminal_decision_id``) is claimed but not yet completed; another
+    terminal decision is refused. ``closed``: it completed at ``closed_at_ms``;
+    every new decision of the run is refused (``409 run_closed``).
+    """
+
+    run_id: str
+    state: Literal["open", "closing", "closed"]
+    terminal_decision_id: str | None
+    terminal_kind: Literal["complete", "fail"] | None
+    closed_by: str | None
+    closed_at_ms: NonNegative | None
+
+
+class RunPageBody(DecisionPageBody):
+    """``GET /v1/runs/{run_id}``: the run's state and a keyset page of its decisions."""
+
+    run: RunStateBody
+
+
+class RunClosedDetails(TypedDict):
+    """``run_closed``: the run, its state and the decision that closed it (or is closing it)."""
+
+    decision_id: str
+    run_id: str
+    run_state: Literal["closing", "closed"]
+    closed_by: str
+    closed_at_ms: NonNegative | None
 
 
 class AuditEntryBody(TypedDict):

@@ -44,6 +44,7 @@ from .errors import (
     InvalidIdentityError,
     LeaseLostError,
     LedgerError,
+    RunClosedError,
     SinkConflictError,
     SinkContentConflictError,
     SinkError,
@@ -56,13 +57,20 @@ from .jsonwire import quote_str
 from .ledger.machine import DecisionOrigin
 from .ledger.memory import MemoryLedger
 from .ledger.protocol import ClaimKey, Ledger
-from .ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict
+from .ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict, RunClosed
 from .limits import check_identifier, check_identifiers
-from .model import DecisionRequest, request_hash
+from .model import Complete, DecisionRequest, Fail, request_hash
 from .outage import Outage
 from .sinks.base import JointSink, Sink, check_sink, is_joint
 
-__all__ = ["DEFAULT_LEASE_MS", "ERROR_CLASSES", "DispatchOutcome", "Dispatcher", "ErrorClass"]
+__all__ = [
+    "DEFAULT_LEASE_MS",
+    "ERROR_CLASSES",
+    "DispatchOutcome",
+    "Dispatcher",
+    "ErrorClass",
+    "decision_origin",
+]
 
 #: The default lease (``flowdecision.defaults.LEASE_MS``).
 DEFAULT_LEASE_MS = LEASE_MS
@@ -150,6 +158,8 @@ class ErrorClass:
 ERROR_CLASSES: dict[str, ErrorClass] = {
     "busy": ErrorClass("busy", failure=False, retryable=True),
     "conflict": ErrorClass("conflicts", failure=False),
+    # The run is over: the request is refused, like a forked branch's.
+    "run_closed": ErrorClass("rejected", failure=False),
     "forbidden_branch": ErrorClass("rejected", failure=False),
     "invalid_request": ErrorClass("rejected", failure=False),
     "invalid_identifier": ErrorClass("rejected", failure=False),
@@ -187,7 +197,17 @@ RETRY_MAX_S = 1.0
 #: Dispatch errors that mean the ledger's store is down (unreachable, or its disk full).
 _OUTAGES = frozenset({DispatchLedgerError, DispatchStoreFullError})
 #: Refusals that mean the ledger answered (so it is reachable again).
-_LEDGER_ANSWERS = frozenset({DecisionBusyError, DecisionConflictError})
+_LEDGER_ANSWERS = frozenset({DecisionBusyError, DecisionConflictError, RunClosedError})
+#: The decision types that end a run (``DecisionOrigin.terminal``), by class.
+_TERMINAL = {Complete: "complete", Fail: "fail"}
+
+
+def decision_origin(request: DecisionRequest) -> DecisionOrigin:
+    """Where ``request`` comes from, as the ledger keeps it: run, causing event and,
+    for a ``complete`` or ``fail``, that it ends its run (the run invariants)."""
+    return DecisionOrigin(
+        request.run_id, request.causation_event_id, _TERMINAL.get(type(request.decision))
+    )
 
 
 def _store_name(ledger: object) -> str:
@@ -357,6 +377,8 @@ class Dispatcher:
         self._gates: dict[str, _Waiters] = {}
         #: The joint path: the sink writes inside the ledger's transaction (one store).
         self.joint = is_joint(self.sink, self.ledger)
+        #: Whether the ledger keeps the run invariants (then completions name their run).
+        self._run_invariants = bool(getattr(self.ledger, "run_invariants", False))
         #: Tracing: the span's ``ledger.backend`` and ``sink.kind`` (set at the first span).
         self._span_labels: tuple[str, str] | None = None
 
@@ -585,6 +607,10 @@ class Dispatcher:
         step = _tracing.span if traced else _untraced
         decision_id = request.decision_id
         ledger = self.ledger
+        origin = decision_origin(request)
+        # Only a ledger keeping the run invariants takes the origin at completion
+        # (the terminal decision's closes its run); older wrappers never see it.
+        closing: dict[str, Any] = {"origin": origin} if self._run_invariants else {}
         try:
             with step("flowdecision.claim"):
                 outcome = await ledger.claim(
@@ -593,7 +619,7 @@ class Dispatcher:
                     self.owner_id,
                     lease_ms=self.lease_ms,
                     identity=identity,
-                    origin=DecisionOrigin(request.run_id, request.causation_event_id),
+                    origin=origin,
                 )
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
@@ -613,6 +639,7 @@ class Dispatcher:
                     identity=identity,
                     receipt=receipt,
                     traceparent=trace,
+                    **closing,
                 )
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
@@ -649,7 +676,7 @@ class Dispatcher:
                 receipt=receipt,
                 write=write,
                 traceparent=trace,
-                origin=DecisionOrigin(request.run_id, request.causation_event_id),
+                origin=decision_origin(request),
             )
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
@@ -684,6 +711,15 @@ class Dispatcher:
             return await self._duplicate(decision_id, outcome)
         if isinstance(outcome, Busy):
             raise DecisionBusyError(outcome.lease_expires_at_ms)
+        if isinstance(outcome, RunClosed):
+            run = outcome.run
+            raise RunClosedError(
+                decision_id,
+                run.run_id,
+                run.status.value,
+                run.terminal_decision_id or "",
+                run.closed_at_ms,
+            )
         assert isinstance(outcome, Conflict), outcome
         raise DecisionConflictError(decision_id)
 

@@ -58,6 +58,7 @@ __all__ = [
     "RestateSinkError",
     "ResultReceiptError",
     "RetryPolicyError",
+    "RunClosedError",
     "SinkConfigError",
     "SinkConflictError",
     "SinkContentConflictError",
@@ -223,6 +224,40 @@ class DecisionBusyError(DispatchError, code="busy"):
             f"Flow decision is owned by another dispatcher until {lease_expires_at_ms}"
         )
         self.lease_expires_at_ms = lease_expires_at_ms
+
+
+class RunClosedError(DispatchError, code="run_closed"):
+    """The decision's run takes no new decision (run invariants, docs/PROTOCOL.md "Runs").
+
+    The run is ``closed`` (its terminal decision ``closed_by`` completed at
+    ``closed_at_ms``), or, for a ``complete``/``fail`` decision, ``closing``:
+    another terminal decision (``closed_by``) is claimed. Nothing was stored.
+    """
+
+    def __init__(
+        self,
+        decision_id: str,
+        run_id: str,
+        run_state: str,
+        closed_by: str,
+        closed_at_ms: int | None = None,
+    ) -> None:
+        if run_state == "closed":
+            why = f"is closed: decision `{closed_by}` closed it at {closed_at_ms}"
+        else:
+            why = f"already has its terminal decision `{closed_by}` (not yet completed)"
+        super().__init__(f"Flow decision `{decision_id}` refused: run `{run_id}` {why}")
+        self.decision_id = decision_id
+        self.run_id = run_id
+        self.run_state = run_state
+        self.closed_by = closed_by
+        self.closed_at_ms = closed_at_ms
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            type(self),
+            (self.decision_id, self.run_id, self.run_state, self.closed_by, self.closed_at_ms),
+        )
 
 
 class LeaseLostError(DispatchError, code="lease_lost"):

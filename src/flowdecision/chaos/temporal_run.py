@@ -32,8 +32,9 @@ EFFECTS_QUERY = "chaos.effects"
 
 @workflow.defn(name=CHAOS_WORKFLOW)
 class ChaosRun(DecisionRunWorkflow):
-    """Records each decision it applies; every chaos decision is a ``complete``, so
-    the run stays open (``ends_run = False``) to take all of them."""
+    """Records each decision it applies; the run stays open (``ends_run = False``)
+    whatever it is given (every chaos decision is a ``schedule_step`` now; they
+    were ``complete`` decisions before the run invariants)."""
 
     ends_run = False
 

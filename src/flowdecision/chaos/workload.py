@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ..model import Complete, DecisionRequest
+from ..model import DecisionRequest, DecisionStep, ScheduleStep
 from .config import BRANCH, ChaosConfig
 
 __all__ = ["decision_id", "make_plans", "make_request"]
@@ -17,7 +17,11 @@ def decision_id(cfg: ChaosConfig, index: int) -> str:
 
 
 def make_request(cfg: ChaosConfig, index: int, variant: int) -> DecisionRequest:
-    """Variant 0 is the decision; variant 1 reuses its id with different content."""
+    """Variant 0 is the decision; variant 1 reuses its id with different content.
+
+    Every decision is a ``schedule_step`` of the one run: a run takes any number
+    of those, and at most one ``complete`` (the run invariants).
+    """
     output: dict[str, Any] = {"index": index}
     if variant:
         output["reused"] = True
@@ -26,7 +30,7 @@ def make_request(cfg: ChaosConfig, index: int, variant: int) -> DecisionRequest:
         run_id=f"chaos-run-{cfg.run_id}",
         authority_branch_id=BRANCH,
         causation_event_id=f"chaos-event-{index}",
-        decision=Complete(output=output),
+        decision=ScheduleStep(DecisionStep(f"step-{index}", "chaos", output)),
     )
 
 

@@ -25,6 +25,8 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_STORE_MISSING = 4
+#: `submit`: the service refused a decision because its run is closed (409 run_closed).
+EXIT_RUN_CLOSED = 6
 
 #: Set to show the traceback of an unexpected error instead of one line.
 DEBUG_ENV = "FLOWDECISION_DEBUG"

@@ -8,6 +8,7 @@ prints how many decisions it would touch and does nothing without ``--yes``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import getpass
 import socket
@@ -27,7 +28,7 @@ from ..ledger.query import (
     DecisionRow,
     TimeField,
 )
-from ..ledger.states import AuditEntry, DecisionState
+from ..ledger.states import AuditEntry, DecisionState, RunState, RunStatus
 from ..redact import printable
 from .common import (
     EXIT_NOT_FOUND,
@@ -131,6 +132,18 @@ def _query(
         raise click.UsageError(str(error)) from None
 
 
+def describe_run(run_state: RunState) -> str:
+    """One line for a run's state: ``run R: closed by D (complete) at MS``."""
+    name = printable(run_state.run_id)
+    terminal = printable(run_state.terminal_decision_id or "")
+    kind = run_state.terminal_kind
+    if run_state.status is RunStatus.CLOSED:
+        return f"run {name}: closed by {terminal} ({kind}) at {run_state.closed_at_ms}"
+    if run_state.status is RunStatus.CLOSING:
+        return f"run {name}: closing: {terminal} ({kind}) claimed, not yet completed"
+    return f"run {name}: open"
+
+
 def _rows_table(rows: tuple[DecisionRow, ...]) -> str:
     def when(row: DecisionRow) -> object:
         if row.lease_expires_at_ms is not None:
@@ -182,27 +195,32 @@ def list_cmd(
 
     A run's decisions come in the order they were first claimed; with ``--by
     completed``, completed and tombstoned decisions in the order they completed.
-    The last line names the cursor of the next page. Reads only: a missing
-    ledger exits 4.
+    With ``--run`` the first line is the run's state (open, closing or closed,
+    by which decision, when; ``--json``: its ``run`` member, as ``GET
+    /v1/runs/{id}``). The last line names the cursor of the next page. Reads
+    only: a missing ledger exits 4.
     """
 
-    async def go() -> tuple[DecisionPage, int | None]:
+    async def go() -> tuple[DecisionPage, int | None, RunState | None]:
         ledger = await open_ledger(ledger_url, create=False)
         try:
             query = _query(ledger, run_id, state, after, before, by, cursor, limit)
             page = await ledger.list_decisions(query)
             count = await ledger.count_decisions(query) if with_count else None
-            return page, count
+            run_state = None if run_id is None else await ledger.run_state(run_id)
+            return page, count, run_state
         finally:
             await ledger.close()
 
-    page, count = run(go)
+    page, count, run_state = run(go)
     if as_json:
-        body: dict[str, Any] = page.to_dict()
+        body: dict[str, Any] = dataclasses.replace(page, run=run_state).to_dict()
         if count is not None:
             body["count"] = count
         emit_json(body)
         return
+    if run_state is not None:
+        click.echo(describe_run(run_state))
     if page.decisions:
         click.echo(_rows_table(page.decisions))
     else:

@@ -119,6 +119,11 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
     "--keep-tombstones/--no-keep-tombstones",
     help="Prunes of this ledger keep tombstones, so dedup outlives them.  [default: off]",
 )
+@_flag(
+    "--run-invariants/--no-run-invariants",
+    help="A closed run takes no new decision, and a run has at most one complete/fail "
+    "(docs/PROTOCOL.md). Never on a JSON file ledger.  [default: on]",
+)
 def serve_cmd(config_file: str | None, **flags: Any) -> None:
     """Run the HTTP decision service (POST /v1/decisions, status page at /).
 

@@ -22,7 +22,7 @@ from .. import tracing
 from ..defaults import SERVICE_URL
 from ..errors import FlowDecisionError
 from ..redact import json_safe, printable, redact_text
-from .common import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
+from .common import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_RUN_CLOSED, EXIT_USAGE
 
 if TYPE_CHECKING:
     from ..client import SubmitResult, SyncDecisionClient
@@ -100,9 +100,12 @@ def _exit_code(error: Exception) -> int:
         ServiceBranchError,
         ServiceConflictError,
         ServiceInvalidRequestError,
+        ServiceRunClosedError,
         ServiceTooLargeError,
     )
 
+    if isinstance(error, ServiceRunClosedError):
+        return EXIT_RUN_CLOSED
     if isinstance(error, ServiceConflictError | ServiceBranchError):
         return EXIT_REFUSED
     if isinstance(error, ServiceInvalidRequestError | ServiceTooLargeError | ServiceAuthError):

@@ -20,6 +20,7 @@ for the service alike:
 ``forbidden_branch`` (403)   :class:`ServiceBranchError`            ``UnauthorizedBranchError``
 ``conflict`` (409)           :class:`ServiceConflictError`          ``DecisionConflictError``
 ``busy`` (409)               :class:`ServiceBusyError`              ``DecisionBusyError``
+``run_closed`` (409)         :class:`ServiceRunClosedError`         ``RunClosedError``
 ``sink_failed`` (502)        :class:`ServiceSinkError`              ``SinkError``
 ``lease_lost`` (503)         :class:`ServiceLeaseLostError`         ``LeaseLostError``
 ``ledger_*`` (503)           :class:`ServiceLedgerError`            ``DispatchLedgerError``
@@ -92,6 +93,7 @@ from .errors import (
     ServiceInvalidRequestError,
     ServiceLeaseLostError,
     ServiceLedgerError,
+    ServiceRunClosedError,
     ServiceSinkError,
     ServiceTooLargeError,
     ServiceUnavailableError,
@@ -123,6 +125,7 @@ __all__ = [
     "ServiceInvalidRequestError",
     "ServiceLeaseLostError",
     "ServiceLedgerError",
+    "ServiceRunClosedError",
     "ServiceSinkError",
     "ServiceTooLargeError",
     "ServiceUnavailableError",

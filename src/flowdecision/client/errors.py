@@ -19,6 +19,7 @@ from ..errors import (
     DispatchLedgerError,
     FlowDecisionError,
     LeaseLostError,
+    RunClosedError,
     SinkError,
     UnauthorizedBranchError,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "ServiceInvalidRequestError",
     "ServiceLeaseLostError",
     "ServiceLedgerError",
+    "ServiceRunClosedError",
     "ServiceSinkError",
     "ServiceTooLargeError",
     "ServiceUnavailableError",
@@ -147,6 +149,24 @@ class ServiceBusyError(DecisionBusyError, ServiceError, code="busy"):
         self.lease_expires_at_ms = expires if isinstance(expires, int) else 0
 
 
+class ServiceRunClosedError(RunClosedError, ServiceError, code="run_closed"):
+    """409 ``run_closed``: the decision's run is closed (or, for a ``complete``/``fail``,
+    already has its terminal decision). Never retried: the run takes no new decision."""
+
+    def __init__(self, answer: ErrorAnswer) -> None:
+        ServiceError.__init__(self, answer)
+        details = answer.details
+        self.decision_id = str(details.get("decision_id", ""))
+        self.run_id = str(details.get("run_id", ""))
+        self.run_state = str(details.get("run_state", ""))
+        self.closed_by = str(details.get("closed_by", ""))
+        closed_at = details.get("closed_at_ms")
+        self.closed_at_ms = closed_at if isinstance(closed_at, int) else None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.answer,))
+
+
 class ServiceInvalidRequestError(ServiceError, code="invalid_request"):
     """422: the body, an identifier or a parameter is not valid; ``field`` names it."""
 
@@ -222,6 +242,7 @@ _ERRORS_BY_CODE: dict[str, type[ServiceError]] = {
     "conflict": ServiceConflictError,
     "sink_conflict": ServiceConflictError,
     "busy": ServiceBusyError,
+    "run_closed": ServiceRunClosedError,
     "invalid_request": ServiceInvalidRequestError,
     "invalid_identifier": ServiceInvalidRequestError,
     "invalid_parameter": ServiceInvalidRequestError,

@@ -18,6 +18,9 @@ from .states import (
     Conflict,
     Missing,
     Pending,
+    RunClosed,
+    RunState,
+    RunStatus,
     Unavailable,
 )
 from .url import open_ledger
@@ -42,6 +45,9 @@ __all__ = [
     "Pending",
     "PostgresLedger",
     "PruneProgress",
+    "RunClosed",
+    "RunState",
+    "RunStatus",
     "SqliteLedger",
     "StoredLedger",
     "Unavailable",

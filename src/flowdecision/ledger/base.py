@@ -13,7 +13,10 @@ tools use. A storage backend subclasses it and supplies only:
 * ``_act(decision_id, op)``: an operator action: load, transform (or delete),
   and append the audit entry it returns, in one transaction;
 * ``_list``, ``_count``, ``_audit``: the operator queries (scans or indexes);
-* ``now_ms()``: the backend's clock (the database clock for PostgreSQL).
+* ``now_ms()``: the backend's clock (the database clock for PostgreSQL);
+* with run invariants (:attr:`Ledger.run_invariants`), ``_apply`` also takes a
+  :class:`RunBound` operation: it loads the run's record too, in the same
+  transaction, and stores the transition's ``run``; ``_read_run`` reads one.
 
 A transition that creates a record carries its :class:`~.machine.Creation`
 (first-claim time, run, causing event): backends keep it beside the record.
@@ -32,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
@@ -40,7 +43,7 @@ from ..limits import IDENTIFIER_FIELDS, check_identifier, plain_identifiers
 from ..store.joint import JointWrite, StoreKey
 from ..store.lifecycle import Closable
 from . import machine
-from .machine import ClaimRecord, DecisionOrigin, Transition, check_u64
+from .machine import TERMINAL_KINDS, ClaimRecord, DecisionOrigin, Transition, check_u64
 from .query import (
     AuditPage,
     AuditQuery,
@@ -58,6 +61,7 @@ from .states import (
     ClaimState,
     JointOutcome,
     LedgerEntry,
+    RunState,
     new_claim_key,
 )
 
@@ -68,6 +72,8 @@ __all__ = [
     "Operation",
     "PruneMode",
     "PruneProgress",
+    "RunBound",
+    "RunOperation",
     "ScanningLedger",
     "StoredLedger",
     "wall_clock_ms",
@@ -79,6 +85,28 @@ T = TypeVar("T")
 PruneProgress = Callable[[int], None]
 #: A transition bound to its arguments: ``op(record, clock_ms) -> Transition``.
 Operation = Callable[[ClaimRecord | None, int], Transition[T]]
+#: A transition under its run's invariants: ``op(record, run, clock_ms) -> Transition``.
+RunOperation = Callable[[ClaimRecord | None, RunState | None, int], Transition[T]]
+
+
+@dataclass(frozen=True, slots=True)
+class RunBound(Generic[T]):
+    """An operation under its run's invariants, for a backend's ``_apply``.
+
+    The backend loads the record of run ``run_id`` (None when it has none)
+    together with the decision's record, in the same transaction, calls
+    ``op(record, run, clock)``, and stores the transition's record and, when
+    set, its ``run`` -- atomically with every other writer of the store, so
+    the check and the close hold across processes and hosts.
+    """
+
+    run_id: str
+    op: RunOperation[T]
+    #: Whether it may change the run's record (a terminal decision's claim or
+    #: completion); other operations of the run only read it.
+    closes: bool = False
+
+
 #: :func:`machine.claim` or :func:`_renew_rule`:
 #: ``rule(record, key, owner_id, now_ms, lease_ms, origin)``.
 _LeaseRule = Callable[
@@ -96,11 +124,20 @@ class JointOperation:
     record only if all three succeeded. Otherwise it stores what ``claim``
     alone left (a refused claim changes nothing, except a legacy completed
     record binding its identity).
+
+    ``claim`` and ``complete`` take ``(record, run, clock)``. With ``run_id``
+    (run invariants on) the backend loads that run's record in the same
+    transaction and passes it (``complete`` gets the run as ``claim`` left it:
+    its transition's ``run``, if set), and stores the last ``run`` set; without,
+    ``run`` is None.
     """
 
-    claim: Operation[ClaimOutcome]
-    complete: Operation[bool]
+    claim: RunOperation[ClaimOutcome]
+    complete: RunOperation[bool]
     write: JointWrite
+    run_id: str | None = None
+    #: As :attr:`RunBound.closes`.
+    closes: bool = False
 
 
 class PruneMode(Enum):
@@ -222,12 +259,28 @@ class Ledger(Closable, abc.ABC):
 
     #: What :meth:`prune_completed` does when not told: keep tombstones or not.
     keep_tombstones: bool = False
+    #: Whether claims and completions that name their run (``origin``) keep the
+    #: run invariants (docs/PROTOCOL.md, "Runs"): off here and on the memory and
+    #: JSON file ledgers (the seed's behaviour), on by default on SQLite and
+    #: PostgreSQL.
+    run_invariants: bool = False
+
+    @property
+    def runs_supported(self) -> bool:
+        """Whether this kind of ledger can keep the run invariants at all (the JSON
+        file ledger, shared with Rust hosts, cannot)."""
+        return False
 
     # -- storage primitives -------------------------------------------------
 
     @abc.abstractmethod
-    async def _apply(self, decision_id: str, op: Operation[T]) -> T:
-        """Atomically load, transform (``op``) and store one record."""
+    async def _apply(self, decision_id: str, op: Operation[T] | RunBound[T]) -> T:
+        """Atomically load, transform (``op``) and store one record (and, for a
+        :class:`RunBound` operation, its run's record)."""
+
+    async def _read_run(self, run_id: str) -> RunState | None:
+        """The stored record of run ``run_id``, or None (ledgers without run invariants)."""
+        return None
 
     @abc.abstractmethod
     async def _read(self, decision_id: str) -> ClaimRecord | None:
@@ -305,7 +358,26 @@ class Ledger(Closable, abc.ABC):
         if origin is not None:
             _check_origin(origin)
         key = new_claim_key((decision_id, request_hash, identity))
-        return await self._leased(machine.claim, key, owner_id, lease_ms, now_ms, origin)
+        run_id = self._run_of(origin)
+        if run_id is None:
+            return await self._leased(machine.claim, key, owner_id, lease_ms, now_ms, origin)
+        assert origin is not None
+        fixed = _lease_args(key, owner_id, lease_ms, now_ms)
+        bound = origin
+
+        def rule(record: ClaimRecord | None, run: RunState | None, clock: int) -> Transition[Any]:
+            at = clock if fixed is None else fixed
+            return machine.run_claim(record, run, key, owner_id, at, lease_ms, bound)
+
+        closes = origin.terminal is not None
+        result: ClaimOutcome = await self._apply(decision_id, RunBound(run_id, rule, closes))
+        return result
+
+    def _run_of(self, origin: DecisionOrigin | None) -> str | None:
+        """The run whose invariants a call keeps: its origin's, when this ledger keeps them."""
+        if not self.run_invariants or origin is None:
+            return None
+        return origin.run_id
 
     async def renew(
         self,
@@ -334,13 +406,9 @@ class Ledger(Closable, abc.ABC):
         origin: DecisionOrigin | None,
     ) -> T:
         """Validate the arguments :meth:`claim` and :meth:`renew` share, then apply ``rule``."""
-        decision_id, request_hash, identity = key
-        _check_owned(decision_id, request_hash, owner_id)
-        check_u64("lease_ms", lease_ms)
-        fixed = None if now_ms is None else check_u64("now_ms", now_ms)
-        _check_identity(identity)
+        fixed = _lease_args(key, owner_id, lease_ms, now_ms)
         return await self._apply(
-            decision_id,
+            key.decision_id,
             lambda record, clock: rule(
                 record, key, owner_id, clock if fixed is None else fixed, lease_ms, origin
             ),
@@ -356,6 +424,7 @@ class Ledger(Closable, abc.ABC):
         identity: ExecutionIdentity | None = None,
         receipt: ResultReceipt | None = None,
         traceparent: str | None = None,
+        origin: DecisionOrigin | None = None,
     ) -> bool:
         """Record completion; only the current owner with a live lease may complete.
 
@@ -366,6 +435,9 @@ class Ledger(Closable, abc.ABC):
         had already completed it. ``traceparent`` (the completing dispatch's W3C
         trace context) is side data kept with a new completion where the ledger
         has room for it (SQLite, PostgreSQL, memory; never the JSON file).
+        ``origin`` names the decision's run: with :attr:`run_invariants`, the
+        completion of the run's terminal decision closes the run in the same
+        transaction (the dispatcher always gives it).
         """
         _check_owned(decision_id, request_hash, owner_id)
         fixed = None if completed_at_ms is None else check_u64("completed_at_ms", completed_at_ms)
@@ -373,6 +445,19 @@ class Ledger(Closable, abc.ABC):
         _check_receipt(identity, receipt)
         key = new_claim_key((decision_id, request_hash, identity))
         trace = _check_traceparent(traceparent)
+        if origin is not None:
+            _check_origin(origin)
+        run_id = self._run_of(origin)
+        if run_id is not None:
+
+            def rule(record: ClaimRecord | None, run: RunState | None, clock: int) -> Any:
+                at = clock if fixed is None else fixed
+                return machine.run_complete(record, run, key, owner_id, receipt, at, trace)
+
+            assert origin is not None
+            closes = origin.terminal is not None
+            done: bool = await self._apply(decision_id, RunBound(run_id, rule, closes))
+            return done
         return await self._apply(
             decision_id,
             lambda record, clock: machine.complete(
@@ -428,13 +513,35 @@ class Ledger(Closable, abc.ABC):
             )
 
         key = new_claim_key((decision_id, request_hash, identity))
+        trace = _check_traceparent(traceparent)
+        run_id = self._run_of(origin)
+        if run_id is not None:
+            assert origin is not None
+            bound = origin
 
-        def claim(record: ClaimRecord | None, clock: int) -> Transition[ClaimOutcome]:
+            def run_claim(
+                record: ClaimRecord | None, run: RunState | None, clock: int
+            ) -> Transition[ClaimOutcome]:
+                return machine.run_claim(record, run, key, owner_id, clock, lease_ms, bound)
+
+            def run_complete(
+                record: ClaimRecord | None, run: RunState | None, clock: int
+            ) -> Transition[bool]:
+                return machine.run_complete(record, run, key, owner_id, receipt, clock, trace)
+
+            joint = JointOperation(
+                run_claim, run_complete, write, run_id, bound.terminal is not None
+            )
+            return await self._apply_joint(decision_id, joint)
+
+        def claim(
+            record: ClaimRecord | None, _run: RunState | None, clock: int
+        ) -> Transition[ClaimOutcome]:
             return machine.claim(record, key, owner_id, clock, lease_ms, origin)
 
-        trace = _check_traceparent(traceparent)
-
-        def complete(record: ClaimRecord | None, clock: int) -> Transition[bool]:
+        def complete(
+            record: ClaimRecord | None, _run: RunState | None, clock: int
+        ) -> Transition[bool]:
             return machine.complete(record, key, owner_id, receipt, clock, trace)
 
         return await self._apply_joint(decision_id, JointOperation(claim, complete, write))
@@ -546,6 +653,17 @@ class Ledger(Closable, abc.ABC):
         now = await self._query_clock() if now_ms is None else check_u64("now_ms", now_ms)
         return await self._count(query.counting(), now)
 
+    async def run_state(self, run_id: str) -> RunState:
+        """The state of run ``run_id`` under the run invariants (docs/PROTOCOL.md, "Runs").
+
+        A run without a record of its own (no terminal decision claimed yet, or
+        none of its decisions known) is ``open``: it takes new decisions. On a
+        ledger without :attr:`run_invariants` every run is ``open``.
+        """
+        _check_texts(run_id=run_id)
+        found = await self._read_run(run_id)
+        return RunState.opened(run_id) if found is None else found
+
     async def operator_release(self, decision_id: str, *, actor: str, reason: str) -> AuditEntry:
         """Release a pending claim, live or expired, fenced, and audit it in one transaction.
 
@@ -607,9 +725,24 @@ class ScanningLedger(Ledger):
         return scan_audit(await self._trail(), query)
 
 
+def _lease_args(key: ClaimKey, owner_id: str, lease_ms: int, now_ms: int | None) -> int | None:
+    """Validate what :meth:`Ledger.claim` and :meth:`Ledger.renew` share; the fixed
+    clock (``now_ms``), or None for the ledger's own."""
+    decision_id, request_hash, identity = key
+    _check_owned(decision_id, request_hash, owner_id)
+    check_u64("lease_ms", lease_ms)
+    fixed = None if now_ms is None else check_u64("now_ms", now_ms)
+    _check_identity(identity)
+    return fixed
+
+
 def _check_origin(origin: DecisionOrigin) -> None:
     if not isinstance(origin, DecisionOrigin):
         raise LedgerError(f"`origin` must be a DecisionOrigin, got {type(origin).__name__}")
+    if origin.terminal is not None and origin.terminal not in TERMINAL_KINDS:
+        raise LedgerError(
+            f"`origin.terminal` must be `complete`, `fail` or None, got {origin.terminal!r}"
+        )
     run_id, cause = origin.run_id, origin.causation_event_id
     if plain_identifiers("" if run_id is None else run_id, "" if cause is None else cause):
         return

@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..jsonwire import encode_json
 from ..limits import JSON_LEDGER_MAX_BYTES
-from .base import Operation, PruneMode, PruneProgress, ScanningLedger
+from .base import Operation, PruneMode, PruneProgress, RunBound, ScanningLedger
 from .machine import ClaimRecord, ClaimStatus, Creation, DecisionOrigin, tombstone_of
 from .query import StoredDecision
 from .states import AuditEntry
@@ -191,7 +191,10 @@ class JsonFileLedger(ScanningLedger):
 
     # -- primitives ---------------------------------------------------------
 
-    async def _apply(self, decision_id: str, op: Operation[T]) -> T:
+    async def _apply(self, decision_id: str, op: Operation[T] | RunBound[T]) -> T:
+        # Never keeps the run invariants (runs_supported is False): no run-bound op comes.
+        assert not isinstance(op, RunBound)
+
         def mutate(records: dict[str, ClaimRecord], side: _Side) -> tuple[bool, T]:
             record = records.get(decision_id) or side.tombstones.get(decision_id)
             transition = op(record, self.now_ms())

@@ -36,11 +36,14 @@ from .states import (
     DecisionState,
     Missing,
     Pending,
+    RunClosed,
+    RunState,
     Tombstoned,
 )
 
 __all__ = [
     "RECEIPT_DIGEST_DOMAIN",
+    "TERMINAL_KINDS",
     "U32_MAX",
     "U64_MAX",
     "ClaimRecord",
@@ -62,8 +65,13 @@ __all__ = [
     "receipt_digest",
     "release",
     "renew",
+    "run_claim",
+    "run_complete",
     "tombstone_of",
 ]
+
+#: The decision types that end a run (:attr:`DecisionOrigin.terminal`).
+TERMINAL_KINDS = frozenset({"complete", "fail"})
 
 #: Domain of a tombstone's receipt digest (:func:`receipt_digest`).
 RECEIPT_DIGEST_DOMAIN = "a3s.code.flow-decision.receipt-digest.v1"
@@ -257,6 +265,9 @@ class DecisionOrigin:
 
     run_id: str | None = None
     causation_event_id: str | None = None
+    #: The decision's type when it ends its run (``complete`` or ``fail``), else
+    #: None: what the run invariants (:func:`run_claim`) go by. Not stored.
+    terminal: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,13 +286,16 @@ class Transition(Generic[T]):
     skip the write (a busy claim or a refused renewal costs no commit).
     ``changed`` with ``record`` None deletes the record (only :func:`forget`).
     ``created`` is set when the transition made a new record: backends store
-    its creation time and origin beside the record.
+    its creation time and origin beside the record. ``run`` (only from the run
+    rules, :func:`run_claim` and :func:`run_complete`) is the run's record to
+    store, in the same transaction, when the transition changed it.
     """
 
     record: ClaimRecord | None
     result: T
     changed: bool
     created: Creation | None = None
+    run: RunState | None = None
 
 
 def check_u64(name: str, value: object) -> int:
@@ -589,3 +603,73 @@ def is_prunable(record: ClaimRecord, before_ms: int) -> bool:
         and record.completed_at_ms is not None
         and record.completed_at_ms < before_ms
     )
+
+
+# -- the run invariants --------------------------------------------------------------
+
+
+def run_claim(
+    record: ClaimRecord | None,
+    run: RunState | None,
+    key: ClaimKey,
+    owner_id: str,
+    now_ms: int,
+    lease_ms: int,
+    origin: DecisionOrigin,
+) -> Transition[ClaimOutcome]:
+    """:func:`claim` under its run's invariants; ``run`` is the run's stored record.
+
+    The claim rules answer first, so a duplicate stays a duplicate (and a busy
+    or conflicting claim answers as ever). A claim they would grant -- a new
+    decision, a takeover, a re-claim -- is refused with :class:`RunClosed`,
+    storing nothing, when the run is closed (no attempt starts after the
+    close), or when the decision is terminal and the run already has another
+    terminal decision (at most one per run). A granted terminal claim reserves
+    the run's terminal slot: the run goes ``closing``, and the completion of
+    that decision (:func:`run_complete`) closes it.
+    """
+    claimed = claim(record, key, owner_id, now_ms, lease_ms, origin)
+    if type(claimed.result) is not Claimed:
+        return claimed
+    decision_id = key.decision_id
+    if run is not None and (
+        run.closed_at_ms is not None
+        or (origin.terminal is not None and run.terminal_decision_id != decision_id)
+    ):
+        return Transition(record, RunClosed(run), False)
+    if origin.terminal is None or (run is not None and run.terminal_decision_id == decision_id):
+        return claimed  # not terminal, or the reserved terminal claimed again
+    assert origin.run_id is not None
+    reserved = RunState(origin.run_id, decision_id, origin.terminal, now_ms)
+    return Transition(claimed.record, claimed.result, True, claimed.created, reserved)
+
+
+def run_complete(
+    record: ClaimRecord | None,
+    run: RunState | None,
+    key: ClaimKey,
+    owner_id: str,
+    receipt: ResultReceipt | None,
+    completed_at_ms: int,
+    traceparent: str | None = None,
+) -> Transition[bool]:
+    """:func:`complete` under its run's invariants: completing the run's terminal
+    decision closes the run, at the completion's time, in the same transaction.
+
+    Any other completion is :func:`complete`'s alone: a decision claimed before
+    the close still completes after it (its owner's submission was already
+    under way; the ledger records what happened) -- it just cannot be claimed
+    again.
+    """
+    done = complete(record, key, owner_id, receipt, completed_at_ms, traceparent)
+    if (
+        run is None
+        or run.closed_at_ms is not None
+        or run.terminal_decision_id != key.decision_id
+        or not done.changed
+        or record is None
+        or record.status is not ClaimStatus.PENDING
+    ):
+        return done
+    closed = replace(run, closed_at_ms=completed_at_ms)
+    return Transition(done.record, done.result, True, done.created, closed)

@@ -9,10 +9,10 @@ import dataclasses
 import threading
 from typing import TypeVar
 
-from .base import Operation, PruneMode, PruneProgress, ScanningLedger
+from .base import Operation, PruneMode, PruneProgress, RunBound, ScanningLedger
 from .machine import ClaimRecord, Creation, tombstone_of
 from .query import StoredDecision
-from .states import AuditEntry
+from .states import AuditEntry, RunState
 
 __all__ = ["MemoryLedger"]
 
@@ -25,23 +25,40 @@ class MemoryLedger(ScanningLedger):
     Operations never await, so they are atomic within one event loop; the lock
     only matters when the ledger is shared across threads.
     ``keep_tombstones``: what :meth:`prune_completed` does when not told.
+    ``run_invariants`` (off by default: the seed's in-memory ledger kept none)
+    turns the run rules on (docs/PROTOCOL.md, "Runs").
     """
 
-    def __init__(self, *, keep_tombstones: bool = False) -> None:
+    @property
+    def runs_supported(self) -> bool:
+        return True
+
+    def __init__(self, *, keep_tombstones: bool = False, run_invariants: bool = False) -> None:
         self._records: dict[str, ClaimRecord] = {}
         self._created: dict[str, Creation] = {}
+        self._runs: dict[str, RunState] = {}
+        self.run_invariants = bool(run_invariants)
         self._audit_trail: list[AuditEntry] = []
         self._lock = threading.Lock()
         self.keep_tombstones = bool(keep_tombstones)
 
-    async def _apply(self, decision_id: str, op: Operation[T]) -> T:
+    async def _apply(self, decision_id: str, op: Operation[T] | RunBound[T]) -> T:
         with self._lock:
-            transition = op(self._records.get(decision_id), self.now_ms())
+            record = self._records.get(decision_id)
+            if isinstance(op, RunBound):
+                transition = op.op(record, self._runs.get(op.run_id), self.now_ms())
+                if transition.run is not None:
+                    self._runs[op.run_id] = transition.run
+            else:
+                transition = op(record, self.now_ms())
             if transition.changed and transition.record is not None:
                 self._records[decision_id] = transition.record
                 if transition.created is not None:
                     self._created[decision_id] = transition.created
             return transition.result
+
+    async def _read_run(self, run_id: str) -> RunState | None:
+        return self._runs.get(run_id)
 
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         return self._records.get(decision_id)

@@ -55,7 +55,7 @@ import asyncio
 import collections
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ..defaults import (
     BATCH_CONCURRENCY,
@@ -79,6 +79,7 @@ from .base import (
     Operation,
     PruneMode,
     PruneProgress,
+    RunBound,
     wall_clock_ms,
 )
 from .machine import ClaimRecord, Creation, tombstone_of
@@ -86,14 +87,18 @@ from .rows import (
     AUDIT_INSERTED,
     AUDIT_TABLE,
     LEDGER,
+    RUNS_COLUMNS,
+    RUNS_TABLE,
     TABLE,
     DecodedRecords,
     audit_values,
     creation_values,
     encode_row,
+    run_of,
+    run_values,
 )
 from .sqlgen import SqlLedger
-from .states import AuditEntry, Claimed, JointOutcome
+from .states import AuditEntry, Claimed, JointOutcome, RunState
 
 __all__ = ["SCHEMA_VERSION", "PostgresLedger", "describe_dsn"]
 
@@ -210,6 +215,25 @@ FROM unnest($1::text[], $2::text[], $3::numeric[], $4::text[])
     AS t(decision_id, status, completed_at_ms, record)
 WHERE c.decision_id = t.decision_id
 """
+# The run invariants: a transaction-scoped advisory lock per run (in key order, so
+# two transactions never deadlock on them), taken after the decision rows' locks
+# and before the clock is read; it serializes the claims and completions of one
+# run across hosts even while the run has no row. Two-key locks: a key space of
+# their own (the outbox's lock is a one-key lock).
+_RUN_LOCK_NAMESPACE = 0x666C6F77  # "flow"
+_RUN_LOCK_SQL = (
+    f"SELECT count(pg_advisory_xact_lock({_RUN_LOCK_NAMESPACE}, k)) FROM "
+    "(SELECT DISTINCT hashtext(r) AS k FROM unnest($1::text[]) AS r ORDER BY k) AS keys"
+)
+_RUN_READ_SQL = f"SELECT {RUNS_COLUMNS} FROM {RUNS_TABLE} WHERE run_id = ANY($1::text[])"
+_RUN_WRITE_SQL = f"""
+INSERT INTO {RUNS_TABLE} ({RUNS_COLUMNS})
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
+ON CONFLICT (run_id) DO UPDATE SET terminal_decision_id = excluded.terminal_decision_id,
+    terminal_kind = excluded.terminal_kind,
+    terminal_claimed_at_ms = excluded.terminal_claimed_at_ms,
+    closed_at_ms = excluded.closed_at_ms
+"""
 _AUDIT_INSERT_SQL = (
     f"INSERT INTO {AUDIT_TABLE} ({AUDIT_INSERTED}) "
     "VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING seq"
@@ -222,7 +246,9 @@ class PostgresLedger(SqlLedger):
     ``PostgresLedger(dsn)`` does no I/O: the pool is created, and the schema
     version checked, by the first operation or eagerly by :meth:`start` /
     ``await PostgresLedger.connect(dsn)``. :meth:`migrate` creates or upgrades
-    the schema (it needs no prior :meth:`start`).
+    the schema (it needs no prior :meth:`start`). ``run_invariants`` (default
+    on): claims and completions that name their run keep the run rules
+    (docs/PROTOCOL.md, "Runs") in a locking transaction with the run's lock.
     """
 
     _style = "$"
@@ -240,6 +266,7 @@ class PostgresLedger(SqlLedger):
         max_wait_ms: float = MAX_WAIT_MS,
         batch_concurrency: int = BATCH_CONCURRENCY,
         keep_tombstones: bool = False,
+        run_invariants: bool = True,
     ) -> None:
         max_batch, max_wait_ms = check_group_commit(
             "PostgreSQL ledger", max_batch, max_wait_ms, LedgerError
@@ -258,6 +285,7 @@ class PostgresLedger(SqlLedger):
         )
         self.dsn = dsn
         self.keep_tombstones = bool(keep_tombstones)
+        self.run_invariants = bool(run_invariants)
         self.where = describe_dsn(dsn)
         self._store_key = postgres_key(dsn)
         self._closed = False
@@ -331,7 +359,16 @@ class PostgresLedger(SqlLedger):
         # Queued with every other mutation; _run_batch gives joint ones a transaction.
         return await self._apply(decision_id, joint)  # type: ignore[arg-type]
 
-    async def _apply(self, decision_id: str, op: Operation[T]) -> T:
+    async def _read_run(self, run_id: str) -> RunState | None:
+        try:
+            row = await self._pg.fetchrow(
+                f"SELECT {RUNS_COLUMNS} FROM {RUNS_TABLE} WHERE run_id = $1", run_id
+            )
+        except Exception as error:
+            raise self._pg.translate(error) from error
+        return None if row is None else run_of(tuple(row))
+
+    async def _apply(self, decision_id: str, op: Operation[T] | RunBound[T]) -> T:
         traced = tracing_active()
         if not self.group_commit:
             item = _Item(decision_id, op, None)
@@ -409,10 +446,11 @@ class PostgresLedger(SqlLedger):
 
     async def _run_batch(self, items: list[_Item]) -> None:
         """Apply ``items``; sets each item's result or error, never raises an Exception."""
-        joint = [item for item in items if isinstance(item.op, JointOperation)]
+        # Joint and run-bound operations take locking transactions (_run_joint).
+        joint = [item for item in items if isinstance(item.op, JointOperation | RunBound)]
         if joint:
             await self._run_joint(joint)
-            items = [item for item in items if not isinstance(item.op, JointOperation)]
+            items = [item for item in items if not isinstance(item.op, JointOperation | RunBound)]
             if not items:
                 return
         todo = items
@@ -435,7 +473,7 @@ class PostgresLedger(SqlLedger):
         # Ids that kept losing the race: one locking transaction per operation.
         for item in todo:
             try:
-                item.result = await self._apply_locked(item.decision_id, item.op)
+                item.result = await self._apply_locked(item.decision_id, _plain(item))
             except Exception as error:
                 item.error = error
             item.done = True
@@ -475,7 +513,7 @@ class PostgresLedger(SqlLedger):
             created: Creation | None = None
             for item in group:
                 try:
-                    transition = item.op(record, clock)
+                    transition = _plain(item)(record, clock)
                 except Exception as error:  # a rule failure: this caller only, nothing stored
                     results.append((None, error))
                     continue
@@ -534,19 +572,30 @@ class PostgresLedger(SqlLedger):
     # -- the joint path (claim, a joint row, complete: one commit) --------------------
 
     async def _run_joint(self, items: list[_Item]) -> None:
-        """Apply joint operations, a batch per transaction; never raises an Exception.
+        """Apply joint and run-bound operations, a batch per transaction; never raises
+        an Exception.
 
-        A transaction takes at most one operation per decision id; a second one
-        for the same id goes into the next transaction and sees the first's
-        outcome (typically ``AlreadyCompleted``).
+        A transaction takes at most one operation per decision id, and nothing of
+        a run after an operation that may change the run's record (a terminal
+        decision's: its joint row may still be refused); what comes after goes
+        into the next transaction and sees the first's outcome (typically
+        ``AlreadyCompleted``, or the run closed).
         """
         todo = items
         while todo:
             now: list[_Item] = []
             later: list[_Item] = []
             seen: set[str] = set()
+            closing: set[str] = set()  # runs a terminal operation of this round may change
             for item in todo:
-                (later if item.decision_id in seen else now).append(item)
+                run_id = _run_of(item)
+                if item.decision_id in seen or run_id in closing:
+                    later.append(item)
+                else:
+                    now.append(item)
+                    op = item.op
+                    if isinstance(op, RunBound | JointOperation) and op.closes and run_id:
+                        closing.add(run_id)
                 seen.add(item.decision_id)
             await self._joint_round(now)
             todo = later
@@ -604,13 +653,24 @@ class PostgresLedger(SqlLedger):
         locked = await conn.fetch(_LOCK_MANY_SQL, [item.decision_id for item in items])
         stored = {row[0]: row[1] for row in locked}
         traces = {row[0]: row[2] for row in locked}
+        run_ids = sorted({r for item in items if (r := _run_of(item)) is not None})
+        runs: dict[str, RunState | None] = {}
+        if run_ids:
+            await conn.fetchval(_RUN_LOCK_SQL, run_ids)
+            runs = dict.fromkeys(run_ids)
+            for row in await conn.fetch(_RUN_READ_SQL, run_ids):
+                runs[row[0]] = run_of(tuple(row))
         clock = int(await conn.fetchval(f"SELECT {_CLOCK}"))
         self._clock_offset_ms = clock - wall_clock_ms()
         rows: list[tuple[_Item, ClaimRecord, Creation | None]] = []  # ledger rows to write
+        # (a terminal operation is the last of its run here: see _run_joint)
+        changed_runs: dict[str, RunState] = {}
         # waiting for their joint row
-        joined: list[tuple[_Item, Claimed, ClaimRecord, Creation | None]] = []
+        joined: list[tuple[_Item, Claimed, ClaimRecord, Creation | None, RunState | None]] = []
         for item in items:
-            joint: JointOperation = item.op  # type: ignore[assignment]
+            op = item.op
+            run_id = _run_of(item)
+            run = None if run_id is None else runs[run_id]
             try:
                 text = stored.get(item.decision_id)
                 record = (
@@ -618,34 +678,47 @@ class PostgresLedger(SqlLedger):
                     if text is None
                     else self._decoded.decode(item.decision_id, text, traces[item.decision_id])
                 )
-                claimed = joint.claim(record, clock)
+                if isinstance(op, RunBound):
+                    applied = op.op(record, run, clock)
+                    item.result = applied.result
+                    if applied.changed and applied.record is not None:
+                        rows.append((item, applied.record, applied.created))
+                    if applied.run is not None and run_id is not None:
+                        runs[run_id] = changed_runs[run_id] = applied.run
+                    continue
+                joint: JointOperation = op  # type: ignore[assignment]
+                claimed = joint.claim(record, run, clock)
                 outcome = claimed.result
                 if not isinstance(outcome, Claimed):
                     item.result = JointOutcome(outcome)
                     if claimed.changed and claimed.record is not None:
                         rows.append((item, claimed.record, None))
                     continue
-                completed = joint.complete(claimed.record, clock)
+                completed = joint.complete(claimed.record, claimed.run or run, clock)
             except Exception as error:  # a rule failure: this caller only
                 item.error = error
+                item.result = None
                 continue
             assert completed.record is not None
-            joined.append((item, outcome, completed.record, claimed.created))
-        by_writer: dict[int, list[tuple[_Item, Claimed, ClaimRecord, Creation | None]]] = {}
+            closed = completed.run or claimed.run
+            joined.append((item, outcome, completed.record, claimed.created, closed))
+        by_writer: dict[
+            int, list[tuple[_Item, Claimed, ClaimRecord, Creation | None, RunState | None]]
+        ] = {}
         for entry in joined:
             by_writer.setdefault(id(_write_of(entry[0]).writer), []).append(entry)
         for group in by_writer.values():
             writer = _write_of(group[0][0]).writer
             try:
                 done = await writer.write_postgres(
-                    conn, [(_write_of(item), taken.attempt) for item, taken, _, _ in group]
+                    conn, [(_write_of(item), taken.attempt) for item, taken, _, _, _ in group]
                 )
             except Exception as error:
                 if driver_error(error):
                     raise  # the database failed (or a retryable conflict): the whole batch
                 # The writer failed, not the ledger: its callers get its error as is.
-                raise _WriterFailed(error, [item for item, _, _, _ in group]) from error
-            for (item, taken, record, created), did in zip(group, done, strict=True):
+                raise _WriterFailed(error, [item for item, _, _, _, _ in group]) from error
+            for (item, taken, record, created, closed), did in zip(group, done, strict=True):
                 if (
                     isinstance(did, BaseException)
                     and item.decision_id not in stored
@@ -660,6 +733,14 @@ class PostgresLedger(SqlLedger):
                 else:
                     item.result = JointOutcome(taken, did)
                     rows.append((item, record, created))
+                    if closed is not None:
+                        changed_runs[closed.run_id] = closed
+        if changed_runs:
+            columns: list[list[Any]] = [[], [], [], [], []]
+            for changed in changed_runs.values():
+                for column, value in zip(columns, run_values(changed), strict=True):
+                    column.append(value)
+            await conn.execute(_RUN_WRITE_SQL, *columns)
         return await self._write_joint_rows(conn, rows, stored)
 
     async def _write_joint_rows(
@@ -820,6 +901,17 @@ class _LostInsert(Exception):
     """A joint transaction found an id it saw as new already inserted: roll back, retry."""
 
 
+def _plain(item: _Item) -> Operation[Any]:
+    """A queued operation of the optimistic path (joint and run-bound ones go elsewhere)."""
+    return cast(Operation[Any], item.op)
+
+
+def _run_of(item: _Item) -> str | None:
+    """The run whose invariants a queued operation keeps (its record to lock), or None."""
+    op = item.op
+    return op.run_id if isinstance(op, RunBound | JointOperation) else None
+
+
 def _write_of(item: _Item) -> JointWrite:
     joint: JointOperation = item.op  # type: ignore[assignment]
     return joint.write
@@ -831,7 +923,10 @@ class _Item:
     __slots__ = ("batch", "decision_id", "done", "error", "future", "op", "result", "trace")
 
     def __init__(
-        self, decision_id: str, op: Operation[Any], future: asyncio.Future[Any] | None
+        self,
+        decision_id: str,
+        op: Operation[Any] | RunBound[Any] | JointOperation,
+        future: asyncio.Future[Any] | None,
     ) -> None:
         self.decision_id = decision_id
         self.op = op

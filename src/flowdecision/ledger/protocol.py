@@ -24,6 +24,7 @@ from .states import (
     ClaimOutcome,
     ClaimState,
     JointOutcome,
+    RunState,
     decision_state_body,
 )
 
@@ -139,6 +140,23 @@ class DelegatingLedger(Ledger):
 
     async def audit(self, query: AuditQuery) -> AuditPage:
         return await self.inner.audit(query)
+
+    async def run_state(self, run_id: str) -> RunState:
+        return await self.inner.run_state(run_id)
+
+    @property
+    def run_invariants(self) -> bool:
+        """``inner``'s: a wrapper keeps the run invariants exactly when its ledger does."""
+        return self.inner.run_invariants
+
+    @run_invariants.setter
+    def run_invariants(self, on: bool) -> None:
+        self.inner.run_invariants = on
+
+    @property
+    def runs_supported(self) -> bool:
+        """``inner``'s."""
+        return self.inner.runs_supported
 
     def now_ms(self) -> int:
         return self.inner.now_ms()

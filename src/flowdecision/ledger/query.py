@@ -31,7 +31,7 @@ from typing import Any
 from ..errors import InvalidArgumentError
 from ..limits import I64_MAX, U64_MAX, identifier_problem
 from .machine import ClaimRecord, ClaimStatus, Creation, decision_state
-from .states import AuditEntry, DecisionState
+from .states import AuditEntry, DecisionState, RunState
 
 __all__ = [
     "DEFAULT_PAGE_LIMIT",
@@ -293,23 +293,34 @@ class DecisionRow:
 
 @dataclass(frozen=True, slots=True)
 class DecisionPage:
-    """One page of decisions; ``next_cursor`` is None on the last page."""
+    """One page of decisions; ``next_cursor`` is None on the last page.
+
+    ``run``: the run's state, on a page of one run's decisions asked of the
+    service (``GET /v1/runs/{id}``, the clients' ``run()``); None otherwise.
+    """
 
     decisions: tuple[DecisionRow, ...]
     next_cursor: str | None
+    run: RunState | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"decisions": [...], "next_cursor": ...}``."""
-        return {
+        """``{"decisions": [...], "next_cursor": ...}`` (and ``"run"`` when known)."""
+        body: dict[str, Any] = {
             "decisions": [row.to_dict() for row in self.decisions],
             "next_cursor": self.next_cursor,
         }
+        if self.run is not None:
+            body["run"] = self.run.to_dict()
+        return body
 
     @classmethod
     def from_dict(cls, obj: Any) -> DecisionPage:
         """Read back :meth:`to_dict`'s shape (the client)."""
+        run = obj.get("run")
         return cls(
-            tuple(DecisionRow.from_dict(row) for row in obj["decisions"]), obj.get("next_cursor")
+            tuple(DecisionRow.from_dict(row) for row in obj["decisions"]),
+            obj.get("next_cursor"),
+            None if run is None else RunState.from_dict(run),
         )
 
 

@@ -27,7 +27,7 @@ from ..errors import (
 from ..limits import I64_MAX
 from ..store.component import Component, ErrorKinds
 from .machine import ClaimRecord, ClaimStatus, Creation, DecisionOrigin
-from .states import AuditEntry
+from .states import AuditEntry, RunState
 
 __all__ = [
     "AUDIT_COLUMNS",
@@ -35,12 +35,16 @@ __all__ = [
     "AUDIT_TABLE",
     "I64_MAX",
     "LEDGER",
+    "RUNS_COLUMNS",
+    "RUNS_TABLE",
     "TABLE",
     "DecodedRecords",
     "audit_values",
     "creation_of",
     "creation_values",
     "encode_row",
+    "run_of",
+    "run_values",
 ]
 
 #: The SQL ledgers' claims table.
@@ -51,6 +55,11 @@ AUDIT_TABLE = "flowdecision_audit"
 AUDIT_COLUMNS = "seq, at_ms, action, decision_id, actor, reason, state_before, attempts"
 #: The columns an insert gives (the store assigns ``seq``).
 AUDIT_INSERTED = AUDIT_COLUMNS.split(", ", 1)[1]
+
+#: The runs table (schema 6): a run's terminal decision and its close.
+RUNS_TABLE = "flowdecision_runs"
+#: Its columns, in :func:`run_values` order.
+RUNS_COLUMNS = "run_id, terminal_decision_id, terminal_kind, terminal_claimed_at_ms, closed_at_ms"
 
 #: The ledger as a SQL store: its schema, version table and errors.
 LEDGER = Component(
@@ -125,6 +134,31 @@ def creation_of(created_at_ms: Any, run_id: Any, causation_event_id: Any) -> Cre
     if run_id is not None or causation_event_id is not None:
         origin = DecisionOrigin(run_id, causation_event_id)
     return Creation(int(created_at_ms), origin)
+
+
+def run_values(run: RunState) -> tuple[str, str | None, str | None, int, int | None]:
+    """A run's :data:`RUNS_COLUMNS` values (times clamped to i64)."""
+    claimed = run.terminal_claimed_at_ms
+    closed = run.closed_at_ms
+    return (
+        run.run_id,
+        run.terminal_decision_id,
+        run.terminal_kind,
+        0 if claimed is None else min(claimed, I64_MAX),
+        None if closed is None else min(closed, I64_MAX),
+    )
+
+
+def run_of(row: Any) -> RunState:
+    """The :class:`RunState` a runs row (:data:`RUNS_COLUMNS`) holds."""
+    run_id, terminal, kind, claimed, closed = row
+    return RunState(
+        str(run_id),
+        terminal,
+        kind,
+        None if claimed is None else int(claimed),
+        None if closed is None else int(closed),
+    )
 
 
 def audit_values(entry: AuditEntry) -> tuple[int, str, str, str, str, str, int]:

@@ -185,6 +185,11 @@ class SqlLedger(Ledger):
     _style: ClassVar[Style]
     _decoded: DecodedRecords
 
+    @property
+    def runs_supported(self) -> bool:
+        """Both SQL ledgers can keep the run invariants (their runs table, schema 6)."""
+        return True
+
     @abc.abstractmethod
     async def _select(self, sql: str, params: list[Any], convert: Callable[[Any], R]) -> list[R]:
         """The rows of ``sql``, each passed through ``convert`` where the backend reads them."""
