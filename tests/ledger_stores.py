@@ -80,7 +80,6 @@ class LedgerStore:
         """Empty the store (every open instance sees the empty store)."""
         if self.kind == "memory":
             if self._memory is not None:
-                self._memory._runs.clear()
                 for kept in (self._memory._records, self._memory._created):
                     kept.clear()
                 self._memory._audit_trail.clear()
@@ -94,7 +93,6 @@ class LedgerStore:
                 conn = sqlite3.connect(self.sqlite_path, isolation_level=None)
                 try:
                     conn.execute("DELETE FROM flowdecision_claims")
-                    conn.execute("DELETE FROM flowdecision_runs")
                 finally:
                     conn.close()
         elif self.kind == "postgres":
@@ -103,9 +101,7 @@ class LedgerStore:
             conn = await asyncpg.connect(self.pg_url)
             try:
                 # TRUNCATE passes the audit table's append-only rules (DELETE would not).
-                await conn.execute(
-                    "TRUNCATE flowdecision_claims, flowdecision_audit, flowdecision_runs"
-                )
+                await conn.execute("TRUNCATE flowdecision_claims, flowdecision_audit")
             finally:
                 await conn.close()
 

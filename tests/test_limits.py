@@ -34,6 +34,7 @@ from flowdecision.limits import (
     IDENTIFIER_FIELDS,
     IDENTIFIER_MAX_BYTES,
     REQUEST_IDENTIFIER_FIELDS,
+    RESULT_RECEIPT_MAX_BYTES,
     identifier_problem,
     plain_identifiers,
 )
@@ -226,7 +227,7 @@ def test_a_sink_without_async_submit_is_refused_when_the_dispatcher_is_built() -
 
 
 def test_decision_too_large_is_a_dispatch_error_and_a_value_error() -> None:
-    error = DecisionTooLargeError("d", 2_000_000)
+    error = DecisionTooLargeError("d", 2_000_000, RESULT_RECEIPT_MAX_BYTES)
     assert isinstance(error, DispatchError) and isinstance(error, ValueError)
     assert error.code == "decision_too_large"
     huge = request(decision=Complete(output="x" * (1 << 20)))

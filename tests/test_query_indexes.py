@@ -25,7 +25,8 @@ from flowdecision.ledger.rows import LEDGER
 from flowdecision.ledger.sqlgen import decision_sql
 from flowdecision.ledger.sqlite import SqliteLedger
 from flowdecision.ledger.states import DecisionState
-from flowdecision.store.migrations import load_migrations, split_statements
+from flowdecision.store.component import load_migrations
+from flowdecision.store.migrations import split_statements
 
 S = DecisionState
 T = TimeField

@@ -23,8 +23,8 @@ from flowdecision.ledger.states import DecisionState
 from flowdecision.sinks import OutboxSchemaError, OutboxSink
 from flowdecision.sinks.outbox import OUTBOX_SCHEMA_VERSION
 from flowdecision.store import Component
+from flowdecision.store.component import load_migrations
 from flowdecision.store.migrations import (
-    load_migrations,
     split_statements,
     sqlite_migrate,
     sqlite_schema_version,

@@ -467,12 +467,7 @@ class DecisionTooLargeError(DispatchError, ValueError, code="decision_too_large"
     The dispatcher raises it as it is: a client error, counted as rejected.
     """
 
-    def __init__(self, decision_id: str, size: int, limit: int | None = None) -> None:
-        if limit is None:
-            # limits.py imports this module: its constant is read when raised.
-            from .limits import RESULT_RECEIPT_MAX_BYTES
-
-            limit = RESULT_RECEIPT_MAX_BYTES
+    def __init__(self, decision_id: str, size: int, limit: int) -> None:
         self.decision_id = decision_id
         self.size = size
         self.limit = limit

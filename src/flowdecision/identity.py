@@ -495,7 +495,7 @@ def decision_receipt(request: DecisionRequest) -> tuple[ExecutionIdentity, Resul
     """
     result = request.decision_json()
     if len(result) > RESULT_RECEIPT_MAX_BYTES:
-        raise DecisionTooLargeError(request.decision_id, len(result))
+        raise DecisionTooLargeError(request.decision_id, len(result), RESULT_RECEIPT_MAX_BYTES)
     digests = request._digests  # the C decoder's, when it read the request
     if digests is None:
         digests = (

@@ -34,7 +34,6 @@ from ..outage import OUTAGE_CODES
 from .config import Settings
 from .errors import (
     HTTP_ERRORS,
-    ErrorContext,
     error_code_for,
     error_response,
     response_for_error,
@@ -121,13 +120,6 @@ def _context(request: Request) -> tuple[AppContext, Service]:
     if context.service is None:  # pragma: no cover - only before startup
         raise HTTPException(503, "service is starting")
     return context, context.service
-
-
-def _error_context(service: Service) -> ErrorContext:
-    return ErrorContext(
-        now_ms=service.ledger.now_ms(),
-        heartbeat_ms=round(service.dispatcher.heartbeat_s * 1000),
-    )
 
 
 def _log_failure(error: BaseException, code: str, decision_id: str | None) -> None:
@@ -299,7 +291,7 @@ def _parse_post(context: AppContext, service: Service, body: bytes) -> DecisionR
     try:
         decision = DecisionRequest.parse(body, exact_numbers=not settings.lossy_numbers)
     except InvalidRequestError as error:
-        return response_for_error(error, _error_context(service), default="invalid_request")
+        return response_for_error(error, service.error_context(), default="invalid_request")
     decision.decision_json()  # its encoding (kept) is the rest of a costly body's cost
     return decision
 
@@ -318,9 +310,9 @@ async def answer_post(
     size = len(decision.decision_json())
     if size > RESULT_RECEIPT_MAX_BYTES:
         # A client error: answered here so it never counts as a failure.
-        too_large = DecisionTooLargeError(decision.decision_id, size)
+        too_large = DecisionTooLargeError(decision.decision_id, size, RESULT_RECEIPT_MAX_BYTES)
         response: Response = response_for_error(
-            too_large, _error_context(service), default="decision_too_large"
+            too_large, service.error_context(), default="decision_too_large"
         )
         fate, attempt = "decision_too_large", None
     else:
@@ -382,7 +374,7 @@ async def _dispatch(
     except DispatchError as error:
         code = error_code_for(error)
         _log_failure(error, code, decision.decision_id)
-        return response_for_error(error, _error_context(service)), code, None
+        return response_for_error(error, service.error_context()), code, None
     finally:
         tracked.discard(task)
     status = 201 if outcome.submitted else 200
@@ -403,7 +395,7 @@ async def get_decision(request: Request) -> Response:
         if code in OUTAGE_CODES:
             service.dispatcher.ledger_outage.failed(code, describe_cause(error))
         _log_failure(error, code, decision_id)
-        return response_for_error(error, _error_context(service))
+        return response_for_error(error, service.error_context())
     if entry is None:
         return error_response(
             404, "not_found", f"no claim for decision `{decision_id}`", decision_id=decision_id

@@ -4,8 +4,7 @@
   keyset page (:class:`~flowdecision.ledger.query.DecisionQuery`); ``by=completed``
   filters on and orders by completion time instead of first-claim time;
   ``count=true`` adds how many match.
-* ``GET /v1/runs/{run_id}``: the run's state (open, closing or closed: by which
-  decision, when) and its decisions in the order they were first claimed.
+* ``GET /v1/runs/{run_id}``: the run's decisions in the order they were first claimed.
 * ``GET /v1/audit?decision_id=&before=&after=&cursor=&limit=``: the audit trail.
 * ``POST /v1/actions/release`` and ``POST /v1/actions/forget`` with
   ``{"decision_id", "actor", "reason"}``: need an **admin token** (never the
@@ -17,7 +16,6 @@ admin token opens nothing else).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 from typing import Any
@@ -94,18 +92,10 @@ async def _ledger_call(service: Service, call: Any) -> Any:
     try:
         return await call
     except LedgerError as error:
-        return response_for_error(error, _now(service))
+        return response_for_error(error, service.error_context())
 
 
-def _now(service: Service) -> Any:
-    from .handlers import _error_context  # the one error context of the service
-
-    return _error_context(service)
-
-
-async def _page(
-    request: Request, run_id: str | None, run_where: str, *, with_run: bool = False
-) -> Response:
+async def _page(request: Request, run_id: str | None, run_where: str) -> Response:
     service = _service(request)
     try:
         query = DecisionQuery(
@@ -132,12 +122,6 @@ async def _page(
     page = await _ledger_call(service, service.ledger.list_decisions(query))
     if isinstance(page, Response):
         return page
-    if with_run:
-        assert run_id is not None
-        run = await _ledger_call(service, service.ledger.run_state(run_id))
-        if isinstance(run, Response):
-            return run
-        page = dataclasses.replace(page, run=run)
     body: dict[str, Any] = page.to_dict()
     if with_count:
         count = await _ledger_call(service, service.ledger.count_decisions(query))
@@ -157,13 +141,13 @@ async def list_decisions(request: Request) -> Response:
 
 
 async def get_run(request: Request) -> Response:
-    """One run's state and its decisions, in the order they were first claimed."""
+    """One run's decisions, in the order they were first claimed."""
     run_id = request.path_params["run_id"]
     if run_id == "":  # `/v1/runs/` (where `/v1/runs` redirects): no run named
         return bad_param(
             BadParamError("run_id", "must not be empty: name the run", where="path parameter")
         )
-    return await _page(request, run_id, "path parameter", with_run=True)
+    return await _page(request, run_id, "path parameter")
 
 
 async def get_audit(request: Request) -> Response:
@@ -257,7 +241,7 @@ async def _action(request: Request, name: str) -> Response:
     except LedgerError as error:
         if type(error) is LedgerError:  # a bad actor or reason (empty, too long)
             return error_response(422, "invalid_action", str(error))
-        return response_for_error(error, _now(service))
+        return response_for_error(error, service.error_context())
     return JSONResponse(entry.to_dict())
 
 
@@ -285,7 +269,7 @@ async def _outbox_action(request: Request, action: str) -> Response:
     except ActionRefusedError as error:
         return error_response(409, "action_refused", str(error), decision_id=decision_id)
     except FlowDecisionError as error:
-        return response_for_error(error, _now(service))
+        return response_for_error(error, service.error_context())
     return JSONResponse(entry.to_dict())
 
 
@@ -358,7 +342,7 @@ async def get_parked(request: Request) -> Response:
     except InvalidArgumentError as error:
         return bad_param(BadParamError("relay", str(error)))
     except FlowDecisionError as error:
-        return response_for_error(error, _now(service))
+        return response_for_error(error, service.error_context())
     return JSONResponse({"parked": [row.to_dict() for row in rows]})
 
 

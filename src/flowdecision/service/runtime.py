@@ -36,6 +36,7 @@ from ..sinks.outbox import OutboxSink
 from ..sinks.parking import ParkedRow
 from ..sinks.relay import OutboxRelay, RelayStatus
 from .config import ConfigError, Settings
+from .errors import ErrorContext
 from .logs import describe_cause
 from .status import RecentDecision
 
@@ -213,8 +214,6 @@ class Service:
         self.sink = sink
         if settings.keep_tombstones and hasattr(ledger, "keep_tombstones"):
             ledger.keep_tombstones = True  # every prune of this ledger keeps tombstones
-        if ledger.runs_supported:  # before the dispatcher, which reads it once
-            ledger.run_invariants = settings.run_invariants
         self.dispatcher = Dispatcher(
             settings.production_branch, sink, ledger, lease_ms=settings.lease_ms
         )
@@ -335,6 +334,14 @@ class Service:
         return self._cursors[1]
 
     # -- dispatches ---------------------------------------------------------------
+
+    def error_context(self) -> ErrorContext:
+        """What the error table's answers read of the service (the ledger's clock, the
+        heartbeat behind a ``busy`` answer's ``Retry-After``)."""
+        return ErrorContext(
+            now_ms=self.ledger.now_ms(),
+            heartbeat_ms=round(self.dispatcher.heartbeat_s * 1000),
+        )
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` in a tracked task: it outlives its request, not the grace period."""

@@ -59,7 +59,8 @@ from .base import check_attempt
 
 if TYPE_CHECKING:
     from dbos import Queue
-from ..errors import DBOSSinkError
+from ..errors import DBOSSinkError, SinkConfigError
+from .urls import load_attribute, split_engine_url
 
 __all__ = ["DBOSSink", "DBOSSinkError", "DBOSUrl", "parse_dbos_url"]
 
@@ -146,8 +147,6 @@ def parse_dbos_url(url: str) -> DBOSUrl:
     DBOS application name (default ``flowdecision``). Every other query
     parameter stays in the system database URL.
     """
-    from .loader import SinkConfigError, split_engine_url
-
     target, params = split_engine_url(url, "dbos", ("workflow", "name"))
     if not target.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise SinkConfigError(
@@ -182,8 +181,6 @@ def _log_through_the_host() -> None:
 async def open_dbos_url(url: str) -> DBOSSink:
     """Configure and launch DBOS on the URL's system database; a sink owning DBOS."""
     from dbos import DBOS
-
-    from .loader import SinkConfigError, load_attribute
 
     parsed = parse_dbos_url(url)
     # Importing the module registers its @DBOS.workflow functions before launch.

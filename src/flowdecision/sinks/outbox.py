@@ -68,8 +68,9 @@ from ..store.component import Component, ErrorKinds
 from ..store.joint import JointWrite, StoreKey, postgres_key, sqlite_key
 from ..store.lifecycle import Closable, started
 from ..store.postgres import CLOCK_SQL, PgPool, asyncpg
-from ..store.sqlite import SqliteOpener, sqlite_transaction
+from ..store.sqlite import SqliteOpener
 from ..store.sqlite_thread import SqliteThread
+from ..store.transactions import sqlite_transaction
 from ..store.url import OUTBOX_KINDS, describe_dsn, parse_store_url
 from ..tracing import current_traceparent
 from .base import HasStoreKey, check_attempt

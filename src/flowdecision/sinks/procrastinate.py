@@ -57,7 +57,8 @@ from .base import check_attempt
 
 if TYPE_CHECKING:
     import procrastinate
-from ..errors import ProcrastinateConflictError, ProcrastinateSinkError
+from ..errors import ProcrastinateConflictError, ProcrastinateSinkError, SinkConfigError
+from .urls import split_engine_url
 
 __all__ = [
     "MARKER_TABLE",
@@ -306,8 +307,6 @@ def parse_procrastinate_url(url: str) -> ProcrastinateUrl:
     queue; ``lock=run`` sets each job's ``lock`` to the decision's run id.
     Every other query parameter stays in the PostgreSQL connection string.
     """
-    from .loader import SinkConfigError, split_engine_url
-
     target, params = split_engine_url(url, "procrastinate", ("task", "queue", "lock"))
     if not target.startswith(("postgresql://", "postgres://")):
         raise SinkConfigError(

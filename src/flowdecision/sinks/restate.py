@@ -44,7 +44,7 @@ from typing import ClassVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from ..defaults import HTTP_POOL_CONNECTIONS
-from ..errors import RestateSinkError
+from ..errors import RestateSinkError, SinkConfigError
 from ..model import DecisionRequest
 from .delivery import DecisionDelivery, EngineAnswer
 from .webhook import WebhookSink
@@ -81,8 +81,6 @@ class RestateTarget:
 
 def parse_restate_url(url: str) -> RestateTarget:
     """Split ``restate+http(s)://ingress/Service/handler`` or ``…/Object/{run_id}/handler``."""
-    from .loader import SinkConfigError
-
     if not url.lower().startswith("restate+"):
         raise SinkConfigError(f"`{url}` is not a restate+http(s):// sink URL")
     parts = urlsplit(url[len("restate+") :])

@@ -44,7 +44,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..errors import TemporalRejectedError, TemporalRunClosedError, TemporalSinkError
+from ..errors import (
+    SinkConfigError,
+    TemporalRejectedError,
+    TemporalRunClosedError,
+    TemporalSinkError,
+)
 from ..model import DecisionRequest
 from ..tracing import active
 from .delivery import DecisionDelivery, EngineAnswer
@@ -280,8 +285,6 @@ _PARAMS = ("task_queue", "workflow", "mode", "wait", "timeout", "tls")
 
 def parse_temporal_url(url: str) -> TemporalUrl:
     """Split a ``temporal://`` sink URL; :class:`SinkConfigError` names what is wrong."""
-    from .loader import SinkConfigError
-
     parts = urlsplit(url)
     if parts.scheme.lower() != "temporal":
         raise SinkConfigError(f"`{url}` is not a temporal:// sink URL")

@@ -3,12 +3,13 @@ where its schema version is kept, its migrations, and the errors it raises."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from importlib import resources
 
-from ..errors import FlowDecisionError
-from .migrations import load_migrations
+from ..errors import FlowDecisionError, MigrationError
 
-__all__ = ["Component", "ErrorKinds"]
+__all__ = ["Component", "ErrorKinds", "load_migrations"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,3 +83,23 @@ class Component:
     def newest(self, dialect: str) -> int:
         """The schema version this code writes."""
         return len(self.migrations(dialect))
+
+
+@functools.cache
+def load_migrations(package: str, dialect: str) -> tuple[tuple[int, str, str], ...]:
+    """The ``(version, name, sql)`` migrations in ``package``/sql/``dialect``, in order.
+
+    Read once per process and kept (see :class:`Component`).
+    """
+    folder = resources.files(package).joinpath("sql", dialect)
+    found: list[tuple[int, str, str]] = []
+    for entry in folder.iterdir():
+        name = entry.name
+        prefix = name.split("_", 1)[0]
+        if name.endswith(".sql") and prefix.isdigit():
+            found.append((int(prefix), name, entry.read_text(encoding="utf-8")))
+    found.sort()
+    versions = [version for version, _, _ in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise MigrationError(f"{package} {dialect} migrations are not numbered 1..n: {versions}")
+    return tuple(found)

@@ -24,20 +24,17 @@ The policy (``docs/OPERATIONS.md``, "Schema migrations"):
 
 from __future__ import annotations
 
-import functools
 import sqlite3
 import time
-from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .component import Component
 from ..errors import MigrationError
+from .component import Component
+from .transactions import sqlite_transaction
 
 __all__ = [
     "MigrationError",
     "check_current",
-    "load_migrations",
     "pg_check",
     "pg_migrate",
     "pg_schema_version",
@@ -46,35 +43,6 @@ __all__ = [
     "sqlite_migrate",
     "sqlite_schema_version",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # The SQLite transaction helper moved to store/sqlite.py; the old import path stays.
-    if name == "sqlite_transaction":
-        from .sqlite import sqlite_transaction
-
-        return sqlite_transaction
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@functools.cache
-def load_migrations(package: str, dialect: str) -> tuple[tuple[int, str, str], ...]:
-    """The ``(version, name, sql)`` migrations in ``package``/sql/``dialect``, in order.
-
-    Read once per process and kept (see :class:`~.component.Component`).
-    """
-    folder = resources.files(package).joinpath("sql", dialect)
-    found: list[tuple[int, str, str]] = []
-    for entry in folder.iterdir():
-        name = entry.name
-        prefix = name.split("_", 1)[0]
-        if name.endswith(".sql") and prefix.isdigit():
-            found.append((int(prefix), name, entry.read_text(encoding="utf-8")))
-    found.sort()
-    versions = [version for version, _, _ in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise MigrationError(f"{package} {dialect} migrations are not numbered 1..n: {versions}")
-    return tuple(found)
 
 
 def split_statements(script: str) -> list[str]:
@@ -177,10 +145,6 @@ def sqlite_migrate(conn: sqlite3.Connection, component: Component, where: str) -
     _refuse_newer(component, where, before, newest)
     if before == newest:
         return before, newest
-    # Imported here: store/sqlite.py (the SQLite store code, where the transaction
-    # helper lives) runs this module's checks when it opens a file.
-    from .sqlite import sqlite_transaction
-
     with sqlite_transaction(conn):
         before = sqlite_schema_version(conn, component)
         _refuse_newer(component, where, before, newest)

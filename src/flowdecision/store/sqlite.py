@@ -1,6 +1,6 @@
 """The SQLite store code: opening databases the way every flowdecision store
-needs them, the one transaction helper (:func:`sqlite_transaction`), and
-translating SQLite's errors into the store's own.
+needs them, and translating SQLite's errors into the store's own (the one
+transaction helper is :func:`.transactions.sqlite_transaction`).
 
 Shared by the SQLite ledger and the SQLite outbox: WAL journal (readers never
 block the writer, and commits stay durable with ``synchronous=FULL``), our own
@@ -35,47 +35,10 @@ __all__ = [
     "connect_wal",
     "create_private_file",
     "full_disk",
-    "sqlite_transaction",
 ]
 
 #: Permissions of every store file flowdecision creates (before the umask).
 STORE_FILE_MODE = 0o600
-
-
-class sqlite_transaction:
-    """``with sqlite_transaction(conn):`` -- ``BEGIN IMMEDIATE`` ... ``COMMIT``,
-    rolled back if the body raises.
-
-    Every SQLite write transaction flowdecision opens goes through here: a
-    group-commit batch, a migration, an outbox delivery, a prune. A class, not
-    a generator-based context manager: it runs once per committed batch, on
-    the connection thread's hot path. ``begun``: the caller has already run
-    ``BEGIN IMMEDIATE`` itself (to learn whether the write lock was free).
-    """
-
-    __slots__ = ("begun", "conn")
-
-    def __init__(self, conn: sqlite3.Connection, begun: bool = False) -> None:
-        self.conn = conn
-        self.begun = begun
-
-    def __enter__(self) -> sqlite3.Connection:
-        if not self.begun:
-            self.conn.execute("BEGIN IMMEDIATE")
-        return self.conn
-
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        conn = self.conn
-        if exc_type is None:
-            try:
-                conn.execute("COMMIT")
-                return
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
 
 
 def create_private_file(path: Path) -> None:

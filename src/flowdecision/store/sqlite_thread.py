@@ -61,7 +61,8 @@ from ..tracing import active as tracing_active
 from ..tracing import batch_span, recording_span
 from .batching import copy_error, settle
 from .checkpoint import Checkpointer
-from .sqlite import SqliteOpener, sqlite_transaction
+from .sqlite import SqliteOpener
+from .transactions import sqlite_transaction
 
 #: Inline commits in a row slower than ``inline_max_ms`` before lone mutations pause
 #: inline running, and for how long (seconds).

@@ -11,13 +11,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 from ..logs import new_request_id
 from .coalesce import EdgeTransport
-
-if TYPE_CHECKING:
-    from .connections import ConnectionTable
 
 __all__ = [
     "HEAD_MAX_BYTES",
@@ -120,6 +117,22 @@ class EventLog:
 HEAD, REQUEST, LINGER, CLOSED = "head", "request", "linger", "closed"
 
 
+class ConnectionRegistry(Protocol):
+    """Where a connection is counted (:class:`.connections.ConnectionTable`)."""
+
+    limits: EdgeLimits
+    events: EventLog
+
+    def wait(self, connection: ConnectionState) -> None:
+        """The connection waits for a request head (it may be evicted)."""
+
+    def busy(self, connection: ConnectionState) -> None:
+        """The connection serves a request (or is gone): never evicted."""
+
+    def release(self) -> None:
+        """The connection closed: its place is free."""
+
+
 class ConnectionState(asyncio.Protocol):
     """The state the protocol parts share, mixed in before uvicorn's HTTP protocol.
 
@@ -129,7 +142,7 @@ class ConnectionState(asyncio.Protocol):
     :mod:`.contract` for the whole list.
     """
 
-    _table: ConnectionTable
+    _table: ConnectionRegistry
     _real: asyncio.Transport
     _proxy: EdgeTransport
     _phase: str

@@ -14,12 +14,9 @@ plain and a lingering close (:mod:`.linger`).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .base import ConnectionState
-
-__all__ = ["HOLD_BYTES", "JOIN_BYTES", "EdgeTransport"]
+__all__ = ["HOLD_BYTES", "JOIN_BYTES", "EdgeTransport", "TransportOwner"]
 
 #: Bytes of a response held back before they are sent anyway.
 HOLD_BYTES = 64 * 1024
@@ -27,10 +24,20 @@ HOLD_BYTES = 64 * 1024
 JOIN_BYTES = 16 * 1024
 
 
+class TransportOwner(Protocol):
+    """The connection a transport belongs to (:class:`.base.ConnectionState`)."""
+
+    def close_requested(self) -> None:
+        """The app or uvicorn closed the transport: the connection decides how."""
+
+    def response_in_progress(self) -> bool:
+        """Whether a response has started and not completed."""
+
+
 class EdgeTransport(asyncio.Transport):
     """The connection's real transport, with a response's writes sent together."""
 
-    def __init__(self, real: asyncio.Transport, owner: ConnectionState) -> None:
+    def __init__(self, real: asyncio.Transport, owner: TransportOwner) -> None:
         super().__init__()
         self._real = real
         self._owner = owner
