@@ -89,18 +89,18 @@ OTEL_LOW := 1.27.0
 OTEL_VENV := .venv-otel-low
 OTEL_STAMP := $(OTEL_VENV)/.installed-$(OTEL_LOW)
 OTEL_TESTS := tests/test_tracing.py tests/test_tracing_sdk.py tests/test_tracing_service.py \
-	tests/test_tracing_absent.py tests/test_client_transport.py
+	tests/test_tracing_sinks.py tests/test_tracing_absent.py tests/test_client_transport.py
 
 $(OTEL_STAMP): pyproject.toml
 	rm -rf $(OTEL_VENV)
 	$(PYTHON) -m venv $(OTEL_VENV)
 	$(OTEL_VENV)/bin/pip install --quiet --upgrade pip
-	$(OTEL_VENV)/bin/pip install --quiet '.[postgres,service,client,otel,test]' \
+	$(OTEL_VENV)/bin/pip install --quiet '.[postgres,service,client,procrastinate,dbos,temporal,restate,otel,test]' \
 		opentelemetry-api==$(OTEL_LOW) opentelemetry-sdk==$(OTEL_LOW) \
 		opentelemetry-exporter-otlp-proto-http==$(OTEL_LOW)
 	touch $(OTEL_STAMP)
 
-otel-low: $(OTEL_STAMP)
+otel-low: $(OTEL_STAMP) engines
 	@$(OTEL_VENV)/bin/python -c "from importlib.metadata import version as v; \
 		assert v('opentelemetry-sdk') == '$(OTEL_LOW)', v('opentelemetry-sdk')"
 	PYTHONPATH=src $(OTEL_VENV)/bin/python -m pytest -q -p no:cacheprovider $(OTEL_TESTS)
