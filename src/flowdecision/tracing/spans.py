@@ -26,7 +26,6 @@ and :func:`context_of` (a relay continuing the trace).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -59,11 +58,6 @@ _NOOP: tuple[type, ...] = ()
 #: (the provider seen last, whether it records); (its tracer of flowdecision's scope)
 _seen: tuple[object, bool] = (None, False)
 _tracer_cache: tuple[object, Any] | None = None
-
-
-def api_installed() -> bool:
-    """Whether ``opentelemetry-api`` is importable (looked up, not imported)."""
-    return importlib.util.find_spec("opentelemetry") is not None
 
 
 def active() -> bool:
