@@ -56,7 +56,11 @@ def request_for(decision_id: str) -> DecisionRequest:
             "run_id": "run-1",
             "authority_branch_id": "production",
             "causation_event_id": f"evt-{decision_id}",
-            "decision": {"type": "complete", "output": {"id": decision_id}},
+            # Steps of one run: a run takes any number of these, and one "complete".
+            "decision": {
+                "type": "schedule_step",
+                "step": {"step_id": decision_id, "step_name": "work", "input": {"id": decision_id}},
+            },
         }
     )
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from flowdecision.identity import ExecutionIdentity, ResultOutcome, ResultReceipt, digest_bytes
-from flowdecision.model import Complete, DecisionRequest
+from flowdecision.model import Complete, DecisionRequest, DecisionStep, ScheduleStep
 
 
 def request(
@@ -26,6 +26,20 @@ def request(
         authority_branch_id=branch,
         causation_event_id=kw.get("causation_event_id", "event-1"),
         decision=kw.get("decision", Complete(output=None)),
+    )
+
+
+def step_request(
+    decision_id: str, payload: Any = None, *, run_id: str = "run-1"
+) -> DecisionRequest:
+    """A ``schedule_step`` of run ``run_id``: a run takes any number of these (a run
+    takes at most one ``complete``, the seed's :func:`request`: run invariants)."""
+    return DecisionRequest(
+        decision_id=decision_id,
+        run_id=run_id,
+        authority_branch_id="production",
+        causation_event_id="event-1",
+        decision=ScheduleStep(DecisionStep(f"{decision_id}-step", "work", payload)),
     )
 
 

@@ -80,6 +80,7 @@ class LedgerStore:
         """Empty the store (every open instance sees the empty store)."""
         if self.kind == "memory":
             if self._memory is not None:
+                self._memory._runs.clear()
                 for kept in (self._memory._records, self._memory._created):
                     kept.clear()
                 self._memory._audit_trail.clear()
@@ -93,6 +94,7 @@ class LedgerStore:
                 conn = sqlite3.connect(self.sqlite_path, isolation_level=None)
                 try:
                     conn.execute("DELETE FROM flowdecision_claims")
+                    conn.execute("DELETE FROM flowdecision_runs")
                 finally:
                     conn.close()
         elif self.kind == "postgres":
@@ -101,7 +103,9 @@ class LedgerStore:
             conn = await asyncpg.connect(self.pg_url)
             try:
                 # TRUNCATE passes the audit table's append-only rules (DELETE would not).
-                await conn.execute("TRUNCATE flowdecision_claims, flowdecision_audit")
+                await conn.execute(
+                    "TRUNCATE flowdecision_claims, flowdecision_audit, flowdecision_runs"
+                )
             finally:
                 await conn.close()
 

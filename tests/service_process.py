@@ -22,12 +22,18 @@ def decision(
     decision_id: str | None = None,
     *,
     branch: str = "production",
-    run_id: str = "run-1",
+    run_id: str | None = None,
     n: int = 1,
     step: bool = True,
 ) -> DecisionRequest:
-    """A valid request; change ``n`` to get different content under the same id."""
+    """A valid request; change ``n`` to get different content under the same id.
+
+    A step's run is ``run-1`` unless named; a ``complete`` (``step=False``) gets
+    a run of its own (``run-<id>``), as a run takes one ``complete``.
+    """
     decision_id = decision_id or f"dec-{uuid.uuid4().hex[:12]}"
+    if run_id is None:
+        run_id = "run-1" if step else f"run-{decision_id}"
     chosen = (
         ScheduleStep(
             step=DecisionStep(step_id=f"{decision_id}-s", step_name="fetch", input={"n": n})

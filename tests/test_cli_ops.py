@@ -17,7 +17,7 @@ import pytest
 from flowdecision import Dispatcher, DispatchOutcome
 from flowdecision.ledger import SqliteLedger
 
-from .helpers import RecordingSink, request
+from .helpers import RecordingSink, step_request
 
 CLI = [sys.executable, "-m", "flowdecision.cli"]
 
@@ -34,7 +34,7 @@ def _seed(path: Path) -> None:
         try:
             dispatcher = Dispatcher("production", RecordingSink(), ledger)
             for i in range(3):
-                await dispatcher.dispatch(request(decision_id=f"a-{i}", run_id="run-a"))
+                await dispatcher.dispatch(step_request(f"a-{i}", run_id="run-a"))
             for i in range(2):
                 await ledger.claim(f"b-{i}", "h", "died", lease_ms=1)
         finally:
@@ -52,7 +52,8 @@ def ledger_url(tmp_path: Path) -> str:
 def test_list_by_run_and_state_as_a_table_and_as_json(ledger_url: str) -> None:
     table = flowdecision("list", "--ledger", ledger_url, "--run", "run-a", "--count")
     assert table.returncode == 0, table.stderr
-    lines = table.stdout.splitlines()
+    run_line, *lines = table.stdout.splitlines()
+    assert run_line == "run run-a: open"  # the run's state first (issue 40)
     assert lines[0].split() == [
         "decision_id", "state", "attempts", "created_at_ms", "lease/completion", "run_id",
     ]  # fmt: skip
@@ -108,7 +109,7 @@ def test_forget_needs_a_reason_and_frees_the_id(ledger_url: str, tmp_path: Path)
         try:
             sink = RecordingSink()
             await Dispatcher("production", sink, ledger).dispatch(
-                request(decision_id="a-0", run_id="run-a")
+                step_request("a-0", run_id="run-a")
             )
             return sink.ids == ["a-0"]
         finally:
@@ -167,7 +168,7 @@ def test_prune_keep_tombstones_then_the_horizon(ledger_url: str, tmp_path: Path)
         try:
             sink = RecordingSink()
             outcome = await Dispatcher("production", sink, ledger).dispatch(
-                request(decision_id="a-1", run_id="run-a")
+                step_request("a-1", run_id="run-a")
             )
             assert sink.ids == []  # never reached the sink
             return outcome

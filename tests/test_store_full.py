@@ -32,11 +32,10 @@ from flowdecision import Dispatcher
 from flowdecision.errors import DispatchStoreFullError, StoreFullError
 from flowdecision.ledger.postgres import PostgresLedger
 from flowdecision.ledger.url import open_ledger
-from flowdecision.model import Complete
 from flowdecision.outage import Outage
 from flowdecision.service.runtime import OK, _check
 from flowdecision.sinks import OutboxSink
-from tests.helpers import request
+from tests.helpers import step_request
 from tests.postgres_server import PostgresServer
 from tests.service_process import ServiceProcess, decision
 
@@ -87,7 +86,7 @@ def _fill(disk: Path, leave_bytes: int, name: str = "filler") -> Path:
 
 
 def _big(decision_id: str) -> Any:
-    return request(decision_id=decision_id, decision=Complete(output={"blob": PAYLOAD}))
+    return step_request(decision_id, {"blob": PAYLOAD})
 
 
 async def test_sqlite_full_disk_is_store_full_and_recovers_without_a_restart(

@@ -24,9 +24,8 @@ from flowdecision.errors import DecisionConflictError
 from flowdecision.ledger import JsonFileLedger, MemoryLedger, SqliteLedger
 from flowdecision.ledger.postgres import PostgresLedger
 from flowdecision.ledger.protocol import Ledger
-from flowdecision.model import Complete
 
-from .helpers import RecordingSink, request
+from .helpers import RecordingSink, step_request
 from .ledger_fixtures import _create_database, _migrate, _run_sync
 
 IDS = ["a", "b", "c"]
@@ -53,9 +52,7 @@ async def _play(ledger: Ledger, plan: list[tuple[object, ...]], keep: bool) -> l
             _, decision_id, payload = step
             assert isinstance(decision_id, str)
             try:
-                await dispatcher.dispatch(
-                    request(decision_id=decision_id, decision=Complete(output={"p": payload}))
-                )
+                await dispatcher.dispatch(step_request(decision_id, {"p": payload}))
             except DecisionConflictError:
                 pass  # another payload under a known id: refused, never delivered
     finally:

@@ -29,7 +29,7 @@ from flowdecision.ledger.memory import MemoryLedger
 from flowdecision.ledger.protocol import Ledger
 from flowdecision.ledger.states import AlreadyCompleted, Claimed, JointOutcome
 from flowdecision.ledger.url import open_ledger
-from flowdecision.model import Complete, DecisionRequest
+from flowdecision.model import DecisionRequest
 from flowdecision.sinks import (
     JointSink,
     OutboxConflictError,
@@ -38,7 +38,7 @@ from flowdecision.sinks import (
     TransactionalSink,
 )
 from flowdecision.store.joint import JointWrite
-from tests.helpers import request
+from tests.helpers import step_request
 
 BRANCH = "production"
 
@@ -65,7 +65,8 @@ async def _open(url: str) -> tuple[Ledger, OutboxSink]:
 
 
 def _req(decision_id: str, output: Any = None) -> DecisionRequest:
-    return request(decision_id=decision_id, decision=Complete(output=output))
+    # A step: the tests send many decisions of one run (a run takes one complete).
+    return step_request(decision_id, output)
 
 
 async def test_colocated_dispatch_claims_writes_and_completes_in_one_commit(

@@ -50,21 +50,25 @@ from ..store.migrations import sqlite_schema_version
 from ..store.sqlite import SqliteOpener
 from ..store.sqlite_thread import Job, SqliteThread
 from ..store.transactions import sqlite_transaction
-from .base import JointOperation, Operation, PruneMode, PruneProgress
+from .base import JointOperation, Operation, PruneMode, PruneProgress, RunBound
 from .machine import ClaimRecord, Creation, Transition, tombstone_of
 from .rows import (
     AUDIT_INSERTED,
     AUDIT_TABLE,
     I64_MAX,
     LEDGER,
+    RUNS_COLUMNS,
+    RUNS_TABLE,
     TABLE,
     DecodedRecords,
     audit_values,
     creation_values,
     encode_row,
+    run_of,
+    run_values,
 )
 from .sqlgen import SqlLedger
-from .states import AuditEntry, Claimed, JointOutcome
+from .states import AuditEntry, Claimed, JointOutcome, RunState
 
 __all__ = [
     "DEFAULT_SQLITE_PATH",
@@ -112,6 +116,35 @@ _ACT_UPDATE_SQL = (
 )
 
 SCHEMA_VERSION = LEDGER.newest("sqlite")
+
+_RUN_SELECT_SQL = f"SELECT {RUNS_COLUMNS} FROM {RUNS_TABLE} WHERE run_id = ?"
+#: A run's row after the transition that changed it (a reserve or a close).
+_RUN_UPSERT_SQL = (
+    f"INSERT INTO {RUNS_TABLE} ({RUNS_COLUMNS}) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (run_id) DO UPDATE SET terminal_decision_id = excluded.terminal_decision_id, "
+    "terminal_kind = excluded.terminal_kind, "
+    "terminal_claimed_at_ms = excluded.terminal_claimed_at_ms, "
+    "closed_at_ms = excluded.closed_at_ms"
+)
+
+
+def _run_id_of(op: Any) -> str | None:
+    """The run whose record a queued operation needs (run invariants), or None."""
+    if isinstance(op, RunBound):
+        return op.run_id
+    if isinstance(op, JointOperation):
+        return op.run_id
+    return None
+
+
+class _RunSlot:
+    """One run's record while a batch is being applied."""
+
+    __slots__ = ("dirty", "run")
+
+    def __init__(self, run: RunState | None) -> None:
+        self.run = run
+        self.dirty = False
 
 
 class _Slot:
@@ -173,6 +206,8 @@ class SqliteLedger(SqlLedger):
     SQLite's default; see :mod:`flowdecision.store.checkpoint`).
 
     ``keep_tombstones``: what :meth:`prune_completed` does when not told.
+    ``run_invariants`` (default on): claims and completions that name their
+    run keep the run rules (docs/PROTOCOL.md, "Runs"), in their transaction.
     """
 
     _style = "?"
@@ -191,6 +226,7 @@ class SqliteLedger(SqlLedger):
         checkpoint_interval_ms: float = SQLITE_CHECKPOINT_INTERVAL_MS,
         create: bool = True,
         keep_tombstones: bool = False,
+        run_invariants: bool = True,
     ) -> None:
         sync = str(synchronous).upper()
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
@@ -214,6 +250,7 @@ class SqliteLedger(SqlLedger):
         self.cache_kib = cache_kib
         self.create = bool(create)
         self.keep_tombstones = bool(keep_tombstones)
+        self.run_invariants = bool(run_invariants)
         self._opener = SqliteOpener(
             LEDGER,
             self.path,
@@ -292,9 +329,16 @@ class SqliteLedger(SqlLedger):
 
     # -- primitives ---------------------------------------------------------
 
-    async def _apply(self, decision_id: str, op: Operation[T]) -> T:
+    async def _apply(self, decision_id: str, op: Operation[T] | RunBound[T]) -> T:
         result: T = await self._thread.apply((decision_id, op))
         return result
+
+    async def _read_run(self, run_id: str) -> RunState | None:
+        def work(conn: sqlite3.Connection) -> RunState | None:
+            row = conn.execute(_RUN_SELECT_SQL, (run_id,)).fetchone()
+            return None if row is None else run_of(row)
+
+        return await self._thread.run(work)
 
     def store_key(self) -> StoreKey:
         """The database file: an outbox in the same file joins this ledger's transactions."""
@@ -418,7 +462,11 @@ class SqliteLedger(SqlLedger):
 
     def _write_batch(self, conn: sqlite3.Connection, jobs: list[Job]) -> Callable[[], None] | None:
         """Apply ``jobs`` in arrival order and write the rows they changed."""
-        slots = self._transform(conn, jobs)
+        slots, runs = self._transform(conn, jobs)
+        for run_slot in runs.values():
+            if run_slot.dirty:
+                assert run_slot.run is not None
+                conn.execute(_RUN_UPSERT_SQL, run_values(run_slot.run))
         now = self.now_ms()
         rows: list[Any] = []
         for decision_id, slot in slots.items():
@@ -448,24 +496,35 @@ class SqliteLedger(SqlLedger):
 
         return committed
 
-    def _transform(self, conn: sqlite3.Connection, jobs: list[Job]) -> dict[str, _Slot]:
+    def _transform(
+        self, conn: sqlite3.Connection, jobs: list[Job]
+    ) -> tuple[dict[str, _Slot], dict[str, _RunSlot]]:
         slots: dict[str, _Slot] = {}
         stored: dict[str, tuple[Any, str | None]]
+        runs: dict[str, _RunSlot] = {}
         if len(jobs) == 1:
             # A lone caller (the single-caller cycle): one plain keyed read.
-            decision_id = jobs[0].payload[0]
+            decision_id, only = jobs[0].payload
             row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
             stored = {} if row is None else {decision_id: (row[0], row[1])}
+            run_id = _run_id_of(only)
+            if run_id is not None:
+                found = conn.execute(_RUN_SELECT_SQL, (run_id,)).fetchone()
+                runs[run_id] = _RunSlot(None if found is None else run_of(found))
         else:
             stored = _read_rows(conn, {job.payload[0] for job in jobs})
+            run_ids = {run_id for job in jobs if (run_id := _run_id_of(job.payload[1]))}
+            if run_ids:
+                runs = _read_runs(conn, run_ids)
         # Joint rows wait to be written together (one statement), until the batch
         # ends or another job for one of their decisions comes (it must see the
         # row's outcome: a refused row leaves its decision as it was).
         deferred: list[_Deferred] = []
-        deferred_ids: set[str] = set()
+        deferred_ids: set[str] = set()  # decisions and runs a deferred row may restore
         for job in jobs:
             decision_id, op = job.payload
-            if decision_id in deferred_ids:
+            run_id = _run_id_of(op)
+            if decision_id in deferred_ids or (run_id is not None and run_id in deferred_ids):
                 _write_deferred(conn, deferred)
                 deferred, deferred_ids = [], set()
             slot = slots.get(decision_id)
@@ -483,11 +542,15 @@ class SqliteLedger(SqlLedger):
                 job.error = copy_error(slot.error)
                 continue
             claimed: Claimed | None = None
+            run_slot = None if run_id is None else runs[run_id]
+            run = None if run_slot is None else run_slot.run
             try:
                 if isinstance(op, JointOperation) and _batched(op):
-                    transition, claimed = _claim_and_complete(op, slot.record, self.now_ms())
+                    transition, claimed = _claim_and_complete(op, slot.record, run, self.now_ms())
                 elif isinstance(op, JointOperation):
-                    transition = _joint(conn, op, slot.record, self.now_ms())
+                    transition = _joint(conn, op, slot.record, run, self.now_ms())
+                elif isinstance(op, RunBound):
+                    transition = op.op(slot.record, run, self.now_ms())
                 else:
                     transition = op(slot.record, self.now_ms())
             except sqlite3.Error:
@@ -497,8 +560,16 @@ class SqliteLedger(SqlLedger):
                 continue
             if claimed is not None:
                 assert isinstance(op, JointOperation)
-                deferred.append(_Deferred(job, op.write, claimed, slot))
+                deferred.append(_Deferred(job, op.write, claimed, slot, run_slot))
                 deferred_ids.add(decision_id)
+                if transition.run is not None and run_id is not None:
+                    # One set for both kinds of id: a run id equal to some decision id
+                    # only writes the deferred rows a little early.
+                    deferred_ids.add(run_id)
+            if transition.run is not None:
+                assert run_slot is not None
+                run_slot.run = transition.run
+                run_slot.dirty = True
             if transition.changed and transition.record is not None:
                 slot.record = transition.record
                 slot.dirty = True
@@ -506,7 +577,7 @@ class SqliteLedger(SqlLedger):
                     slot.created = transition.created
             job.result = transition.result
         _write_deferred(conn, deferred)
-        return slots
+        return slots, runs
 
 
 def _batched(joint: JointOperation) -> bool:
@@ -515,7 +586,7 @@ def _batched(joint: JointOperation) -> bool:
 
 
 def _claim_and_complete(
-    joint: JointOperation, record: ClaimRecord | None, clock: int
+    joint: JointOperation, record: ClaimRecord | None, run: RunState | None, clock: int
 ) -> tuple[Transition[Any], Claimed | None]:
     """The claim and, if claimed, the completion rules, before the joint row is written.
 
@@ -523,27 +594,32 @@ def _claim_and_complete(
     written. With ``Claimed``, the transition's result is left for the row's
     write (:func:`_write_deferred`) to fill in.
     """
-    claimed = joint.claim(record, clock)
+    claimed = joint.claim(record, run, clock)
     outcome = claimed.result
     if not isinstance(outcome, Claimed):
-        # Busy / Conflict / AlreadyCompleted: no row, as claim() answers.
+        # Busy / Conflict / AlreadyCompleted / RunClosed: no row, as claim() answers.
         return Transition(claimed.record, JointOutcome(outcome), claimed.changed), None
-    completed = joint.complete(claimed.record, clock)
-    return Transition(completed.record, None, True, claimed.created), outcome
+    completed = joint.complete(claimed.record, claimed.run or run, clock)
+    closed = completed.run or claimed.run
+    return Transition(completed.record, None, True, claimed.created, closed), outcome
 
 
 class _Deferred:
     """A claimed and completed joint decision whose row is not written yet."""
 
-    __slots__ = ("before", "claimed", "job", "slot", "write")
+    __slots__ = ("before", "claimed", "job", "run_before", "run_slot", "slot", "write")
 
-    def __init__(self, job: Job, write: JointWrite, claimed: Claimed, slot: _Slot) -> None:
+    def __init__(
+        self, job: Job, write: JointWrite, claimed: Claimed, slot: _Slot, run_slot: _RunSlot | None
+    ) -> None:
         self.job = job
         self.write = write
         self.claimed = claimed
         self.slot = slot
-        #: The slot as it was before this decision's transition (restored if refused).
+        #: The slots as they were before this decision's transition (restored if refused).
         self.before = (slot.record, slot.dirty, slot.created)
+        self.run_slot = run_slot
+        self.run_before = None if run_slot is None else (run_slot.run, run_slot.dirty)
 
 
 def _write_deferred(conn: sqlite3.Connection, deferred: list[_Deferred]) -> None:
@@ -575,6 +651,8 @@ def _write_deferred(conn: sqlite3.Connection, deferred: list[_Deferred]) -> None
                 entry.job.error = did
                 entry.job.result = None
                 entry.slot.record, entry.slot.dirty, entry.slot.created = entry.before
+                if entry.run_slot is not None and entry.run_before is not None:
+                    entry.run_slot.run, entry.run_slot.dirty = entry.run_before
             else:
                 entry.job.result = JointOutcome(entry.claimed, did)
 
@@ -597,7 +675,11 @@ def _write_one(conn: sqlite3.Connection, write: JointWrite, attempt: int) -> boo
 
 
 def _joint(
-    conn: sqlite3.Connection, joint: JointOperation, record: ClaimRecord | None, clock: int
+    conn: sqlite3.Connection,
+    joint: JointOperation,
+    record: ClaimRecord | None,
+    run: RunState | None,
+    clock: int,
 ) -> Transition[JointOutcome]:
     """Claim, write the joint row, complete: the record to store and what was done.
 
@@ -605,21 +687,23 @@ def _joint(
     a refused row or a completion rule failure rolls it back and this decision
     stores nothing (the rest of the batch is untouched).
     """
-    claimed = joint.claim(record, clock)
+    claimed = joint.claim(record, run, clock)
     outcome = claimed.result
     if not isinstance(outcome, Claimed):
-        # Busy / Conflict / AlreadyCompleted: no row, as claim() answers.
+        # Busy / Conflict / AlreadyCompleted / RunClosed: no row, as claim() answers.
         return Transition(claimed.record, JointOutcome(outcome), claimed.changed)
     conn.execute("SAVEPOINT flowdecision_joint")
     try:
         inserted = joint.write.writer.write_sqlite(conn, joint.write, outcome.attempt)
-        completed = joint.complete(claimed.record, clock)
+        completed = joint.complete(claimed.record, claimed.run or run, clock)
     except BaseException:
         conn.execute("ROLLBACK TO flowdecision_joint")
         conn.execute("RELEASE flowdecision_joint")
         raise
     conn.execute("RELEASE flowdecision_joint")
-    return Transition(completed.record, JointOutcome(outcome, inserted), True, claimed.created)
+    closed = completed.run or claimed.run
+    outcome_ = JointOutcome(outcome, inserted)
+    return Transition(completed.record, outcome_, True, claimed.created, closed)
 
 
 def _read_rows(
@@ -642,3 +726,17 @@ def _read_rows(
         ):
             found[decision_id] = (record, traceparent)
     return found
+
+
+def _read_runs(conn: sqlite3.Connection, run_ids: set[str]) -> dict[str, _RunSlot]:
+    """A slot for each of ``run_ids``: its stored record, or None (an open run)."""
+    runs = {run_id: _RunSlot(None) for run_id in run_ids}
+    ids = list(run_ids)
+    for start in range(0, len(ids), _READ_CHUNK):
+        chunk = ids[start : start + _READ_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        for row in conn.execute(
+            f"SELECT {RUNS_COLUMNS} FROM {RUNS_TABLE} WHERE run_id IN ({marks})", chunk
+        ):
+            runs[row[0]] = _RunSlot(run_of(row))
+    return runs

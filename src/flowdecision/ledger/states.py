@@ -12,7 +12,7 @@ from enum import StrEnum
 from functools import partial
 from typing import Any, ClassVar, NamedTuple
 
-from ..bodies import DecisionStateBody
+from ..bodies import DecisionStateBody, RunStateBody
 from ..identity import ExecutionIdentity, ResultReceipt
 
 __all__ = [
@@ -30,6 +30,9 @@ __all__ = [
     "LedgerEntry",
     "Missing",
     "Pending",
+    "RunClosed",
+    "RunState",
+    "RunStatus",
     "Tombstoned",
     "Unavailable",
     "decision_state_body",
@@ -82,7 +85,87 @@ class Conflict:
     traceparent: str | None = field(default=None, compare=False)
 
 
-ClaimOutcome = Claimed | AlreadyCompleted | Busy | Conflict
+class RunStatus(StrEnum):
+    """Where a run stands under the run invariants (docs/PROTOCOL.md, "Runs")."""
+
+    #: No terminal decision claimed: the run takes any new decision.
+    OPEN = "open"
+    #: A terminal decision (``complete``/``fail``) is claimed, not yet completed:
+    #: another terminal decision is refused, other new decisions are taken.
+    CLOSING = "closing"
+    #: Its terminal decision completed: the run takes no new decision.
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """One run's record under the run invariants: its terminal decision and its close.
+
+    Stored beside the claim records (never in them: they stay the seed's), in
+    the same transaction as the claim and the completion that change it. A run
+    without a stored record is ``open`` (:meth:`opened`). ``terminal_kind`` is
+    the terminal decision's type (``complete`` or ``fail``): what closed the run.
+    """
+
+    run_id: str
+    terminal_decision_id: str | None = None
+    terminal_kind: str | None = None
+    #: When the terminal decision was first claimed (the run went ``closing``).
+    terminal_claimed_at_ms: int | None = None
+    closed_at_ms: int | None = None
+
+    @classmethod
+    def opened(cls, run_id: str) -> RunState:
+        """An open run (no terminal decision): what a run without a record is."""
+        return cls(run_id)
+
+    @property
+    def status(self) -> RunStatus:
+        """``open``, ``closing`` or ``closed``."""
+        if self.closed_at_ms is not None:
+            return RunStatus.CLOSED
+        if self.terminal_decision_id is not None:
+            return RunStatus.CLOSING
+        return RunStatus.OPEN
+
+    @property
+    def closed_by(self) -> str | None:
+        """The decision that closed the run, once closed."""
+        return self.terminal_decision_id if self.closed_at_ms is not None else None
+
+    def to_dict(self) -> RunStateBody:
+        """The one JSON shape of a run's state (``GET /v1/runs/{id}``'s ``run``,
+        ``flowdecision list --run --json``, the client's ``RunPage.run``)."""
+        return {
+            "run_id": self.run_id,
+            "state": self.status.value,
+            "terminal_decision_id": self.terminal_decision_id,
+            "terminal_kind": self.terminal_kind,  # type: ignore[typeddict-item]
+            "closed_by": self.closed_by,
+            "closed_at_ms": self.closed_at_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> RunState:
+        """Read back :meth:`to_dict`'s shape (the client)."""
+        return cls(
+            run_id=str(obj["run_id"]),
+            terminal_decision_id=obj.get("terminal_decision_id"),
+            terminal_kind=obj.get("terminal_kind"),
+            closed_at_ms=obj.get("closed_at_ms"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunClosed:
+    """The claim was refused: its run is closed, or (for a terminal decision)
+    another terminal decision of the run is claimed or completed. ``run`` says
+    which decision and when; nothing was stored for the refused decision."""
+
+    run: RunState
+
+
+ClaimOutcome = Claimed | AlreadyCompleted | Busy | Conflict | RunClosed
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,6 +141,9 @@ class Settings:
     admin_token_file: str | None = None
     #: Prunes of this service's ledger keep tombstones (docs/OPERATIONS.md).
     keep_tombstones: bool = False
+    #: The run invariants (docs/PROTOCOL.md, "Runs") on ledgers that keep them
+    #: (SQLite, PostgreSQL, memory); the JSON file ledger never does.
+    run_invariants: bool = True
 
     # -- derived -----------------------------------------------------------------
 
@@ -378,6 +381,7 @@ _TYPES: dict[str, type] = {
     "admin_token": str,
     "admin_token_file": str,
     "keep_tombstones": bool,
+    "run_invariants": bool,
 }
 assert set(_TYPES) == set(_FIELDS)
 

@@ -31,6 +31,7 @@ from ..bodies import (
     LimitDetails,
     NotFoundDetails,
     ParameterDetails,
+    RunClosedDetails,
     TooLargeDetails,
     ValuesLimitDetails,
 )
@@ -135,6 +136,16 @@ def _conflict(error: Any, _ctx: ErrorContext) -> ConflictDetails:
     return {"decision_id": error.decision_id}
 
 
+def _run_closed(error: Any, _ctx: ErrorContext) -> RunClosedDetails:
+    return {
+        "decision_id": error.decision_id,
+        "run_id": error.run_id,
+        "run_state": error.run_state,
+        "closed_by": error.closed_by,
+        "closed_at_ms": error.closed_at_ms,
+    }
+
+
 #: Error code -> HTTP answer. The codes are the error classes' ``code`` (see
 #: ``flowdecision/errors.py``); docs/SERVICE.md lists the same table.
 HTTP_ERRORS: dict[str, HttpAnswer] = {
@@ -142,6 +153,8 @@ HTTP_ERRORS: dict[str, HttpAnswer] = {
     "forbidden_branch": HttpAnswer(403, None, details=_branch),
     "conflict": HttpAnswer(409, None, details=_conflict),
     "busy": HttpAnswer(409, None, RetryAfter.HEARTBEAT, _busy),
+    # The run is over (or, for a terminal decision, has its terminal one): permanent.
+    "run_closed": HttpAnswer(409, None, details=_run_closed),
     "decision_too_large": HttpAnswer(413, None, details=_too_large),
     "invalid_request": HttpAnswer(422, None, details=_fields),
     "invalid_identifier": HttpAnswer(422, None, details=_fields),

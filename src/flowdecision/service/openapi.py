@@ -377,6 +377,7 @@ def _query_param(name: str, description: str, schema: dict[str, Any]) -> dict[st
 def _operation_paths(schemas: _Schemas, paths: dict[str, Any]) -> None:
     """The operator routes (service/operations.py): queries, the audit trail, actions."""
     page = schemas.of(bodies.DecisionPageBody)
+    run_page = schemas.of(bodies.RunPageBody)
     audit = schemas.of(bodies.AuditPageBody)
     entry = schemas.of(bodies.AuditEntryBody)
     action = schemas.of(bodies.ActionBody)
@@ -451,9 +452,12 @@ def _operation_paths(schemas: _Schemas, paths: dict[str, Any]) -> None:
     paths["/v1/runs/{run_id}"] = {
         "get": read(
             "getRun",
-            "One run's decisions, in the order they were first claimed",
+            "One run's state and its decisions, in the order they were first claimed",
             [run_id, *common],
-            page,
+            run_page,
+            "`run` is the run's state under the run invariants: `open`, `closing` (its "
+            "`complete`/`fail` decision is claimed, not completed) or `closed` (`closed_by`, "
+            "`closed_at_ms`). A run the ledger knows nothing of is `open`.",
         )
     }
     paths["/v1/audit"] = {
@@ -579,7 +583,7 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                     "201 `submitted` when this call delivered it, 200 `duplicate` when it "
                     "was already completed (treat both alike: the decision is in). Retry "
                     "409 `busy`, 502 and 503 with the same body after `Retry-After`; never "
-                    "retry 403, 409 `conflict`, 413 or 422 unchanged. A client that "
+                    "retry 403, 409 `conflict`/`run_closed`, 413 or 422 unchanged. A client that "
                     "disconnects while sending its body gets nothing; the service logs and "
                     "counts it as 499, a status it never sends."
                 ),

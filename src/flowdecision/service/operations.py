@@ -4,7 +4,8 @@
   keyset page (:class:`~flowdecision.ledger.query.DecisionQuery`); ``by=completed``
   filters on and orders by completion time instead of first-claim time;
   ``count=true`` adds how many match.
-* ``GET /v1/runs/{run_id}``: the run's decisions in the order they were first claimed.
+* ``GET /v1/runs/{run_id}``: the run's state (open, closing or closed: by which
+  decision, when) and its decisions in the order they were first claimed.
 * ``GET /v1/audit?decision_id=&before=&after=&cursor=&limit=``: the audit trail.
 * ``POST /v1/actions/release`` and ``POST /v1/actions/forget`` with
   ``{"decision_id", "actor", "reason"}``: need an **admin token** (never the
@@ -16,6 +17,7 @@ admin token opens nothing else).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from typing import Any
@@ -95,7 +97,9 @@ async def _ledger_call(service: Service, call: Any) -> Any:
         return response_for_error(error, service.error_context())
 
 
-async def _page(request: Request, run_id: str | None, run_where: str) -> Response:
+async def _page(
+    request: Request, run_id: str | None, run_where: str, *, with_run: bool = False
+) -> Response:
     service = _service(request)
     try:
         query = DecisionQuery(
@@ -122,6 +126,12 @@ async def _page(request: Request, run_id: str | None, run_where: str) -> Respons
     page = await _ledger_call(service, service.ledger.list_decisions(query))
     if isinstance(page, Response):
         return page
+    if with_run:
+        assert run_id is not None
+        run = await _ledger_call(service, service.ledger.run_state(run_id))
+        if isinstance(run, Response):
+            return run
+        page = dataclasses.replace(page, run=run)
     body: dict[str, Any] = page.to_dict()
     if with_count:
         count = await _ledger_call(service, service.ledger.count_decisions(query))
@@ -141,13 +151,13 @@ async def list_decisions(request: Request) -> Response:
 
 
 async def get_run(request: Request) -> Response:
-    """One run's decisions, in the order they were first claimed."""
+    """One run's state and its decisions, in the order they were first claimed."""
     run_id = request.path_params["run_id"]
     if run_id == "":  # `/v1/runs/` (where `/v1/runs` redirects): no run named
         return bad_param(
             BadParamError("run_id", "must not be empty: name the run", where="path parameter")
         )
-    return await _page(request, run_id, "path parameter")
+    return await _page(request, run_id, "path parameter", with_run=True)
 
 
 async def get_audit(request: Request) -> Response:

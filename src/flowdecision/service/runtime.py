@@ -214,6 +214,8 @@ class Service:
         self.sink = sink
         if settings.keep_tombstones and hasattr(ledger, "keep_tombstones"):
             ledger.keep_tombstones = True  # every prune of this ledger keeps tombstones
+        if ledger.runs_supported:  # before the dispatcher, which reads it once
+            ledger.run_invariants = settings.run_invariants
         self.dispatcher = Dispatcher(
             settings.production_branch, sink, ledger, lease_ms=settings.lease_ms
         )

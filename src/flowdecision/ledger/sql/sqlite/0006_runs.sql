@@ -1,0 +1,17 @@
+-- flowdecision SQLite ledger, schema version 6: run invariants.
+--
+-- One row per run that has (or had) a terminal decision: the `complete` or
+-- `fail` decision reserved when it was first claimed, and, once it completed,
+-- the close. Written in the same transaction as that claim and that
+-- completion; a run without a row is open (docs/PROTOCOL.md, "Runs"). The
+-- claim records themselves are untouched (they stay the seed's).
+-- Existing stores upgrade in place on open: the table starts empty, so every
+-- run already in the ledger is open until a terminal decision of it is
+-- claimed under the new rules.
+CREATE TABLE flowdecision_runs (
+    run_id                 TEXT    NOT NULL PRIMARY KEY,
+    terminal_decision_id   TEXT    NOT NULL,
+    terminal_kind          TEXT    NOT NULL,
+    terminal_claimed_at_ms INTEGER NOT NULL,
+    closed_at_ms           INTEGER
+);
