@@ -80,6 +80,8 @@ def test_package_imports_only_what_the_architecture_allows(package: str) -> None
 
 #: package -> everything in flowdecision it may import (stricter than FORBIDDEN).
 ALLOWED = {
+    # Tracing is below everything that records spans: it knows only the error tree.
+    "tracing": {"tracing", "errors"},
     # `defaults` (constants only): every constructor's defaults, from one place.
     "store": {"store", "errors", "closing", "redact", "defaults", "tracing"},
     # `bodies` (TypedDicts only): to_dict() returns the service's JSON shape.
