@@ -200,7 +200,7 @@ async def test_the_dispatchers_transactional_commit_wakes_a_waiting_relay(tmp_pa
         SqliteLedger(tmp_path / "shared.db") as led,
     ):
         dispatcher = Dispatcher("production", outbox, led)
-        assert dispatcher.transactional
+        assert dispatcher.joint
         relay = OutboxRelay(outbox, sink, idle_wait_s=30)
         task = asyncio.create_task(relay.run())
         await _until(lambda: relay.status().state == "idle")

@@ -97,7 +97,7 @@ async def test_sqlite_full_disk_is_store_full_and_recovers_without_a_restart(
     outbox = await OutboxSink(url).open()
     try:
         dispatcher = Dispatcher(BRANCH, outbox, ledger, owner_id="owner-a")
-        assert dispatcher.transactional
+        assert dispatcher.joint
         filler = _fill(small_disk, 300_000)
         accepted: list[str] = []
         with pytest.raises(DispatchStoreFullError) as caught:

@@ -131,7 +131,7 @@ async def test_an_outbox_in_another_database_is_not_joined(
             )
         assert "unparseable" not in ledger.where and "flowdecision_ident_a" in ledger.where
         dispatcher = Dispatcher(BRANCH, sink, ledger, owner_id="owner-a")
-        assert not dispatcher.transactional
+        assert not dispatcher.joint
         outcome = await dispatcher.dispatch(
             request(decision_id="d-1", decision=Complete(output=None))
         )
@@ -156,7 +156,7 @@ async def test_the_same_database_through_the_multi_host_dsn_is_joined(
     outbox = await OutboxSink(url_a.partition("?")[0]).open()
     try:
         dispatcher = Dispatcher(BRANCH, outbox, ledger, owner_id="owner-a")
-        assert dispatcher.transactional
+        assert dispatcher.joint
         assert (await dispatcher.dispatch(request(decision_id="d-2"))).submitted
         assert await _outbox_rows(url_a) == 1
     finally:

@@ -141,7 +141,7 @@ async def test_submitted_on_the_default_layout_is_one_dispatch_span(
     ledger = await store.ledger()
     outbox = await store.outbox()
     dispatcher = Dispatcher("production", outbox, ledger)
-    assert dispatcher.transactional
+    assert dispatcher.joint
 
     assert (await dispatcher.dispatch(request(decision_id="dec-1"))).submitted
 

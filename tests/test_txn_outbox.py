@@ -35,7 +35,6 @@ from flowdecision.sinks import (
     OutboxConflictError,
     OutboxError,
     OutboxSink,
-    TransactionalSink,
 )
 from flowdecision.store.joint import JointWrite
 from tests.helpers import step_request
@@ -76,8 +75,6 @@ async def test_colocated_dispatch_claims_writes_and_completes_in_one_commit(
     try:
         dispatcher = Dispatcher(BRANCH, outbox, ledger, owner_id="owner-a")
         assert dispatcher.joint and isinstance(outbox, JointSink)
-        # The old names stay: TransactionalSink, Dispatcher.joint.
-        assert TransactionalSink is JointSink and dispatcher.transactional
         first = _req("d-1")
         outcome = await dispatcher.dispatch(first)
         _, receipt = decision_receipt(first)
@@ -337,7 +334,7 @@ async def test_a_joint_write_for_another_store_is_refused(tmp_path: Path) -> Non
             )
         assert await ledger.read_record("x") is None and await other.count() == 0
         with pytest.raises(LedgerError, match="no shared store"):
-            await MemoryLedger().claim_and_complete(
+            await MemoryLedger().joint_commit(
                 "x",
                 request_hash(item),
                 "owner",
@@ -460,14 +457,6 @@ async def test_joint_commit_answers_what_it_did(store_url: str) -> None:
         assert answers[0] == JointOutcome(Claimed(1), True)
         assert answers[1] == JointOutcome(Claimed(1), False)
         assert isinstance(answers[2].claim, AlreadyCompleted) and answers[2].inserted is None
-        # The old name answers the claim's outcome alone.
-        item = _req("old-name")
-        ident, receipt = decision_receipt(item)
-        outcome = await ledger.claim_and_complete(
-            "old-name", request_hash(item), "owner", lease_ms=1000, identity=ident,
-            receipt=receipt, write=await outbox.prepare(item),
-        )  # fmt: skip
-        assert outcome == Claimed(1) and await outbox.count() == 3
     finally:
         await outbox.close()
         await ledger.close()

@@ -383,11 +383,6 @@ class Dispatcher:
         self._span_labels: tuple[str, str] | None = None
 
     @property
-    def transactional(self) -> bool:
-        """The old name of :attr:`joint`."""
-        return self.joint
-
-    @property
     def heartbeat_s(self) -> float:
         """How often a live lease is renewed while the sink runs (a third of the lease)."""
         return self._heartbeat_s

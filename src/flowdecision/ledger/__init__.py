@@ -1,7 +1,7 @@
 """Claim ledgers: one public API (:class:`Ledger`, written once over a few storage
 primitives), one state machine (:mod:`.machine`), several stores."""
 
-from .base import StoredLedger, wall_clock_ms
+from .base import wall_clock_ms
 from .jsonfile import JsonFileLedger
 from .machine import ClaimRecord, ClaimStatus
 from .memory import MemoryLedger
@@ -49,7 +49,6 @@ __all__ = [
     "RunState",
     "RunStatus",
     "SqliteLedger",
-    "StoredLedger",
     "Unavailable",
     "open_ledger",
     "wall_clock_ms",

@@ -25,7 +25,7 @@ Argument validation, identity fencing and receipt binding live here, so every
 backend enforces exactly the same rules. Anything that stores nothing itself
 (a wrapper that journals or injects faults, a scripted test double) extends
 :class:`~flowdecision.ledger.protocol.DelegatingLedger` instead, which
-forwards every public call. ``StoredLedger`` is this class's old name.
+forwards every public call.
 """
 
 from __future__ import annotations
@@ -75,7 +75,6 @@ __all__ = [
     "RunBound",
     "RunOperation",
     "ScanningLedger",
-    "StoredLedger",
     "wall_clock_ms",
 ]
 
@@ -546,11 +545,6 @@ class Ledger(Closable, abc.ABC):
 
         return await self._apply_joint(decision_id, JointOperation(claim, complete, write))
 
-    async def claim_and_complete(self, *args: Any, **kwargs: Any) -> ClaimOutcome:
-        """The old name of :meth:`joint_commit` (same arguments), answering only the
-        claim's outcome."""
-        return (await self.joint_commit(*args, **kwargs)).claim
-
     async def release(
         self,
         decision_id: str,
@@ -693,10 +687,6 @@ class Ledger(Closable, abc.ABC):
     async def audit(self, query: AuditQuery) -> AuditPage:
         """A page of the append-only audit trail, oldest first."""
         return await self._audit(query)
-
-
-#: The old name of :class:`Ledger`, the storage template (kept importable).
-StoredLedger = Ledger
 
 
 class ScanningLedger(Ledger):

@@ -209,8 +209,7 @@ INTERNAL = HTTP_ERRORS["internal"]
 class ServiceCode:
     """A code the service answers itself (not a library error class): its status,
     the TypedDict of its extra members and its ``Retry-After`` policy. A row of
-    :data:`SERVICE_ERRORS` (it was named ``ServiceError``, which is also the
-    client's exception; the old name stays importable from here).
+    :data:`SERVICE_ERRORS`.
 
     ``where`` names the module that sends it. tests/test_openapi.py checks that
     every ``error_response``/``edge_answer`` in the service uses a code listed
@@ -222,10 +221,6 @@ class ServiceCode:
     details: type | None = None
     retry_after: RetryAfter = RetryAfter.NEVER
 
-
-#: The old names of the two row types (neither is an exception).
-HttpError = HttpAnswer
-ServiceError = ServiceCode
 
 #: Codes answered outside :data:`HTTP_ERRORS`, for the OpenAPI contract
 #: (service/openapi.py) and docs/SERVICE.md.

@@ -85,10 +85,7 @@ NOT_PROBED = Check(True, "not_probed")
 
 @dataclass(frozen=True, slots=True)
 class HealthVerdict:
-    """The service's verdict (``/healthz``) with the checks behind it.
-
-    (Named ``ServiceHealth`` before, like the client's answer to ``/healthz``;
-    that old name stays importable from here.)"""
+    """The service's verdict (``/healthz``) with the checks behind it."""
 
     ledger: Check
     sink: Check
@@ -473,6 +470,3 @@ class Service:
         finally:
             await self.ledger.close()
 
-
-#: The old name of :class:`HealthVerdict` (the client's ``ServiceHealth`` is another type).
-ServiceHealth = HealthVerdict

@@ -1,6 +1,6 @@
 """Sinks: the boundary where accepted decisions leave for the workflow engine."""
 
-from .base import InvalidSinkError, JointSink, Sink, TransactionalSink
+from .base import InvalidSinkError, JointSink, Sink
 from .outbox import (
     OutboxConflictError,
     OutboxEntry,
@@ -23,5 +23,4 @@ __all__ = [
     "OutboxSink",
     "RelayStatus",
     "Sink",
-    "TransactionalSink",
 ]

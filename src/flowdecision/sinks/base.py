@@ -15,12 +15,10 @@ __all__ = [
     "InvalidSinkError",
     "JointSink",
     "Sink",
-    "TransactionalSink",
     "check_attempt",
     "check_sink",
     "has_async_submit",
     "is_joint",
-    "joins_ledger",
 ]
 
 
@@ -70,17 +68,9 @@ class JointSink(Sink, Protocol):
         ...
 
 
-#: The old name of :class:`JointSink`.
-TransactionalSink = JointSink
-
-
 def is_joint(sink: object, ledger: HasStoreKey) -> bool:
     """True when ``sink`` is a :class:`JointSink` sharing ``ledger``'s store."""
     return isinstance(sink, JointSink) and sink.joint_with(ledger)
-
-
-#: The old name of :func:`is_joint`.
-joins_ledger = is_joint
 
 
 def check_attempt(attempt: object) -> int:

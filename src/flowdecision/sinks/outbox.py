@@ -364,10 +364,6 @@ class OutboxSink(Closable):
         is claimed, written here and completed in one commit: exactly once."""
         return ledger.store_key() == self._store_key
 
-    def joins(self, ledger: HasStoreKey) -> bool:
-        """The old name of :meth:`joint_with`."""
-        return self.joint_with(ledger)
-
     async def prepare(self, request: DecisionRequest) -> JointWrite:
         """The row for ``request``, to write in the ledger's transaction.
 

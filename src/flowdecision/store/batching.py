@@ -14,9 +14,7 @@ __all__ = ["Queued", "copy_error", "settle"]
 
 
 class Queued(Protocol):
-    """What :func:`settle` reads of a queued operation.
-
-    (Named ``Pending`` before, like the claim state ``flowdecision.Pending``.)"""
+    """What :func:`settle` reads of a queued operation."""
 
     @property
     def future(self) -> asyncio.Future[Any] | None: ...
@@ -42,10 +40,6 @@ def settle(items: Iterable[Queued]) -> None:
             future.set_exception(item.error)
         else:
             future.set_result(item.result)
-
-
-#: The old name of :class:`Queued`.
-Pending = Queued
 
 
 def copy_error(error: BaseException) -> BaseException:
