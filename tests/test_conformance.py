@@ -426,10 +426,13 @@ async def test_postgres_newer_schema_is_refused(pg_empty_url: str) -> None:
     await ledger.migrate()
     await ledger.close()
     conn = await asyncpg.connect(pg_empty_url)
-    await conn.execute("INSERT INTO flowdecision_schema_version (version, name) VALUES (7, 'x')")
+    newer = PG_VERSION + 1
+    await conn.execute(
+        f"INSERT INTO flowdecision_schema_version (version, name) VALUES ({newer}, 'x')"
+    )
     await conn.close()
     with pytest.raises(
-        LedgerSchemaError, match=f"schema version 7, newer than version {PG_VERSION}"
+        LedgerSchemaError, match=f"schema version {newer}, newer than version {PG_VERSION}"
     ):
         await PostgresLedger.connect(pg_empty_url)
     migrator = PostgresLedger(pg_empty_url)

@@ -38,6 +38,7 @@ from flowdecision.errors import LedgerSchemaError
 from flowdecision.ledger import Ledger, RunClosed, RunState, RunStatus
 from flowdecision.ledger.machine import DecisionOrigin
 from flowdecision.ledger.query import DecisionQuery
+from flowdecision.ledger.rows import LEDGER
 from flowdecision.ledger.states import AlreadyCompleted, Claimed, DecisionState
 from flowdecision.model import Complete, DecisionRequest, DecisionStep, Fail, ScheduleStep
 from flowdecision.sinks.outbox import OutboxSink
@@ -48,6 +49,8 @@ from .run_race import step as race_step
 from .service_process import ROOT, ServiceProcess
 
 TOKEN = "runs-token-0123456789abcdef"
+SQLITE_VERSION = LEDGER.newest("sqlite")
+PG_VERSION = LEDGER.newest("postgres")
 
 
 def _step(decision_id: str, run_id: str) -> DecisionRequest:
@@ -362,9 +365,12 @@ async def test_two_processes_race_on_a_thousand_postgres_runs(pg_empty_url: str)
 
 
 def _back_to_schema_5(path: Path) -> None:
-    """Make a current SQLite ledger what schema 5 left: no runs table, version 5."""
+    """Make a current SQLite ledger what schema 5 left: no runs table, no audit
+    chain columns (schema 7), version 5."""
     with sqlite3.connect(path) as conn:
         conn.execute("DROP TABLE flowdecision_runs")
+        conn.execute("ALTER TABLE flowdecision_audit DROP COLUMN prev_hash")
+        conn.execute("ALTER TABLE flowdecision_audit DROP COLUMN row_hash")
         conn.execute("DELETE FROM flowdecision_schema_version WHERE version > 5")
         conn.execute("PRAGMA user_version = 5")
 
@@ -381,7 +387,7 @@ async def test_a_schema_5_sqlite_ledger_upgrades_on_open(tmp_path: Path) -> None
         await open_ledger(f"sqlite:///{path}", create=False)  # read-only: never migrates
     upgraded = await SqliteLedger.open(path)
     try:
-        assert await upgraded.migrate() == (5, 6)
+        assert await upgraded.migrate() == (5, SQLITE_VERSION)
         # What was there is still answered; the run (closed before the rules) is open.
         dispatcher = Dispatcher("production", RecordingSink(), upgraded)
         assert (await dispatcher.dispatch(_end("old-end", "run-old"))).outcome == "duplicate"
@@ -398,6 +404,9 @@ async def test_a_schema_5_postgres_ledger_upgrades_with_migrate(pg_empty_url: st
     conn = await asyncpg.connect(pg_empty_url)
     try:
         await conn.execute("DROP TABLE flowdecision_runs")
+        await conn.execute(
+            "ALTER TABLE flowdecision_audit DROP COLUMN prev_hash, DROP COLUMN row_hash"
+        )
         await conn.execute("DELETE FROM flowdecision_schema_version WHERE version > 5")
         await conn.execute(
             "INSERT INTO flowdecision_claims (decision_id, status, completed_at_ms, record, "
@@ -409,7 +418,7 @@ async def test_a_schema_5_postgres_ledger_upgrades_with_migrate(pg_empty_url: st
         await conn.close()
     with pytest.raises(LedgerSchemaError):
         await PostgresLedger.connect(pg_empty_url)  # PostgreSQL migrates only when asked
-    assert await PostgresLedger(pg_empty_url).migrate() == (5, 6)
+    assert await PostgresLedger(pg_empty_url).migrate() == (5, PG_VERSION)
     ledger = await PostgresLedger.connect(pg_empty_url)
     try:
         assert isinstance(await ledger.claim("old-1", "h1", "x", lease_ms=5), AlreadyCompleted)

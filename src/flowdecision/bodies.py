@@ -246,8 +246,17 @@ class RunClosedDetails(TypedDict):
     closed_at_ms: NonNegative | None
 
 
+#: A link of an audit trail's hash chain (null on rows from before the chain).
+ChainHash = Annotated[str, Schema(pattern="^sha256:[0-9a-f]{64}$")] | None
+
+
 class AuditEntryBody(TypedDict):
-    """One operator action in the append-only audit trail."""
+    """One operator action in the append-only audit trail.
+
+    ``prev_hash`` is the previous entry's ``row_hash`` (``sha256:`` and 64 zeros
+    for the first), ``row_hash`` SHA-256 over it and this entry's content: the
+    trail's hash chain (``flowdecision audit --verify``).
+    """
 
     seq: Positive
     at_ms: NonNegative
@@ -257,6 +266,8 @@ class AuditEntryBody(TypedDict):
     reason: str
     state_before: QueryState
     attempts: NonNegative
+    prev_hash: ChainHash
+    row_hash: ChainHash
 
 
 class AuditPageBody(TypedDict):
@@ -285,7 +296,8 @@ class OutboxActionBody(TypedDict):
 
 
 class OutboxAuditEntryBody(TypedDict):
-    """One operator action on a parked row, in the outbox's append-only audit trail."""
+    """One operator action on a parked row, in the outbox's append-only audit trail
+    (``prev_hash``, ``row_hash``: its hash chain, as an audit entry's)."""
 
     seq: Positive
     at_ms: NonNegative
@@ -296,6 +308,8 @@ class OutboxAuditEntryBody(TypedDict):
     reason: str
     state_before: Literal["parked"]
     attempts: NonNegative
+    prev_hash: ChainHash
+    row_hash: ChainHash
 
 
 class ParkedRowBody(TypedDict):

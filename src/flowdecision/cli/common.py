@@ -15,6 +15,7 @@ import click
 from ..defaults import DEFAULT_STORE_URL, LEGACY_LEDGER_URL, default_ledger_url
 from ..errors import ActionRefusedError, FlowDecisionError, StoreMissingError
 from ..redact import json_safe, printable, redact_text
+from ..store.chain import ChainReport
 
 T = TypeVar("T")
 
@@ -27,6 +28,8 @@ EXIT_NOT_FOUND = 3
 EXIT_STORE_MISSING = 4
 #: `submit`: the service refused a decision because its run is closed (409 run_closed).
 EXIT_RUN_CLOSED = 6
+#: `audit --verify`, `outbox audit --verify`: the audit trail's hash chain is broken.
+EXIT_AUDIT_BROKEN = 7
 
 #: Set to show the traceback of an unexpected error instead of one line.
 DEBUG_ENV = "FLOWDECISION_DEBUG"
@@ -123,6 +126,24 @@ async def _call(coro_fn: Callable[[], Awaitable[T]]) -> T:
 def emit_json(value: Any) -> None:
     """Print ``value`` as indented JSON; format characters (bidi controls) as JSON escapes."""
     click.echo(json_safe(json.dumps(value, indent=2, ensure_ascii=False)))
+
+
+def report_chain(report: ChainReport, what: str, as_json: bool) -> None:
+    """Print what verifying an audit trail's hash chain found (``what`` names the
+    trail); exit :data:`EXIT_AUDIT_BROKEN` naming the first row that does not match."""
+    if as_json:
+        emit_json(report.to_dict())
+    elif report.first_break is None:
+        legacy = f", {report.legacy} from before the chain (unverified)" if report.legacy else ""
+        click.echo(
+            f"{what}: intact: {report.rows} row(s){legacy}; head {report.head} "
+            f"(seq {report.head_seq}): keep it elsewhere to detect a cut tail later"
+        )
+    else:
+        broken = report.first_break
+        click.echo(f"{what}: BROKEN at seq {broken.seq}: {broken.problem}")
+    if report.first_break is not None:
+        sys.exit(EXIT_AUDIT_BROKEN)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

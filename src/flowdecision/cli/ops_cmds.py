@@ -30,6 +30,7 @@ from ..ledger.query import (
 )
 from ..ledger.states import AuditEntry, DecisionState, RunState, RunStatus
 from ..redact import printable
+from ..store.chain import ChainReport
 from .common import (
     EXIT_NOT_FOUND,
     EXIT_USAGE,
@@ -38,6 +39,7 @@ from .common import (
     json_option,
     ledger_option,
     parse_duration_ms,
+    report_chain,
     run,
     table,
 )
@@ -394,6 +396,12 @@ forget_cmd = _action_command(
 @click.option(
     "--limit", type=click.IntRange(1, MAX_PAGE_LIMIT), default=DEFAULT_PAGE_LIMIT, show_default=True
 )
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Recompute the trail's hash chain instead of listing it; exit 7 naming the first "
+    "row that does not match (docs/OPERATIONS.md).",
+)
 @json_option
 def audit_cmd(
     ledger_url: str,
@@ -402,9 +410,25 @@ def audit_cmd(
     before: str | None,
     cursor: str | None,
     limit: int,
+    verify: bool,
     as_json: bool,
 ) -> None:
-    """Show the audit trail of operator actions (who released or forgot what, when, why)."""
+    """Show the audit trail of operator actions (who released or forgot what, when, why).
+
+    With --verify, recompute its hash chain (every row carries the hash of the row
+    before it) and name the first row that does not match (exit 7).
+    """
+    if verify:
+
+        async def check() -> ChainReport:
+            ledger = await open_ledger(ledger_url, create=False)
+            try:
+                return await ledger.verify_audit()
+            finally:
+                await ledger.close()
+
+        report_chain(run(check), "ledger audit trail", as_json)
+        return
 
     async def go() -> Any:
         ledger = await open_ledger(ledger_url, create=False)

@@ -14,7 +14,8 @@ import click
 from ..defaults import DEFAULT_STORE_URL, LEGACY_OUTBOX_URL
 from ..errors import FlowDecisionError, SinkConfigError
 from ..redact import printable
-from .common import EXIT_STORE_MISSING, EXIT_USAGE, fail, run, table
+from ..store.chain import ChainReport
+from .common import EXIT_STORE_MISSING, EXIT_USAGE, fail, report_chain, run, table
 
 if TYPE_CHECKING:
     from ..sinks.relay import RelayStatus
@@ -344,9 +345,28 @@ skip_cmd = _parked_action(
 @click.command("audit")
 @_SINK_OPTION
 @click.option("--name", "relay", default=None, help="Only this relay's actions.  [default: all]")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Recompute the trail's hash chain (every relay's rows) instead of listing it; exit 7 "
+    "naming the first row that does not match (docs/OPERATIONS.md).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-def outbox_audit_cmd(sink_url: str | None, relay: str | None, as_json: bool) -> None:
-    """The outbox's audit trail: operator retries and skips of parked rows, oldest first."""
+def outbox_audit_cmd(sink_url: str | None, relay: str | None, verify: bool, as_json: bool) -> None:
+    """The outbox's audit trail: operator retries and skips of parked rows, oldest first.
+
+    With --verify, recompute its hash chain and name the first row that does not
+    match (exit 7).
+    """
+    if verify:
+        from ..sinks.outbox import OutboxSink
+
+        async def check() -> ChainReport:
+            async with OutboxSink(_outbox_url(sink_url)) as outbox:
+                return await outbox.verify_audit()
+
+        report_chain(run(check), "outbox audit trail", as_json)
+        return
     entries = _read_outbox(sink_url, lambda outbox: outbox.audit(relay))
     shown = [
         (e.seq, e.at_ms, e.relay, e.action, printable(e.decision_id), printable(e.actor),

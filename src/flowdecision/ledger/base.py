@@ -40,11 +40,13 @@ from typing import Any, Generic, TypeVar
 from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..limits import IDENTIFIER_FIELDS, check_identifier, plain_identifiers
+from ..store.chain import ChainReport, verify_chain
 from ..store.joint import JointWrite, StoreKey
 from ..store.lifecycle import Closable
 from . import machine
 from .machine import TERMINAL_KINDS, ClaimRecord, DecisionOrigin, Transition, check_u64
 from .query import (
+    MAX_PAGE_LIMIT,
     AuditPage,
     AuditQuery,
     DecisionPage,
@@ -687,6 +689,20 @@ class Ledger(Closable, abc.ABC):
     async def audit(self, query: AuditQuery) -> AuditPage:
         """A page of the append-only audit trail, oldest first."""
         return await self._audit(query)
+
+    async def verify_audit(self) -> ChainReport:
+        """Read the whole audit trail and recompute its hash chain: the report names
+        the first entry that does not match (docs/OPERATIONS.md, "Verifying the
+        audit trail")."""
+        entries: list[AuditEntry] = []
+        query = AuditQuery(limit=MAX_PAGE_LIMIT)
+        while True:
+            page = await self.audit(query)
+            entries.extend(page.entries)
+            if page.next_cursor is None:
+                break
+            query = AuditQuery(limit=MAX_PAGE_LIMIT, cursor=page.next_cursor)
+        return verify_chain((e.seq, e.prev_hash, e.row_hash, e.content()) for e in entries)
 
 
 class ScanningLedger(Ledger):

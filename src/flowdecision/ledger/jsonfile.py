@@ -251,7 +251,10 @@ class JsonFileLedger(ScanningLedger):
             record = records.get(decision_id) or side.tombstones.get(decision_id)
             transition = op(record, self.now_ms())
             trail = self._read_audit()
-            entry = dataclasses.replace(transition.result, seq=trail[-1].seq + 1 if trail else 1)
+            last = trail[-1].row_hash if trail else None
+            entry = dataclasses.replace(
+                transition.result.chained(last), seq=trail[-1].seq + 1 if trail else 1
+            )
             # The audit line first (appended, fsynced): a crash after it leaves a line
             # for a change the ledger never got, never a change without its line.
             self._append_audit(entry)

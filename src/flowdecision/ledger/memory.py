@@ -84,7 +84,9 @@ class MemoryLedger(ScanningLedger):
                 self._created.pop(decision_id, None)
             else:
                 self._records[decision_id] = transition.record
-            entry = dataclasses.replace(transition.result, seq=len(self._audit_trail) + 1)
+            trail = self._audit_trail
+            last = trail[-1].row_hash if trail else None
+            entry = dataclasses.replace(transition.result.chained(last), seq=len(trail) + 1)
             self._audit_trail.append(entry)
             return entry
 

@@ -68,6 +68,7 @@ from ..defaults import (
 )
 from ..errors import LedgerCorruptError, LedgerError, LedgerUnavailableError
 from ..store.batching import copy_error, settle
+from ..store.chain import LEDGER_AUDIT_LOCK, pg_audit_lock_sql
 from ..store.joint import JointWrite, StoreKey, postgres_key
 from ..store.lifecycle import check_group_commit, started
 from ..store.postgres import CLOCK_SQL, PgPool, driver_error, retryable
@@ -86,6 +87,7 @@ from .machine import ClaimRecord, Creation, tombstone_of
 from .rows import (
     AUDIT_INSERTED,
     AUDIT_TABLE,
+    LAST_AUDIT_HASH_SQL,
     LEDGER,
     RUNS_COLUMNS,
     RUNS_TABLE,
@@ -236,7 +238,7 @@ ON CONFLICT (run_id) DO UPDATE SET terminal_decision_id = excluded.terminal_deci
 """
 _AUDIT_INSERT_SQL = (
     f"INSERT INTO {AUDIT_TABLE} ({AUDIT_INSERTED}) "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING seq"
+    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING seq"
 )
 
 
@@ -871,7 +873,9 @@ class PostgresLedger(SqlLedger):
             else:
                 values = encode_row(decision_id, transition.record, index_max=None)
                 await conn.execute(_UPDATE_SQL, *values)
-            entry = transition.result
+            # Appends chain one after the other: the lock is held to the commit.
+            await conn.execute(pg_audit_lock_sql(LEDGER_AUDIT_LOCK))
+            entry = transition.result.chained(await conn.fetchval(LAST_AUDIT_HASH_SQL))
             seq = await conn.fetchval(_AUDIT_INSERT_SQL, *audit_values(entry))
             return dataclasses.replace(entry, seq=int(seq))
 

@@ -34,6 +34,7 @@ __all__ = [
     "AUDIT_INSERTED",
     "AUDIT_TABLE",
     "I64_MAX",
+    "LAST_AUDIT_HASH_SQL",
     "LEDGER",
     "RUNS_COLUMNS",
     "RUNS_TABLE",
@@ -52,7 +53,9 @@ TABLE = "flowdecision_claims"
 #: The append-only audit trail (schema 2).
 AUDIT_TABLE = "flowdecision_audit"
 #: Its columns, in :class:`~.states.AuditEntry` order.
-AUDIT_COLUMNS = "seq, at_ms, action, decision_id, actor, reason, state_before, attempts"
+AUDIT_COLUMNS = (
+    "seq, at_ms, action, decision_id, actor, reason, state_before, attempts, prev_hash, row_hash"
+)
 #: The columns an insert gives (the store assigns ``seq``).
 AUDIT_INSERTED = AUDIT_COLUMNS.split(", ", 1)[1]
 
@@ -161,17 +164,14 @@ def run_of(row: Any) -> RunState:
     )
 
 
-def audit_values(entry: AuditEntry) -> tuple[int, str, str, str, str, str, int]:
-    """An audit entry's :data:`AUDIT_INSERTED` values (time clamped to i64)."""
-    return (
-        min(entry.at_ms, I64_MAX),
-        entry.action,
-        entry.decision_id,
-        entry.actor,
-        entry.reason,
-        entry.state_before,
-        entry.attempts,
-    )
+def audit_values(entry: AuditEntry) -> tuple[object, ...]:
+    """An audit entry's :data:`AUDIT_INSERTED` values: its content (time clamped to
+    i64) and its chain hashes."""
+    return (*entry.content(), entry.prev_hash, entry.row_hash)
+
+
+#: The last audit row's ``row_hash``, read in the appending transaction.
+LAST_AUDIT_HASH_SQL = f"SELECT row_hash FROM {AUDIT_TABLE} ORDER BY seq DESC LIMIT 1"
 
 
 class DecodedRecords:

@@ -56,6 +56,7 @@ from .rows import (
     AUDIT_INSERTED,
     AUDIT_TABLE,
     I64_MAX,
+    LAST_AUDIT_HASH_SQL,
     LEDGER,
     RUNS_COLUMNS,
     RUNS_TABLE,
@@ -442,10 +443,12 @@ class SqliteLedger(SqlLedger):
                         _ACT_UPDATE_SQL,
                         (*encode_row(decision_id, transition.record)[1:4], decision_id),
                     )
-                entry = transition.result
+                # Under the write lock: the last row is the one this entry follows.
+                last = conn.execute(LAST_AUDIT_HASH_SQL).fetchone()
+                entry = transition.result.chained(None if last is None else last[0])
                 seq = conn.execute(
                     f"INSERT INTO {AUDIT_TABLE} ({AUDIT_INSERTED}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
                     audit_values(entry),
                 ).fetchone()[0]
             return dataclasses.replace(entry, seq=int(seq))

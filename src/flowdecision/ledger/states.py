@@ -7,13 +7,15 @@ operator-facing diagnostic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import partial
 from typing import Any, ClassVar, NamedTuple
 
 from ..bodies import DecisionStateBody, RunStateBody
 from ..identity import ExecutionIdentity, ResultReceipt
+from ..limits import I64_MAX
+from ..store.chain import link_hash, prev_hash_of
 
 __all__ = [
     "AlreadyCompleted",
@@ -275,6 +277,9 @@ class AuditEntry:
     ``action`` is ``release`` or ``forget``; ``state_before`` is the
     :class:`DecisionState` the action found and ``attempts`` the record's
     attempts after it (a release bumps them: the fencing token).
+    ``prev_hash`` and ``row_hash`` chain the trail (:mod:`flowdecision.store.chain`):
+    the previous entry's ``row_hash`` and this one's (None on entries written
+    before the chain existed).
     """
 
     seq: int
@@ -285,6 +290,27 @@ class AuditEntry:
     reason: str
     state_before: str
     attempts: int
+    prev_hash: str | None = None
+    row_hash: str | None = None
+
+    def content(self) -> tuple[int, str, str, str, str, str, int]:
+        """What the chain hashes of the entry (and the SQL ledgers store): every
+        field but ``seq`` and the hashes, the time clamped to i64 as stored."""
+        return (
+            min(self.at_ms, I64_MAX),
+            self.action,
+            self.decision_id,
+            self.actor,
+            self.reason,
+            self.state_before,
+            self.attempts,
+        )
+
+    def chained(self, last_row_hash: str | None) -> AuditEntry:
+        """This entry appended after the entry whose ``row_hash`` is ``last_row_hash``
+        (None: the trail is empty or holds only entries from before the chain)."""
+        prev = prev_hash_of(last_row_hash)
+        return replace(self, prev_hash=prev, row_hash=link_hash(prev, self.content()))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape (``GET /v1/audit``, ``flowdecision audit --json``)."""
@@ -297,6 +323,8 @@ class AuditEntry:
             "reason": self.reason,
             "state_before": self.state_before,
             "attempts": self.attempts,
+            "prev_hash": self.prev_hash,
+            "row_hash": self.row_hash,
         }
 
     @classmethod
@@ -311,6 +339,8 @@ class AuditEntry:
             reason=str(obj["reason"]),
             state_before=str(obj["state_before"]),
             attempts=int(obj["attempts"]),
+            prev_hash=obj.get("prev_hash"),
+            row_hash=obj.get("row_hash"),
         )
 
 

@@ -64,6 +64,7 @@ from ..errors import (
 )
 from ..limits import OUTBOX_FETCH_MAX
 from ..model import DecisionRequest, request_hash
+from ..store.chain import ChainReport, verify_chain
 from ..store.component import Component, ErrorKinds
 from ..store.joint import JointWrite, StoreKey, postgres_key, sqlite_key
 from ..store.lifecycle import Closable, started
@@ -535,6 +536,15 @@ class OutboxSink(Closable):
     async def audit(self, name: str | None = None) -> list[OutboxAuditEntry]:
         """The outbox's audit trail of operator actions on parked rows, oldest first."""
         return await (await self._ready()).audit(name)
+
+    async def verify_audit(self) -> ChainReport:
+        """Recompute the audit trail's hash chain (every relay's rows, in ``seq``
+        order); the report names the first row that does not match
+        (docs/OPERATIONS.md, "Verifying the audit trail")."""
+        entries = await self.audit()
+        return verify_chain(
+            (entry.seq, entry.prev_hash, entry.row_hash, entry.content()) for entry in entries
+        )
 
 
 # ------------------------------------------------------------------------------- SQLite

@@ -26,6 +26,7 @@ Times are milliseconds on the store's clock, as for cursors.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from typing import Any
 
 from ..errors import ActionRefusedError, InvalidArgumentError, UnknownDecisionError
 from ..limits import identifier_problem
+from ..store.chain import OUTBOX_AUDIT_LOCK, link_hash, pg_audit_lock_sql, prev_hash_of
 from ..store.postgres import CLOCK_SQL
 from .cursor import CURSOR_TABLE, CursorLease
 
@@ -67,7 +69,15 @@ ACTIONS = ("retry", "skip")
 _PARKED_COLUMNS = (
     "relay, seq, decision_id, run_id, state, error, attempts, parked_at_ms, updated_at_ms"
 )
-_AUDIT_COLUMNS = "seq, at_ms, relay, action, decision_id, actor, reason, state_before, attempts"
+_AUDIT_COLUMNS = (
+    "seq, at_ms, relay, action, decision_id, actor, reason, state_before, attempts, "
+    "prev_hash, row_hash"
+)
+_AUDIT_INSERT = (
+    f"INSERT INTO {AUDIT_TABLE} (at_ms, relay, action, decision_id, actor, reason, "
+    "state_before, attempts, prev_hash, row_hash) VALUES ({})"
+)
+_LAST_HASH_SQL = f"SELECT row_hash FROM {AUDIT_TABLE} ORDER BY seq DESC LIMIT 1"
 #: The outbox row's columns, as :func:`flowdecision.sinks.outbox._entry` reads them.
 _ROW_COLUMNS = (
     "o.seq, o.decision_id, o.request_json, o.request_hash, o.first_attempt, "
@@ -139,6 +149,23 @@ class OutboxAuditEntry:
     reason: str
     state_before: str
     attempts: int
+    #: The hash chain (:mod:`flowdecision.store.chain`): the previous row's
+    #: ``row_hash`` and this row's; None on rows from before schema 5.
+    prev_hash: str | None = None
+    row_hash: str | None = None
+
+    def content(self) -> tuple[int, str, str, str, str, str, str, int]:
+        """What the chain hashes of the row: its columns but ``seq`` and the hashes."""
+        return (
+            self.at_ms,
+            self.relay,
+            self.action,
+            self.decision_id,
+            self.actor,
+            self.reason,
+            self.state_before,
+            self.attempts,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape (the admin routes, ``flowdecision outbox retry/skip --json``)."""
@@ -152,6 +179,8 @@ class OutboxAuditEntry:
             "reason": self.reason,
             "state_before": self.state_before,
             "attempts": self.attempts,
+            "prev_hash": self.prev_hash,
+            "row_hash": self.row_hash,
         }
 
     @classmethod
@@ -167,7 +196,15 @@ class OutboxAuditEntry:
             reason=str(obj["reason"]),
             state_before=str(obj["state_before"]),
             attempts=int(obj["attempts"]),
+            prev_hash=obj.get("prev_hash"),
+            row_hash=obj.get("row_hash"),
         )
+
+
+def _chained(entry: OutboxAuditEntry, last_row_hash: str | None) -> OutboxAuditEntry:
+    """``entry`` linked after the row whose hash is ``last_row_hash``."""
+    prev = prev_hash_of(last_row_hash)
+    return dataclasses.replace(entry, prev_hash=prev, row_hash=link_hash(prev, entry.content()))
 
 
 def check_action(action: str, decision_id: str, actor: str, reason: str) -> None:
@@ -211,6 +248,8 @@ def _audit(row: Any) -> OutboxAuditEntry:
         reason=str(row[6]),
         state_before=str(row[7]),
         attempts=int(row[8]),
+        prev_hash=row[9],
+        row_hash=row[10],
     )
 
 
@@ -333,16 +372,19 @@ def sqlite_act(
         )
     else:
         conn.execute(f"DELETE FROM {PARKED_TABLE} WHERE relay = ? AND seq = ?", (relay, found[3]))
+    last = conn.execute(_LAST_HASH_SQL).fetchone()  # under the write lock: the last row
+    entry = _chained(
+        OutboxAuditEntry(0, now, relay, action, decision_id, actor, reason, "parked",
+                         int(found[2])),
+        None if last is None else last[0],
+    )  # fmt: skip
     cursor = conn.execute(
-        f"INSERT INTO {AUDIT_TABLE} (at_ms, relay, action, decision_id, actor, reason, "
-        "state_before, attempts) VALUES (?, ?, ?, ?, ?, ?, 'parked', ?)",
-        (now, relay, action, decision_id, actor, reason, int(found[2])),
+        _AUDIT_INSERT.format(", ".join("?" * 10)),
+        (*entry.content(), entry.prev_hash, entry.row_hash),
     )
     seq = cursor.lastrowid
     assert seq is not None
-    return OutboxAuditEntry(
-        seq, now, relay, action, decision_id, actor, reason, "parked", int(found[2])
-    )
+    return dataclasses.replace(entry, seq=seq)
 
 
 def sqlite_audit(conn: sqlite3.Connection, relay: str | None) -> list[OutboxAuditEntry]:
@@ -454,20 +496,20 @@ async def pg_act(
             await conn.execute(
                 f"DELETE FROM {PARKED_TABLE} WHERE relay = $1 AND seq = $2", relay, found[3]
             )
+        await conn.execute(pg_audit_lock_sql(OUTBOX_AUDIT_LOCK))  # appends chain in turn
+        entry = _chained(
+            OutboxAuditEntry(0, now, relay, action, decision_id, actor, reason, "parked",
+                             int(found[2])),
+            await conn.fetchval(_LAST_HASH_SQL),
+        )  # fmt: skip
+        marks = ", ".join(f"${n}" for n in range(1, 11))
         seq = await conn.fetchval(
-            f"INSERT INTO {AUDIT_TABLE} (at_ms, relay, action, decision_id, actor, reason, "
-            "state_before, attempts) VALUES ($1, $2, $3, $4, $5, $6, 'parked', $7) RETURNING seq",
-            now,
-            relay,
-            action,
-            decision_id,
-            actor,
-            reason,
-            int(found[2]),
+            _AUDIT_INSERT.format(marks) + " RETURNING seq",
+            *entry.content(),
+            entry.prev_hash,
+            entry.row_hash,
         )
-        return OutboxAuditEntry(
-            int(seq), now, relay, action, decision_id, actor, reason, "parked", int(found[2])
-        )
+        return dataclasses.replace(entry, seq=int(seq))
 
 
 async def pg_audit(conn: Any, relay: str | None) -> list[OutboxAuditEntry]:
