@@ -109,6 +109,8 @@ ALLOWED = {
         "bodies",
         "defaults",
         "tracing",
+        # The one JSON encoder, for what a sink sends.
+        "jsonwire",
         # The async HTTP transport (aiohttp) of the webhook and Restate sinks.
         "transport",
     },

@@ -53,7 +53,7 @@ from .errors import (
 )
 from .health import HealthMetrics, HealthSnapshot
 from .identity import ExecutionIdentity, ResultReceipt, decision_receipt
-from .jsonwire import quote_str
+from .jsonwire import Fragment, encode_json
 from .ledger.machine import DecisionOrigin
 from .ledger.memory import MemoryLedger
 from .ledger.protocol import ClaimKey, Ledger
@@ -124,18 +124,17 @@ class DispatchOutcome:
         return body
 
     def to_json(self) -> bytes:
-        """:meth:`to_dict` as compact UTF-8 JSON, the service's answer: the bytes
-        ``json.dumps(to_dict(), separators=(",", ":"), ensure_ascii=False)`` gives,
-        written directly (once per ``POST``)."""
-        receipt = "null" if self.receipt is None else self.receipt.json_text()
-        digest = self.receipt_digest
-        tail = "}" if digest is None else f',"receipt_digest":{quote_str(digest)}}}'
-        text = (
-            f'{{"outcome":"{self.outcome}","decision_id":{quote_str(self.decision_id)},'
-            f'"attempt":{"null" if self.attempt is None else int(self.attempt)},'
-            f'"receipt":{receipt}{tail}'
-        )
-        return text.encode("utf-8")
+        """:meth:`to_dict` as compact UTF-8 JSON, the service's answer (once per ``POST``;
+        the receipt's text is the one it keeps)."""
+        body: dict[str, Any] = {
+            "outcome": self.outcome,
+            "decision_id": self.decision_id,
+            "attempt": self.attempt,
+            "receipt": None if self.receipt is None else Fragment(self.receipt.json_text()),
+        }
+        if self.receipt_digest is not None:
+            body["receipt_digest"] = self.receipt_digest
+        return encode_json(body)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,11 +22,12 @@ from typing import Any, ClassVar, Final, Self
 
 from flowdecision.bodies import IdentityBody, ReceiptBody
 from flowdecision.jsonwire import (
+    Fragment,
     JsonWireError,
     duplicate_keys,
     encode_json,
+    encode_json_text,
     parse_json,
-    quote_str,
 )
 from flowdecision.limits import RESULT_RECEIPT_MAX_BYTES, U64_MAX
 from flowdecision.model import DecisionRequest
@@ -267,14 +268,11 @@ class ExecutionIdentity(_JsonForm):
         return {"schema": self.schema, "domain": self.domain, "digest": self.digest}
 
     def json_text(self) -> str:
-        """:meth:`to_dict` as compact JSON text, written directly (receipts and
-        stored records carry one)."""
+        """:meth:`to_dict` as compact JSON text, kept (receipts and stored records
+        carry one)."""
         text = self._text
         if text is None:
-            text = (
-                f'{{"schema":{quote_str(self.schema)},"domain":{quote_str(self.domain)},'
-                f'"digest":{quote_str(self.digest)}}}'
-            )
+            text = encode_json_text(self.to_dict())
             object.__setattr__(self, "_text", text)
         return text
 
@@ -444,18 +442,19 @@ class ResultReceipt(_JsonForm):
         }
 
     def json_text(self) -> str:
-        """:meth:`to_dict` as compact JSON text, written directly (a ``POST``'s answer
-        carries one); the same text ``json.dumps`` writes for it."""
+        """:meth:`to_dict` as compact JSON text, kept (a ``POST``'s answer carries one)."""
         text = self._text
         if text is None:
-            digest = self.result_digest
-            text = (
-                f'{{"schema":{quote_str(self.schema)},"identity":{self.identity.json_text()},'
-                f'"evidence_digest":{quote_str(self.evidence_digest)},'
-                f'"outcome":{quote_str(self.outcome.value)},'
-                + ("" if digest is None else f'"result_digest":{quote_str(digest)},')
-                + f'"result_bytes":{int(self.result_bytes)}}}'
-            )
+            body: dict[str, Any] = {
+                "schema": self.schema,
+                "identity": Fragment(self.identity.json_text()),
+                "evidence_digest": self.evidence_digest,
+                "outcome": self.outcome.value,
+            }
+            if self.result_digest is not None:
+                body["result_digest"] = self.result_digest
+            body["result_bytes"] = self.result_bytes
+            text = encode_json_text(body)
             object.__setattr__(self, "_text", text)
         return text
 

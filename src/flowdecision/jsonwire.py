@@ -2,8 +2,8 @@
 
 The Rust original hashes ``serde_json::to_vec`` output and parses requests with
 ``serde_json::from_slice``, so the port must accept exactly the same texts and
-produce exactly the same bytes.  Python's :mod:`json` is close, and its C
-accelerators do the heavy lifting here; this module only patches the gaps:
+produce exactly the same bytes.  Reading, Python's :mod:`json` is close, and its C
+accelerators do the heavy lifting; this module patches the gaps. Writing is orjson's:
 
 * parsing: integers beyond the i64/u64 range become floats, the integer ``-0``
   becomes ``-0.0``, ``NaN``/``Infinity``/overflowing numbers, lone surrogate
@@ -11,8 +11,9 @@ accelerators do the heavy lifting here; this module only patches the gaps:
   UTF-8 (``json.loads`` would sniff UTF-16/32);
 * optionally (``exact_numbers=True``, not serde's behaviour): numbers the model
   cannot keep exactly are rejected instead of rounded, naming their path;
-* encoding: floats use Ryu's layout (``1e16``, ``0.00001``) instead of
-  ``repr``'s (``1e+16``, ``1e-05``), and non-finite floats are rejected.
+* encoding: one encoder, orjson, which writes serde_json's bytes (Ryu's float
+  layout, ``1e16`` and ``0.00001``; serde's escapes); non-finite floats are
+  rejected.
 
 Objects repeated keys keep the last value (like ``serde_json::Map``).  Because a
 repeated *struct* field is an error in serde, parsed objects that repeated a key
@@ -23,11 +24,12 @@ the model layer can reject them; see :func:`duplicate_keys`.
 from __future__ import annotations
 
 import json
-import json.encoder
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any, Final
+
+import orjson
 
 from .errors import InexactNumberError, JsonWireError
 from .limits import I64_MIN, JSON_MAX_DEPTH, U64_MAX
@@ -35,6 +37,7 @@ from .limits import I64_MIN, JSON_MAX_DEPTH, U64_MAX
 __all__ = [
     "MAX_DEPTH",
     "DuplicateKeyDict",
+    "Fragment",
     "InexactNumberError",
     "JsonWireError",
     "canonicalize",
@@ -46,7 +49,6 @@ __all__ = [
     "format_float",
     "key_segment",
     "parse_json",
-    "quote_str",
 ]
 
 #: Deepest container nesting serde_json accepts by default (re-exported).
@@ -406,81 +408,54 @@ def _describe_decode_error(exc: json.JSONDecodeError) -> str:
 
 
 # -------------------------------------------------------------------------- encoding
+#
+# One encoder writes every wire text: orjson, whose float form is Ryu's shortest
+# round trip in serde_json's layout (``1e16``, ``0.00001``, ``1.5e-7``) and whose
+# string escapes are serde_json's (``"``, ``\\`` and U+0000..U+001F, ``\u00xx``
+# lowercase; DEL, U+2028/U+2029 and the rest raw). orjson 3.11 began writing a
+# positive exponent with a sign (``1e+16``), which serde_json does not: the pin
+# (``orjson>=3.10,<3.11``) is the range tests/test_jsonwire.py checks byte for byte.
 
-# json's C string encoder (non-ASCII variant) escapes exactly what serde_json
-# escapes: `"`, `\` and U+0000..U+001F (\b \f \n \r \t short, others \u00xx
-# lowercase); DEL, U+2028/U+2029 and all other characters stay raw.
-_encode_basestring: Final[Callable[[str], str]] = json.encoder.encode_basestring
+_SORTED: Final = orjson.OPT_SORT_KEYS
 
-_ORDERED_ENCODER: Final = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=False
-)
-_SORTED_ENCODER: Final = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=True
-)
-
-# repr() floats differ from Ryu only when written in exponent form, which
-# always has a signed exponent ("1e+16", "1.5e-05").
-_REPR_EXPONENT: Final = re.compile(r"e[+-](?<=[0-9]e[+-])")  # literal first: fast scan
-_SCI_FLOAT: Final = re.compile(r"(-?)([0-9])(?:\.([0-9]+))?e([+-])([0-9]+)")
+#: A value already encoded (by this module), placed as it is in a larger text.
+Fragment: Final = orjson.Fragment
 
 
-def _ryu_from_repr(match: re.Match[str]) -> str:
-    sign, lead, frac, exp_sign, exp_digits = match.groups()
-    exponent = int(exp_digits)
-    if exp_sign == "-" and exponent == 5:
-        # Ryu writes 1e-5 <= |x| < 1e-4 in plain notation; repr() does not.
-        return f"{sign}0.0000{lead}{frac or ''}"
-    mantissa = f"{lead}.{frac}" if frac else lead
-    return f"{sign}{mantissa}e{'-' if exp_sign == '-' else ''}{exponent}"
+def _encode(value: Any, option: int) -> bytes:
+    try:
+        data = orjson.dumps(value, option=option)
+    except orjson.JSONEncodeError as exc:  # a type, a key, an integer over 64 bits, ...
+        raise JsonWireError(f"value cannot be encoded as JSON: {exc}") from None
+    # orjson writes NaN and the infinities as null; JSON has no such numbers.
+    if b"null" in data and _non_finite(value):
+        raise JsonWireError("value cannot be encoded as JSON: a float is not finite")
+    return data
 
 
-def _fix_floats(text: str) -> str:
-    """Rewrite repr()-style exponent floats in encoder output into Ryu's form."""
-    if ("e+" not in text and "e-" not in text) or _REPR_EXPONENT.search(text) is None:
-        return text
-    if '"' not in text:
-        return _SCI_FLOAT.sub(_ryu_from_repr, text)
-    # Only rewrite outside strings.  The encoder escapes every control
-    # character, so \x00-\x02 never occur in its output and can stand in for
-    # escaped backslashes/quotes; then splitting on '"' alternates outside
-    # (even parts) and inside (odd parts) of strings.
-    masked = text.replace("\\\\", "\x00").replace('\\"', "\x01")
-    parts = masked.split('"')
-    outside = "\x02".join(parts[0::2])
-    fixed = _SCI_FLOAT.sub(_ryu_from_repr, outside)
-    if fixed == outside:
-        return text  # the exponent-like text was inside strings
-    parts[0::2] = fixed.split("\x02")
-    return '"'.join(parts).replace("\x01", '\\"').replace("\x00", "\\\\")
+def _non_finite(value: Any) -> bool:
+    if type(value) is float:
+        return value != value or value in (_INF, -_INF)
+    if isinstance(value, dict):
+        return any(_non_finite(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_non_finite(item) for item in value)
+    return False
 
 
 def format_float(value: float) -> str:
     """Format a finite float as serde_json (Ryu) does: ``1.0``, ``1e16``, ``0.00001``."""
     if value != value or value in (_INF, -_INF):
         raise JsonWireError(f"non-finite float {value!r} cannot be encoded as JSON")
-    return _fix_floats(repr(float(value)))
+    return orjson.dumps(float(value)).decode()
 
 
 def encode_str(value: str) -> str:
     """Encode one string as a JSON string literal, exactly as serde_json does."""
-    return _encode_basestring(value)
-
-
-#: :func:`encode_str` itself, the C function, without a Python call around it: for
-#: the writers that run several times per request (wire texts, answers, rows).
-quote_str: Final[Callable[[str], str]] = _encode_basestring
-
-
-def _encode_text(value: Any, sort_keys: bool) -> str:
-    encoder = _SORTED_ENCODER if sort_keys else _ORDERED_ENCODER
     try:
-        text = encoder.encode(value)
-    except ValueError as exc:  # NaN/inf (allow_nan=False) or a reference cycle
-        raise JsonWireError(f"value cannot be encoded as JSON: {exc}") from None
-    except TypeError as exc:  # unsupported type or mixed-type keys
-        raise JsonWireError(f"value cannot be encoded as JSON: {exc}") from None
-    return _fix_floats(text)
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        raise JsonWireError("value holds a lone surrogate, which is not valid UTF-8") from None
 
 
 def encode_json(value: Any, *, sort_keys: bool = False) -> bytes:
@@ -489,21 +464,16 @@ def encode_json(value: Any, *, sort_keys: bool = False) -> bytes:
     Output is compact; objects keep their insertion order unless
     ``sort_keys`` (then keys sort by code point at every level, like
     serde_json's default ``Map``).  ``None``/``bool``/``int``/``float``/``str``/
-    ``list``/``tuple``/``dict`` are supported.  Raises :class:`JsonWireError`
-    for non-finite floats, unsupported types and lone surrogates.  Callers are
-    responsible for keys being ``str`` and integers lying within i64/u64 (the
-    model layer validates that); this function does not re-walk the value.
+    ``list``/``tuple``/``dict`` and :data:`Fragment` are supported.  Raises
+    :class:`JsonWireError` for non-finite floats, unsupported types, keys that
+    are not strings, integers beyond i64/u64 and lone surrogates.
     """
-    text = _encode_text(value, sort_keys)
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise JsonWireError("value holds a lone surrogate, which is not valid UTF-8") from None
+    return _encode(value, _SORTED if sort_keys else 0)
 
 
 def encode_json_text(value: Any, *, sort_keys: bool = False) -> str:
-    """Like :func:`encode_json` but returns ``str`` (not checked for lone surrogates)."""
-    return _encode_text(value, sort_keys)
+    """Like :func:`encode_json` but returns ``str``."""
+    return _encode(value, _SORTED if sort_keys else 0).decode()
 
 
 def canonicalize(value: Any) -> Any:

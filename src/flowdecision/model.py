@@ -33,16 +33,17 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from flowdecision.errors import InvalidArgumentTypeError
 from flowdecision.jsonwire import (
+    Fragment,
     InexactNumberError,
     JsonWireError,
     canonicalize,
     duplicate_keys,
+    encode_json,
     encode_json_text,
     encode_str,
     format_float,
     key_segment,
     parse_json,
-    quote_str,
 )
 from flowdecision.limits import I64_MIN, U32_MAX, U64_MAX
 
@@ -332,30 +333,12 @@ class RetryPolicy:
         """Deserialize a policy; raises :class:`InvalidRequestError` (paths relative)."""
         return _parse_retry(obj, "")
 
-    def _wire_text(self) -> str:
-        text = f'{{"max_attempts":{self.max_attempts},"delay_ms":{self.delay_ms}'
-        if self.backoff != "fixed":
-            text += ',"backoff":"exponential"'
-        if self.max_delay_ms != 0:
-            text += f',"max_delay_ms":{self.max_delay_ms}'
-        if self.on_exhausted != "fail_run":
-            text += ',"on_exhausted":"continue_workflow"'
-        return text + "}"
-
-    def _sorted_text(self) -> str:
-        # Same fields, keys in code-point order (for the identity digest).
-        text = '{"backoff":"exponential",' if self.backoff != "fixed" else "{"
-        text += f'"delay_ms":{self.delay_ms},"max_attempts":{self.max_attempts}'
-        if self.max_delay_ms != 0:
-            text += f',"max_delay_ms":{self.max_delay_ms}'
-        if self.on_exhausted != "fail_run":
-            text += ',"on_exhausted":"continue_workflow"'
-        return text + "}"
+    def _wire(self) -> dict[str, Any]:
+        return self.to_dict()
 
 
 #: The policy a step gets when ``retry`` is missing: 3 attempts, no delay.
 DEFAULT_RETRY_POLICY: Final = RetryPolicy()
-_DEFAULT_RETRY_TEXT: Final = DEFAULT_RETRY_POLICY._wire_text()
 
 
 def _parse_retry(obj: object, path: str) -> RetryPolicy:
@@ -409,11 +392,12 @@ class _WireEq:
 
     __slots__ = ()
 
-    def _wire_text(self) -> str:
+    def _wire(self) -> dict[str, Any]:
+        """The wire form, free-form values already encoded (:data:`Fragment`)."""
         raise NotImplementedError
 
-    def _sorted_text(self) -> str:
-        raise NotImplementedError
+    def _wire_text(self) -> bytes:
+        return encode_json(self._wire())
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
@@ -460,19 +444,13 @@ class DecisionStep(_WireEq):
             object.__setattr__(self, "_input_text", cached)
         return cached
 
-    def _wire_text(self) -> str:
-        retry = self.retry
-        retry_text = _DEFAULT_RETRY_TEXT if retry is DEFAULT_RETRY_POLICY else retry._wire_text()
-        return (
-            f'{{"step_id":{quote_str(self.step_id)},"step_name":{quote_str(self.step_name)}'
-            f',"input":{self._input_json()},"retry":{retry_text}}}'
-        )
-
-    def _sorted_text(self) -> str:
-        return (
-            f'{{"input":{self._input_json()},"retry":{self.retry._sorted_text()}'
-            f',"step_id":{quote_str(self.step_id)},"step_name":{quote_str(self.step_name)}}}'
-        )
+    def _wire(self) -> dict[str, Any]:
+        return {
+            "step_id": self.step_id,
+            "step_name": self.step_name,
+            "input": Fragment(self._input_json()),
+            "retry": self.retry.to_dict(),
+        }
 
 
 def _parse_step(obj: object, path: str, trusted: bool) -> DecisionStep:
@@ -536,11 +514,8 @@ class ScheduleStep(_WireEq):
         """Wire form."""
         return {"type": "schedule_step", "step": self.step.to_dict()}
 
-    def _wire_text(self) -> str:
-        return f'{{"type":"schedule_step","step":{self.step._wire_text()}}}'
-
-    def _sorted_text(self) -> str:
-        return f'{{"step":{self.step._sorted_text()},"type":"schedule_step"}}'
+    def _wire(self) -> dict[str, Any]:
+        return {"type": "schedule_step", "step": self.step._wire()}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -566,13 +541,8 @@ class ScheduleSteps(_WireEq):
         """Wire form."""
         return {"type": "schedule_steps", "steps": [step.to_dict() for step in self.steps]}
 
-    def _wire_text(self) -> str:
-        inner = ",".join(step._wire_text() for step in self.steps)
-        return f'{{"type":"schedule_steps","steps":[{inner}]}}'
-
-    def _sorted_text(self) -> str:
-        inner = ",".join(step._sorted_text() for step in self.steps)
-        return f'{{"steps":[{inner}],"type":"schedule_steps"}}'
+    def _wire(self) -> dict[str, Any]:
+        return {"type": "schedule_steps", "steps": [step._wire() for step in self.steps]}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -596,11 +566,8 @@ class Complete(_WireEq):
             object.__setattr__(self, "_output_text", cached)
         return cached
 
-    def _wire_text(self) -> str:
-        return f'{{"type":"complete","output":{self._output_json()}}}'
-
-    def _sorted_text(self) -> str:
-        return f'{{"output":{self._output_json()},"type":"complete"}}'
+    def _wire(self) -> dict[str, Any]:
+        return {"type": "complete", "output": Fragment(self._output_json())}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -616,11 +583,8 @@ class Fail(_WireEq):
         """Wire form."""
         return {"type": "fail", "error": self.error}
 
-    def _wire_text(self) -> str:
-        return f'{{"type":"fail","error":{quote_str(self.error)}}}'
-
-    def _sorted_text(self) -> str:
-        return f'{{"error":{quote_str(self.error)},"type":"fail"}}'
+    def _wire(self) -> dict[str, Any]:
+        return {"type": "fail", "error": self.error}
 
 
 Decision: TypeAlias = ScheduleStep | ScheduleSteps | Complete | Fail
@@ -779,7 +743,7 @@ class DecisionRequest:
         """``serde_json::to_vec(&request.decision)``: the bytes a receipt digests."""
         cached = self._decision_json
         if cached is None:
-            cached = self.decision._wire_text().encode("utf-8")
+            cached = self.decision._wire_text()
             object.__setattr__(self, "_decision_json", cached)
         return cached
 
@@ -787,14 +751,15 @@ class DecisionRequest:
         """``serde_json::to_vec(&request)``: exact wire bytes (cached)."""
         cached = self._json
         if cached is None:
-            head = (
-                f'{{"decision_id":{quote_str(self.decision_id)}'
-                f',"run_id":{quote_str(self.run_id)}'
-                f',"authority_branch_id":{quote_str(self.authority_branch_id)}'
-                f',"causation_event_id":{quote_str(self.causation_event_id)}'
-                ',"decision":'
+            cached = encode_json(
+                {
+                    "decision_id": self.decision_id,
+                    "run_id": self.run_id,
+                    "authority_branch_id": self.authority_branch_id,
+                    "causation_event_id": self.causation_event_id,
+                    "decision": Fragment(self.decision_json()),
+                }
             )
-            cached = head.encode("utf-8") + self.decision_json() + b"}"
             object.__setattr__(self, "_json", cached)
         return cached
 
@@ -808,14 +773,16 @@ class DecisionRequest:
         cached = self._canonical
         if cached is not None:
             return cached
-        text = (
-            f'{{"authority_branch_id":{quote_str(self.authority_branch_id)}'
-            f',"causation_event_id":{quote_str(self.causation_event_id)}'
-            f',"decision":{self.decision._sorted_text()}'
-            f',"decision_id":{quote_str(self.decision_id)}'
-            f',"run_id":{quote_str(self.run_id)}}}'
+        cached = encode_json(
+            {
+                "decision_id": self.decision_id,
+                "run_id": self.run_id,
+                "authority_branch_id": self.authority_branch_id,
+                "causation_event_id": self.causation_event_id,
+                "decision": self.decision._wire(),
+            },
+            sort_keys=True,
         )
-        cached = text.encode("utf-8")
         object.__setattr__(self, "_canonical", cached)
         return cached
 

@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import ActionRefusedError, LedgerCorruptError, LedgerError, UnknownDecisionError
 from ..identity import ExecutionIdentity, ResultReceipt, digest_bytes
-from ..jsonwire import quote_str
+from ..jsonwire import Fragment, encode_json_text
 from ..limits import U32_MAX, U64_MAX
 from .states import (
     AlreadyCompleted,
@@ -135,25 +135,23 @@ class ClaimRecord:
         return out
 
     def json_text(self) -> str:
-        """:meth:`to_dict` as compact JSON text, the bytes ``encode_json_text`` writes
-        for it, written directly (every stored claim and completion writes one)."""
+        """:meth:`to_dict` as compact JSON text (every stored claim and completion
+        writes one), the identity's and receipt's kept texts placed as they are."""
+        out: dict[str, Any] = {"request_hash": self.request_hash}
         identity = self.execution_identity
-        parts = [f'{{"request_hash":{quote_str(self.request_hash)}']
         if identity is not None:
-            parts.append(f',"execution_identity":{identity.json_text()}')
-        parts.append(
-            f',"status":{quote_str(self.status.value)},"owner_id":{quote_str(self.owner_id)}'
-            f',"lease_expires_at_ms":{int(self.lease_expires_at_ms)}'
-            f',"attempts":{int(self.attempts)}'
-        )
+            out["execution_identity"] = Fragment(identity.json_text())
+        out["status"] = self.status.value
+        out["owner_id"] = self.owner_id
+        out["lease_expires_at_ms"] = self.lease_expires_at_ms
+        out["attempts"] = self.attempts
         if self.completed_at_ms is not None:
-            parts.append(f',"completed_at_ms":{int(self.completed_at_ms)}')
+            out["completed_at_ms"] = self.completed_at_ms
         if self.result_receipt is not None:
-            parts.append(f',"result_receipt":{self.result_receipt.json_text()}')
+            out["result_receipt"] = Fragment(self.result_receipt.json_text())
         if self.receipt_digest is not None:
-            parts.append(f',"receipt_digest":{quote_str(self.receipt_digest)}')
-        parts.append("}")
-        return "".join(parts)
+            out["receipt_digest"] = self.receipt_digest
+        return encode_json_text(out)
 
     @classmethod
     def from_dict(cls, decision_id: str, obj: Any, *, summary: bool = False) -> ClaimRecord:

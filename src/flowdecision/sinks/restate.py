@@ -38,13 +38,13 @@ it keeps them (docs/SINKS.md#restate).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from ..defaults import HTTP_POOL_CONNECTIONS
 from ..errors import RestateSinkError, SinkConfigError
+from ..jsonwire import encode_json
 from ..model import DecisionRequest
 from .delivery import DecisionDelivery, EngineAnswer
 from .webhook import WebhookSink
@@ -136,7 +136,7 @@ class RestateSink(WebhookSink):
             "idempotency-key": delivery.decision_id,
             "x-flow-attempt": str(attempt),
         }
-        body = json.dumps(delivery.to_dict(), ensure_ascii=False).encode("utf-8")
+        body = encode_json(delivery.to_dict())
         response = await self.post(
             self.target.send_url(delivery.run_id), body, headers, delivery.decision_id
         )
