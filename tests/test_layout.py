@@ -93,6 +93,7 @@ ALLOWED = {
         "identity",
         "jsonwire",
         "redact",
+        "closing",
         "bodies",
         "defaults",
         "tracing",

@@ -1,15 +1,16 @@
-"""Async context management shared by every object that holds connections.
+"""Opening and closing what holds connections: the one ``__aenter__``/``__aexit__``
+pair, and start-or-close.
 
 A neutral module (it imports nothing from flowdecision) so that the stores, the
-sinks and the HTTP client all use one ``__aenter__``/``__aexit__`` pair.
+sinks and the HTTP client all use it.
 """
 
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Self
+from typing import Any, Protocol, Self, TypeVar
 
-__all__ = ["Closable", "Openable"]
+__all__ = ["Closable", "Openable", "started"]
 
 
 class Closable:
@@ -39,3 +40,22 @@ class Openable(Closable):
 
     async def __aenter__(self) -> Self:
         return await self.open()
+
+
+class _Startable(Protocol):
+    async def start(self) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Startable)
+
+
+async def started(store: S) -> S:
+    """``store`` after ``await store.start()``; closed again if starting fails."""
+    try:
+        await store.start()
+    except BaseException:
+        await store.close()
+        raise
+    return store

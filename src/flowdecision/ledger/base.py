@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
+from ..closing import Closable
 from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..limits import IDENTIFIER_FIELDS, check_identifier, plain_identifiers
 from ..store.chain import ChainReport, verify_chain
 from ..store.joint import JointWrite, StoreKey
-from ..store.lifecycle import Closable
 from . import machine
 from .machine import TERMINAL_KINDS, ClaimRecord, DecisionOrigin, Transition, check_u64
 from .query import (

@@ -57,6 +57,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
+from ..closing import started
 from ..defaults import (
     BATCH_CONCURRENCY,
     MAX_BATCH,
@@ -67,10 +68,9 @@ from ..defaults import (
     PG_MIN_SIZE,
 )
 from ..errors import LedgerCorruptError, LedgerError, LedgerUnavailableError
-from ..store.batching import copy_error, settle
+from ..store.batching import check_group_commit, copy_error, settle
 from ..store.chain import LEDGER_AUDIT_LOCK, pg_audit_lock_sql
 from ..store.joint import JointWrite, StoreKey, postgres_key
-from ..store.lifecycle import check_group_commit, started
 from ..store.postgres import CLOCK_SQL, PgPool, driver_error, retryable
 from ..store.url import describe_dsn
 from ..tracing import active as tracing_active

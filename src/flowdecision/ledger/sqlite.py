@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from ..closing import started
 from ..defaults import (
     DEFAULT_STORE_PATH,
     MAX_BATCH,
@@ -42,10 +43,9 @@ from ..defaults import (
     default_ledger_path,
 )
 from ..errors import LedgerCorruptError, LedgerError
-from ..store.batching import copy_error
+from ..store.batching import check_group_commit, copy_error
 from ..store.checkpoint import Checkpointer
 from ..store.joint import JointWrite, StoreKey, sqlite_key
-from ..store.lifecycle import check_group_commit, started
 from ..store.migrations import sqlite_schema_version
 from ..store.sqlite import SqliteOpener
 from ..store.sqlite_thread import Job, SqliteThread

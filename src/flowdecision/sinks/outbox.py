@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from ..bodies import OutboxEntryBody, outbox_entry_body
+from ..closing import Closable, started
 from ..defaults import SQLITE_BUSY_TIMEOUT_MS
 from ..errors import (
     ActionRefusedError,
@@ -67,7 +68,6 @@ from ..model import DecisionRequest, request_hash
 from ..store.chain import ChainReport, verify_chain
 from ..store.component import Component, ErrorKinds
 from ..store.joint import JointWrite, StoreKey, postgres_key, sqlite_key
-from ..store.lifecycle import Closable, started
 from ..store.postgres import CLOCK_SQL, PgPool, asyncpg
 from ..store.sqlite import SqliteOpener
 from ..store.sqlite_thread import SqliteThread

@@ -9,8 +9,7 @@
   translating its errors; :mod:`.sqlite_thread` -- the connection thread with
   group commit; :mod:`.checkpoint` -- its WAL checkpoints, off the commit path;
 * :mod:`.postgres` -- the asyncpg pool, error translation, the database clock;
-* :mod:`.batching` -- answering the callers of a group-commit batch;
-* :mod:`.lifecycle` -- start-or-close, async context management, group-commit settings.
+* :mod:`.batching` -- answering the callers of a group-commit batch, and its settings;
 
 This package imports neither :mod:`flowdecision.ledger` nor
 :mod:`flowdecision.sinks`; both import it. Its classes are parameterized by a

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-__all__ = ["Queued", "copy_error", "settle"]
+__all__ = ["Queued", "check_group_commit", "copy_error", "settle"]
 
 
 class Queued(Protocol):
@@ -54,3 +54,17 @@ def copy_error(error: BaseException) -> BaseException:
         return error
     fresh.__cause__ = error.__cause__
     return fresh
+
+
+def check_group_commit(
+    what: str, max_batch: object, max_wait_ms: object, error: type[Exception]
+) -> tuple[int, float]:
+    """Validated group-commit settings ``(max_batch, max_wait_ms)``; ``what`` names
+    the store in the message of ``error``."""
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise error(f"{what} max_batch must be a positive integer, got {max_batch!r}")
+    if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, int | float):
+        raise error(f"{what} max_wait_ms must be a number >= 0, got {max_wait_ms!r}")
+    if not max_wait_ms >= 0:
+        raise error(f"{what} max_wait_ms must be >= 0, got {max_wait_ms!r}")
+    return max_batch, float(max_wait_ms)
