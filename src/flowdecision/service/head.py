@@ -8,7 +8,7 @@ span take what they need from it, so no rule walks the headers again.
 from __future__ import annotations
 
 from collections.abc import Iterable, MutableMapping
-from typing import Any, cast
+from typing import Any
 
 from .. import tracing as _tracing
 
@@ -108,7 +108,7 @@ class RequestHead:
     @classmethod
     def of(cls, scope: MutableMapping[str, Any]) -> RequestHead:
         """The head of the request ``scope`` describes: read once, then kept in the scope."""
-        head = scope.get(_SCOPE_KEY)
+        head: RequestHead | None = scope.get(_SCOPE_KEY)
         if head is None:
             head = scope[_SCOPE_KEY] = cls(scope["headers"])
-        return cast(RequestHead, head)
+        return head
