@@ -28,23 +28,15 @@ LANES = 16
 
 def step(run: int, k: int) -> DecisionRequest:
     """Step ``k`` of run ``run``: the same request in every process."""
-    return DecisionRequest(
-        decision_id=f"r{run}-s{k}",
-        run_id=f"run-{run}",
-        authority_branch_id="production",
-        causation_event_id=f"r{run}-e{k}",
-        decision=ScheduleStep(DecisionStep(f"r{run}-s{k}", "work", {"k": k})),
-    )
+    decision = ScheduleStep(DecisionStep(f"r{run}-s{k}", "work", {"k": k}))
+    return DecisionRequest(f"r{run}-s{k}", f"run-{run}", "production", f"r{run}-e{k}", decision)
 
 
 def done(run: int, name: str) -> DecisionRequest:
     """This process's ``complete`` of run ``run`` (its own id: one of them wins)."""
+    decision = Complete(output={"by": name})
     return DecisionRequest(
-        decision_id=f"r{run}-done-{name}",
-        run_id=f"run-{run}",
-        authority_branch_id="production",
-        causation_event_id=f"r{run}-end-{name}",
-        decision=Complete(output={"by": name}),
+        f"r{run}-done-{name}", f"run-{run}", "production", f"r{run}-end-{name}", decision
     )
 
 
