@@ -26,8 +26,12 @@ from /proc) is given too. Samples go to ``bench/results/runs-bench.json``;
 ``--in-process``: no server, no HTTP: a ``Dispatcher`` on the same layout
 (``SqliteLedger`` and ``OutboxSink`` in one file) dispatches ``--decisions``
 steps, each in a run of its own, one at a time and 32 at a time, with the
-invariants on and off alternating; it prints this process's CPU per decision
-(the invariants' own cost, without the service around it).
+invariants on and off alternating; it prints rates and this process's CPU per
+decision (the invariants' own cost, without the service around it). With
+``--postgres`` the ledger is PostgreSQL (a throwaway durable server, or
+``--postgres-url``), 32 at a time, joint with an outbox in the same database and
+on the claim, submit, complete path (a sink that takes everything): there
+run-bound operations take the locking batch transactions (docs/PROTOCOL.md).
 """
 
 from __future__ import annotations
@@ -51,11 +55,12 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(HERE))
 
-from flowdecision import Dispatcher, SqliteLedger  # noqa: E402
+from flowdecision import Dispatcher, PostgresLedger, open_ledger  # noqa: E402
 from flowdecision.model import Complete, DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
 from flowdecision.sinks.outbox import OutboxSink  # noqa: E402
 from ledger_bench import machine_description  # noqa: E402
 from service_bench import (  # noqa: E402
+    Postgres,
     Server,
     Target,
     load_average,
@@ -176,46 +181,86 @@ def write_docs(text: str) -> None:
     DOCS.write_text(docs, encoding="utf-8")
 
 
-async def dispatch_cpu_us(on: bool, decisions: int, at_once: int) -> float:
-    """CPU microseconds of this process per dispatched decision (default layout)."""
-    directory = Path(tempfile.mkdtemp(prefix="runs-bench-"))
-    try:
-        ledger = await SqliteLedger.open(directory / "one.db", run_invariants=on)
-        outbox = await OutboxSink(f"sqlite:///{directory / 'one.db'}").open()
-        dispatcher = Dispatcher("production", outbox, ledger)
-        requests = [
-            DecisionRequest(
-                f"d{i}", f"r-{i}", "production", f"e{i}",
-                ScheduleStep(DecisionStep(f"d{i}-s", "fetch", {"n": 1})),
-            )
-            for i in range(decisions)
-        ]  # fmt: skip
-        lanes = asyncio.Semaphore(at_once)
+class NullSink:
+    """A sink that takes every decision at once (the claim, submit, complete path)."""
 
-        async def one(request: DecisionRequest) -> None:
-            async with lanes:
-                await dispatcher.dispatch(request)
+    async def submit(self, request: DecisionRequest, attempt: int) -> None:
+        return None
 
-        started = time.process_time()
-        await asyncio.gather(*(one(request) for request in requests))
-        cpu = time.process_time() - started
+
+async def dispatch(
+    on: bool, decisions: int, at_once: int, ledger_url: str, outbox_url: str | None, tag: str
+) -> tuple[float, float]:
+    """``decisions`` steps, each in a run of its own, ``at_once`` at a time, into an outbox
+    (joint with the ledger when in its store) or :class:`NullSink`: (this process's CPU
+    µs per decision, decisions/s)."""
+    ledger = await open_ledger(ledger_url)
+    ledger.run_invariants = on
+    outbox = None if outbox_url is None else await OutboxSink(outbox_url).open()
+    dispatcher = Dispatcher("production", outbox or NullSink(), ledger)
+    requests = [
+        DecisionRequest(
+            f"{tag}-{i}", f"r-{tag}-{i}", "production", f"e{i}",
+            ScheduleStep(DecisionStep(f"{tag}-{i}-s", "fetch", {"n": 1})),
+        )
+        for i in range(decisions)
+    ]  # fmt: skip
+    lanes = asyncio.Semaphore(at_once)
+
+    async def one(request: DecisionRequest) -> None:
+        async with lanes:
+            await dispatcher.dispatch(request)
+
+    cpu, wall = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(one(request) for request in requests))
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    if outbox is not None:
         await outbox.close()
-        await ledger.close()
-        return 1e6 * cpu / decisions
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    await ledger.close()
+    return 1e6 * cpu / decisions, decisions / wall
 
 
 def in_process(args: argparse.Namespace) -> None:
-    for at_once in (1, 32):
+    if not args.postgres:
+        directory = Path(tempfile.mkdtemp(prefix="runs-bench-"))
+        url = f"sqlite:///{directory / 'one.db'}"
+        try:
+            compare(args, [("sqlite, joint", url, url, 1), ("sqlite, joint", url, url, 32)])
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        return
+    server = Postgres(args.postgres_url)
+    try:
+        url = server.admin_url
+        asyncio.run(PostgresLedger(url).migrate())
+        asyncio.run(OutboxSink(url).migrate())
+        split = ("postgres, claim/submit/complete", url, None, 32)
+        compare(args, [("postgres, joint", url, url, 32), split])
+    finally:
+        server.stop()
+
+
+def compare(args: argparse.Namespace, layouts: list[tuple[str, str, str | None, int]]) -> None:
+    """Each layout with the invariants on and off, alternating; prints the medians."""
+    for name, ledger_url, outbox_url, at_once in layouts:
         cpu: dict[bool, list[float]] = {True: [], False: []}
+        rate: dict[bool, list[float]] = {True: [], False: []}
         for round_ in range(args.rounds):
             for on in (True, False) if round_ % 2 else (False, True):
-                cpu[on].append(asyncio.run(dispatch_cpu_us(on, args.decisions, at_once)))
-        on, off = statistics.median(cpu[True]), statistics.median(cpu[False])
+                tag = f"{name[:2]}{at_once}-{round_}-{on}"
+                used, done = asyncio.run(
+                    dispatch(on, args.decisions, at_once, ledger_url, outbox_url, tag)
+                )
+                cpu[on].append(used)
+                rate[on].append(done)
+        on_cpu, off_cpu = statistics.median(cpu[True]), statistics.median(cpu[False])
+        on_rate, off_rate = statistics.median(rate[True]), statistics.median(rate[False])
         print(
-            f"{at_once:>2} at a time: on {on:.0f} µs CPU/decision, off {off:.0f} "
-            f"(on/off {on / off:.3f}; medians of {args.rounds} rounds)"
+            f"{name}, {at_once} at a time: {on_rate:,.0f} vs {off_rate:,.0f} decisions/s "
+            f"(on/off {on_rate / off_rate:.3f}); this process's CPU {on_cpu:.0f} vs "
+            f"{off_cpu:.0f} µs/decision (on/off {on_cpu / off_cpu:.3f}); medians of "
+            f"{args.rounds} alternating rounds",
+            flush=True,
         )
 
 
@@ -228,6 +273,10 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--in-process", action="store_true", help="the Dispatcher alone")
     parser.add_argument("--decisions", type=int, default=4000, help="with --in-process")
+    parser.add_argument(
+        "--postgres", action="store_true", help="with --in-process: a PostgreSQL ledger instead"
+    )
+    parser.add_argument("--postgres-url", default=None, help="else a throwaway server")
     args = parser.parse_args()
     if args.in_process:
         in_process(args)

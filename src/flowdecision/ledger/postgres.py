@@ -227,7 +227,13 @@ _RUN_LOCK_SQL = (
     f"SELECT count(pg_advisory_xact_lock({_RUN_LOCK_NAMESPACE}, k)) FROM "
     "(SELECT DISTINCT hashtext(r) AS k FROM unnest($1::text[]) AS r ORDER BY k) AS keys"
 )
-_RUN_READ_SQL = f"SELECT {RUNS_COLUMNS} FROM {RUNS_TABLE} WHERE run_id = ANY($1::text[])"
+# The runs' records and the clock in one statement (after the locks: a statement of
+# its own, so that its snapshot sees what the locks' previous holders committed).
+# One row at least: the clock, with the columns of each run found (NULL for none).
+_RUN_READ_SQL = (
+    f"SELECT {_CLOCK} AS now_ms, {', '.join(f'r.{c}' for c in RUNS_COLUMNS.split(', '))} "
+    f"FROM (VALUES (1)) AS one(x) LEFT JOIN {RUNS_TABLE} AS r ON r.run_id = ANY($1::text[])"
+)
 _RUN_WRITE_SQL = f"""
 INSERT INTO {RUNS_TABLE} ({RUNS_COLUMNS})
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
@@ -660,9 +666,13 @@ class PostgresLedger(SqlLedger):
         if run_ids:
             await conn.fetchval(_RUN_LOCK_SQL, run_ids)
             runs = dict.fromkeys(run_ids)
-            for row in await conn.fetch(_RUN_READ_SQL, run_ids):
-                runs[row[0]] = run_of(tuple(row))
-        clock = int(await conn.fetchval(f"SELECT {_CLOCK}"))
+            found = await conn.fetch(_RUN_READ_SQL, run_ids)
+            clock = int(found[0][0])
+            for row in found:
+                if row[1] is not None:
+                    runs[row[1]] = run_of(tuple(row)[1:])
+        else:
+            clock = int(await conn.fetchval(f"SELECT {_CLOCK}"))
         self._clock_offset_ms = clock - wall_clock_ms()
         rows: list[tuple[_Item, ClaimRecord, Creation | None]] = []  # ledger rows to write
         # (a terminal operation is the last of its run here: see _run_joint)
