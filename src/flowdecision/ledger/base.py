@@ -41,7 +41,7 @@ from ..closing import Closable
 from ..errors import LedgerError
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..limits import IDENTIFIER_FIELDS, check_identifier, plain_identifiers
-from ..store.chain import ChainReport, verify_chain
+from ..store.chain import ChainReport, verify_rows
 from ..store.joint import JointWrite, StoreKey
 from . import machine
 from .machine import TERMINAL_KINDS, ClaimRecord, DecisionOrigin, Transition, check_u64
@@ -702,7 +702,7 @@ class Ledger(Closable, abc.ABC):
             if page.next_cursor is None:
                 break
             query = AuditQuery(limit=MAX_PAGE_LIMIT, cursor=page.next_cursor)
-        return verify_chain((e.seq, e.prev_hash, e.row_hash, e.content()) for e in entries)
+        return verify_rows(entries)
 
 
 class ScanningLedger(Ledger):

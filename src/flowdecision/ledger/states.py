@@ -7,7 +7,7 @@ operator-facing diagnostic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
 from typing import Any, ClassVar, NamedTuple
@@ -15,7 +15,7 @@ from typing import Any, ClassVar, NamedTuple
 from ..bodies import DecisionStateBody, RunStateBody
 from ..identity import ExecutionIdentity, ResultReceipt
 from ..limits import I64_MAX
-from ..store.chain import link_hash, prev_hash_of
+from ..store.chain import chained
 
 __all__ = [
     "AlreadyCompleted",
@@ -137,7 +137,7 @@ class RunState:
 
     def to_dict(self) -> RunStateBody:
         """The one JSON shape of a run's state (``GET /v1/runs/{id}``'s ``run``,
-        ``flowdecision list --run --json``, the client's ``RunPage.run``)."""
+        ``flowdecision list --run --json``, the clients' ``DecisionPage.run``)."""
         return {
             "run_id": self.run_id,
             "state": self.status.value,
@@ -309,8 +309,7 @@ class AuditEntry:
     def chained(self, last_row_hash: str | None) -> AuditEntry:
         """This entry appended after the entry whose ``row_hash`` is ``last_row_hash``
         (None: the trail is empty or holds only entries from before the chain)."""
-        prev = prev_hash_of(last_row_hash)
-        return replace(self, prev_hash=prev, row_hash=link_hash(prev, self.content()))
+        return chained(self, last_row_hash)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape (``GET /v1/audit``, ``flowdecision audit --json``)."""

@@ -65,7 +65,7 @@ from ..errors import (
 )
 from ..limits import OUTBOX_FETCH_MAX
 from ..model import DecisionRequest, request_hash
-from ..store.chain import ChainReport, verify_chain
+from ..store.chain import ChainReport, verify_rows
 from ..store.component import Component, ErrorKinds
 from ..store.joint import JointWrite, StoreKey, postgres_key, sqlite_key
 from ..store.postgres import CLOCK_SQL, PgPool, asyncpg
@@ -541,10 +541,7 @@ class OutboxSink(Closable):
         """Recompute the audit trail's hash chain (every relay's rows, in ``seq``
         order); the report names the first row that does not match
         (docs/OPERATIONS.md, "Verifying the audit trail")."""
-        entries = await self.audit()
-        return verify_chain(
-            (entry.seq, entry.prev_hash, entry.row_hash, entry.content()) for entry in entries
-        )
+        return verify_rows(await self.audit())
 
 
 # ------------------------------------------------------------------------------- SQLite

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import ActionRefusedError, InvalidArgumentError, UnknownDecisionError
 from ..limits import identifier_problem
-from ..store.chain import OUTBOX_AUDIT_LOCK, link_hash, pg_audit_lock_sql, prev_hash_of
+from ..store.chain import OUTBOX_AUDIT_LOCK, chained, pg_audit_lock_sql
 from ..store.postgres import CLOCK_SQL
 from .cursor import CURSOR_TABLE, CursorLease
 
@@ -199,12 +199,6 @@ class OutboxAuditEntry:
             prev_hash=obj.get("prev_hash"),
             row_hash=obj.get("row_hash"),
         )
-
-
-def _chained(entry: OutboxAuditEntry, last_row_hash: str | None) -> OutboxAuditEntry:
-    """``entry`` linked after the row whose hash is ``last_row_hash``."""
-    prev = prev_hash_of(last_row_hash)
-    return dataclasses.replace(entry, prev_hash=prev, row_hash=link_hash(prev, entry.content()))
 
 
 def check_action(action: str, decision_id: str, actor: str, reason: str) -> None:
@@ -373,7 +367,7 @@ def sqlite_act(
     else:
         conn.execute(f"DELETE FROM {PARKED_TABLE} WHERE relay = ? AND seq = ?", (relay, found[3]))
     last = conn.execute(_LAST_HASH_SQL).fetchone()  # under the write lock: the last row
-    entry = _chained(
+    entry = chained(
         OutboxAuditEntry(0, now, relay, action, decision_id, actor, reason, "parked",
                          int(found[2])),
         None if last is None else last[0],
@@ -497,7 +491,7 @@ async def pg_act(
                 f"DELETE FROM {PARKED_TABLE} WHERE relay = $1 AND seq = $2", relay, found[3]
             )
         await conn.execute(pg_audit_lock_sql(OUTBOX_AUDIT_LOCK))  # appends chain in turn
-        entry = _chained(
+        entry = chained(
             OutboxAuditEntry(0, now, relay, action, decision_id, actor, reason, "parked",
                              int(found[2])),
             await conn.fetchval(_LAST_HASH_SQL),

@@ -14,11 +14,12 @@ as an unchained prefix (``legacy``), and the chain starts after them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 __all__ = [
     "GENESIS",
@@ -26,10 +27,12 @@ __all__ = [
     "OUTBOX_AUDIT_LOCK",
     "ChainBreak",
     "ChainReport",
+    "ChainedRow",
+    "chained",
     "link_hash",
     "pg_audit_lock_sql",
-    "prev_hash_of",
     "verify_chain",
+    "verify_rows",
 ]
 
 #: The ``prev_hash`` of a trail's first chained row.
@@ -46,10 +49,37 @@ def pg_audit_lock_sql(key: int) -> str:
     return f"SELECT pg_advisory_xact_lock({_PG_AUDIT_NAMESPACE}, {int(key)})"
 
 
-def prev_hash_of(last_row_hash: str | None) -> str:
-    """The ``prev_hash`` of a row appended after a row with ``last_row_hash`` (None:
-    no row, or a row from before the chain: the chain starts at :data:`GENESIS`)."""
-    return GENESIS if last_row_hash is None else last_row_hash
+class ChainedRow(Protocol):
+    """An audit row of either trail: a frozen dataclass with these fields."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def prev_hash(self) -> str | None: ...
+    @property
+    def row_hash(self) -> str | None: ...
+    def content(self) -> Sequence[object]:
+        """What the chain hashes: the row's columns but ``seq`` and the hashes."""
+        ...
+
+
+R = TypeVar("R", bound=ChainedRow)
+
+
+def chained(row: R, last_row_hash: str | None) -> R:
+    """``row`` with its links, appended after the row whose ``row_hash`` is
+    ``last_row_hash`` (None: no row yet, or only rows from before the chain: the
+    chain starts at :data:`GENESIS`)."""
+    prev = GENESIS if last_row_hash is None else last_row_hash
+    linked: R = dataclasses.replace(  # type: ignore[type-var]
+        row, prev_hash=prev, row_hash=link_hash(prev, row.content())
+    )
+    return linked
+
+
+def verify_rows(rows: Iterable[ChainedRow]) -> ChainReport:
+    """:func:`verify_chain` over audit rows in ``seq`` order."""
+    return verify_chain((row.seq, row.prev_hash, row.row_hash, row.content()) for row in rows)
 
 
 _DOMAIN = b"flowdecision.audit-chain.v1\x00"
