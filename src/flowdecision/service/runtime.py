@@ -469,4 +469,3 @@ class Service:
             await close_sink(self.sink)
         finally:
             await self.ledger.close()
-
