@@ -20,6 +20,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..errors import InvalidArgumentError
+
 __all__ = ["Endpoint", "PathRoutes", "Route", "RouteMatch", "Router"]
 
 #: An endpoint: a Starlette request in, a Starlette response out.
@@ -35,7 +37,7 @@ def _compile(path: str) -> tuple[re.Pattern[str] | None, tuple[str, ...]]:
     for match in _PARAMETER.finditer(path):
         name, kind = match.group(1), match.group(2) or "str"
         if name in names:
-            raise ValueError(f"route `{path}` names parameter `{name}` twice")
+            raise InvalidArgumentError(f"route `{path}` names parameter `{name}` twice")
         names.append(name)
         pattern += re.escape(path[end : match.start()])
         pattern += f"(?P<{name}>.*)" if kind == "path" else f"(?P<{name}>[^/]+)"
@@ -55,11 +57,11 @@ class Route:
 
     def __init__(self, path: str, endpoint: Endpoint, *, methods: Iterable[str]) -> None:
         if not path.startswith("/"):
-            raise ValueError(f"route path `{path}` must start with `/`")
+            raise InvalidArgumentError(f"route path `{path}` must start with `/`")
         _compile(path)  # a malformed template fails here, where the route is declared
         taken = {method.upper() for method in methods}
         if not taken:
-            raise ValueError(f"route `{path}` takes no method")
+            raise InvalidArgumentError(f"route `{path}` takes no method")
         if "GET" in taken:
             taken.add("HEAD")
         object.__setattr__(self, "path", path)
@@ -83,7 +85,7 @@ class PathRoutes:
         for route in routes:
             for method in sorted(route.methods):
                 if method in endpoints:
-                    raise ValueError(f"two routes take {method} {route.path}")
+                    raise InvalidArgumentError(f"two routes take {method} {route.path}")
                 endpoints[method] = route.endpoint
         path = routes[0].path
         return cls(path, endpoints, ", ".join(sorted(endpoints)), _compile(path)[0])
