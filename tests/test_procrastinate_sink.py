@@ -32,7 +32,7 @@ from flowdecision.sinks.procrastinate import (
     ProcrastinateSinkError,
     parse_procrastinate_url,
 )
-from tests.helpers import request
+from tests.helpers import request, step_request
 from tests.service_process import ROOT, ServiceProcess, decision
 
 TASK = "flowdecision_test.record_decision"
@@ -178,7 +178,8 @@ async def test_decision_dispatched_after_its_job_ran_does_not_run_again(
 
         # The crash window: owner A claims and its sink defers, then A dies before
         # completing; after the lease expires owner B takes over (attempt 2).
-        crashed = request(decision_id="d-takeover")
+        # Its own run: d-disp (a complete) closed run-1 (the run invariants).
+        crashed = request(decision_id="d-takeover", run_id="run-2")
         ledger = SqliteLedger(ledger_path)
         try:
             from flowdecision import request_hash
@@ -208,7 +209,8 @@ async def test_after_the_ledger_forgot_a_decision_the_marker_still_stops_a_secon
     app: procrastinate.App, tmp_path: Path
 ) -> None:
     """Pruning completed ledger records re-opens submission; the sink still absorbs it."""
-    sent = request(decision_id="d-pruned")
+    # A step: a pruned `complete` could not come back (its run stays closed).
+    sent = step_request("d-pruned")
     async with ProcrastinateSink(app, TASK) as sink:
         ledger = SqliteLedger(tmp_path / "ledger.db")
         try:
