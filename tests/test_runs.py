@@ -34,8 +34,8 @@ from flowdecision import (
     open_ledger,
     request_hash,
 )
-from flowdecision.errors import LedgerSchemaError
-from flowdecision.ledger import Ledger, RunClosed, RunState, RunStatus
+from flowdecision.errors import LedgerError, LedgerSchemaError
+from flowdecision.ledger import JsonFileLedger, Ledger, RunClosed, RunState, RunStatus
 from flowdecision.ledger.machine import DecisionOrigin
 from flowdecision.ledger.query import DecisionQuery
 from flowdecision.ledger.rows import LEDGER
@@ -247,6 +247,17 @@ async def test_the_reserved_terminal_decision_survives_a_failed_submission(
     outcome = await dispatcher.dispatch(_end(f"{run}-end", run))
     assert (outcome.submitted, outcome.attempt) == (True, 2)
     assert (await ledger.run_state(run)).closed_by == f"{run}-end"
+
+
+async def test_the_json_file_ledger_never_keeps_them(tmp_path: Path) -> None:
+    ledger = JsonFileLedger(tmp_path)
+    assert not ledger.runs_supported and not ledger.run_invariants
+    with pytest.raises(LedgerError, match="Rust hosts"):
+        ledger.run_invariants = True
+    ledger.run_invariants = False  # what serve does with run_invariants = false: fine
+    dispatcher = Dispatcher("production", RecordingSink(), ledger)
+    for name in ("one", "two"):  # the seed's behaviour: both completes taken
+        assert (await dispatcher.dispatch(_end(name, "run-file"))).submitted
 
 
 async def test_without_the_invariants_a_ledger_keeps_the_seed_behaviour(tmp_path: Path) -> None:

@@ -189,6 +189,20 @@ class JsonFileLedger(ScanningLedger):
         self._process_lock = asyncio.Lock()
         self._swept = False
 
+    @property
+    def run_invariants(self) -> bool:
+        """Always off: Rust hosts share the file live and would neither honour nor keep
+        a run record (docs/PROTOCOL.md, "Runs")."""
+        return False
+
+    @run_invariants.setter
+    def run_invariants(self, on: bool) -> None:
+        if on:
+            raise LedgerError(
+                "the JSON file ledger cannot keep the run invariants: Rust hosts share its "
+                "file and would not honour a run record (use SQLite or PostgreSQL)"
+            )
+
     # -- primitives ---------------------------------------------------------
 
     async def _apply(self, decision_id: str, op: Operation[T] | RunBound[T]) -> T:
