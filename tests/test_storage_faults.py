@@ -270,10 +270,14 @@ def test_migrations_are_read_once_per_process(tmp_path: Path) -> None:
 
     copy = tmp_path / "site"
     shutil.copytree(Path(flowdecision.__file__).parent, copy / "flowdecision")
-    # -S: only the copy and the standard library (no editable install of the checkout).
+    import orjson
+
+    # -S: only the copy, the standard library and orjson (the one runtime dependency
+    # this path imports), not the editable install of the checkout.
+    where_orjson = Path(orjson.__file__).parent.parent
     result = subprocess.run(
         [sys.executable, "-S", "-c", _WITHOUT_SQL_FILES, str(tmp_path)],
-        env={**os.environ, "PYTHONPATH": str(copy)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), str(where_orjson)])},
         capture_output=True,
         text=True,
         timeout=60,
