@@ -45,7 +45,7 @@ def _worker_pids(service: ServiceProcess | _Holder) -> list[int]:
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # it exited (a killed worker, reaped)
         return b""
 
 
