@@ -8,30 +8,15 @@ Counts process CPU time (not wall time), in process, no I/O.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-import uuid
 
 import flowdecision.model as model
 from flowdecision.identity import decision_receipt
 from flowdecision.model import DecisionRequest, request_hash
+from post_costs import common_body  # the same body (bench/ is on the path)
 
-BODIES = [
-    json.dumps(
-        {
-            "decision_id": f"d-{n}-{uuid.uuid4().hex[:8]}",
-            "run_id": "run-1",
-            "authority_branch_id": "production",
-            "causation_event_id": f"e-{n}",
-            "decision": {
-                "type": "schedule_step",
-                "step": {"step_id": "s", "step_name": "fetch", "input": {"n": n}},
-            },
-        }
-    ).encode()
-    for n in range(20_000)
-]
+BODIES = [common_body(n) for n in range(20_000)]
 
 
 def per_body(fast: bool) -> float:

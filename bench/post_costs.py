@@ -57,7 +57,8 @@ def _count_statements() -> None:
     sqlite3.connect = counting_connect  # type: ignore[assignment]
 
 
-def _body(n: int) -> bytes:
+def common_body(n: int) -> bytes:
+    """The common request body (a schedule_step of plain strings), ``n`` in its input."""
     return json.dumps(
         {
             "decision_id": f"d-{n}-{uuid.uuid4().hex[:8]}",
@@ -127,9 +128,9 @@ async def _run(posts: int, callers: int, timed: bool = False) -> None:
 
         await app(scope, receive, send)
 
-    await asyncio.gather(*(post(_body(-n)) for n in range(1, 201)))  # warm up
+    await asyncio.gather(*(post(common_body(-n)) for n in range(1, 201)))  # warm up
     statuses.clear()
-    bodies = iter([_body(n) for n in range(posts)])
+    bodies = iter([common_body(n) for n in range(posts)])
 
     async def caller() -> None:
         for body in bodies:
