@@ -21,13 +21,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DeliveryError
-from ..model import DecisionRequest, request_hash
+from ..model import Decision, DecisionRequest, request_hash
 from .base import check_attempt
 
 __all__ = ["DecisionDelivery", "DeliveryError", "EngineAnswer"]
 
 
 _FIELDS = ("decision_id", "run_id", "kind", "attempt", "request_hash", "request_json")
+
+
+#: The wire ``type`` of each decision class, learnt from its first ``to_dict()``: a
+#: class has one ``type``, and building the whole dict on every delivery just to read it
+#: cost more than the rest of the envelope.
+_KINDS: dict[type, str] = {}
+
+
+def _kind(decision: Decision) -> str:
+    kind = _KINDS.get(type(decision))
+    if kind is None:
+        kind = _KINDS[type(decision)] = decision.to_dict()["type"]
+    return kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +60,7 @@ class DecisionDelivery:
         return cls(
             decision_id=request.decision_id,
             run_id=request.run_id,
-            kind=request.decision.to_dict()["type"],
+            kind=_kind(request.decision),
             attempt=check_attempt(attempt),
             request_hash=request_hash(request),
             request_json=request.to_json().decode("utf-8"),

@@ -57,6 +57,7 @@ import socket
 import time
 import uuid
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -184,13 +185,17 @@ class _Tenure:
         self.saved = lease.position
         #: rows delivered since the last save (the cursor's ``delivered`` counter)
         self.unsaved = 0
-        #: seqs read and not yet done (a heap; ``finished`` holds done ones not yet popped)
-        self.pending: list[int] = []
+        #: seqs read and not yet done, in seq order (rows are read in seq order);
+        #: ``finished`` holds done ones not yet popped
+        self.pending: deque[int] = deque()
         self.finished: set[int] = set()
         self.lanes: dict[str, deque[Any]] = {}
-        #: lanes waiting for a worker, oldest head row first: at ``concurrency=1`` that is
-        #: ``seq`` order; above it, the longest-waiting run goes next
-        self.ready: asyncio.PriorityQueue[tuple[int, str]] = asyncio.PriorityQueue()
+        #: lanes waiting for a worker, oldest head row first (a heap of (seq, run id)):
+        #: at ``concurrency=1`` that is ``seq`` order; above it, the longest-waiting run
+        #: goes next. A plain heap and a list of idle workers, not an asyncio.PriorityQueue:
+        #: a lane passes through it once per row, and the queue's bookkeeping showed.
+        self.ready: list[tuple[int, str]] = []
+        self.idle: deque[asyncio.Future[None]] = deque()
         #: runs with rows parked or held: their rows go through the parked table
         self.blocked: set[str] = set()
         self.resuming: set[str] = set()
@@ -207,7 +212,7 @@ class _Tenure:
         """The low-water mark: every row up to it is done."""
         pending, finished = self.pending, self.finished
         while pending and pending[0] in finished:
-            finished.discard(heapq.heappop(pending))
+            finished.discard(pending.popleft())
         return pending[0] - 1 if pending else self.read
 
     def put(self, run_id: str, item: Any) -> None:
@@ -219,13 +224,35 @@ class _Tenure:
             lane.append(item)
         self.outstanding += 1
         if item is not _RESUME:
-            heapq.heappush(self.pending, item.seq)
+            self.pending.append(item.seq)
             self.read = max(self.read, item.seq)
 
     def wait_turn(self, run_id: str, lane: deque[Any]) -> None:
         """Queue the lane for a worker, ranked by its first item's seq (a resume first)."""
         head = lane[0]
-        self.ready.put_nowait((0 if head is _RESUME else head.seq, run_id))
+        heapq.heappush(self.ready, (0 if head is _RESUME else head.seq, run_id))
+        idle = self.idle
+        while idle:
+            worker = idle.popleft()
+            if not worker.done():  # a worker cancelled while idle is skipped
+                worker.set_result(None)
+                return
+
+    def keeps_turn(self, run_id: str, lane: deque[Any]) -> bool:
+        """Whether the lane that just did an item goes again at once: its first item is
+        older than every waiting lane's, so :meth:`next_lane` would hand it back anyway."""
+        head = lane[0]
+        ready = self.ready
+        return not ready or (0 if head is _RESUME else head.seq, run_id) < ready[0]
+
+    async def next_lane(self) -> str:
+        """The run whose lane goes next (the oldest first item); waits while none is ready."""
+        ready = self.ready
+        while not ready:
+            worker = asyncio.get_running_loop().create_future()
+            self.idle.append(worker)
+            await worker
+        return heapq.heappop(ready)[1]
 
     def done(self, item: Any) -> None:
         self.outstanding -= 1
@@ -374,6 +401,8 @@ class OutboxRelay(Closable):
         self._stop.set()
         if self._wake_stop is not None and not self._wake_stop.done():
             self._wake_stop.set_result(None)
+        if self._tenure is not None:  # the reader may be waiting for progress
+            self._tenure.progress.set()
 
     async def close(self) -> None:
         """Stop, release the lease, and close what the relay opened itself."""
@@ -620,11 +649,18 @@ class OutboxRelay(Closable):
 
     async def _wait_progress(self, tenure: _Tenure) -> None:
         """Wait for a lane to finish an item (the reader cleared the event before it
-        looked, so none is missed), or for the lease's renewal to come due."""
-        with contextlib.suppress(TimeoutError):
-            await self._until_stopped(
-                asyncio.wait_for(tenure.progress.wait(), min(1.0, self.lease_ms / 3000))
-            )
+        looked, so none is missed), for the lease's renewal to come due, or for
+        :meth:`stop` (which sets the event too).
+
+        A timer that sets the event, not ``wait_for``: the reader waits here about once
+        per row done while its window is full, and ``wait_for`` costs a task each time."""
+        timer = asyncio.get_running_loop().call_later(
+            min(1.0, self.lease_ms / 3000), tenure.progress.set
+        )
+        try:
+            await tenure.progress.wait()
+        finally:
+            timer.cancel()
 
     async def _look_at_parked(self, tenure: _Tenure) -> None:
         """Queue a resume for runs an operator released (their first row is held now) and
@@ -650,8 +686,8 @@ class OutboxRelay(Closable):
 
     async def _lane_worker(self, tenure: _Tenure) -> None:
         try:
+            run_id = await tenure.next_lane()
             while True:
-                _, run_id = await tenure.ready.get()
                 lane = tenure.lanes[run_id]
                 self._check_stop()  # stopping: no new delivery starts
                 tenure.active += 1
@@ -662,11 +698,15 @@ class OutboxRelay(Closable):
                     tenure.progress.set()
                 for finished in done:
                     tenure.done(finished)
-                # One item a turn: the lane queues again behind older rows of other runs.
-                if lane:
-                    tenure.wait_turn(run_id, lane)
-                else:
+                # One item a turn: the lane queues again behind older rows of other runs
+                # (or goes on at once when it is the oldest: the queue would return it).
+                if not lane:
                     del tenure.lanes[run_id]
+                elif tenure.keeps_turn(run_id, lane):
+                    continue
+                else:
+                    tenure.wait_turn(run_id, lane)
+                run_id = await tenure.next_lane()
         except (asyncio.CancelledError, _Stopped):
             return
         except BaseException as error:  # lease lost, or a bug: the reader re-raises it
@@ -771,7 +811,7 @@ class OutboxRelay(Closable):
         retry = 0
         while True:
             try:
-                await self._submit_gated(sink, row, retry)
+                await self._submission(sink, row, retry)
             except asyncio.CancelledError:
                 raise
             except Exception as error:
@@ -785,9 +825,18 @@ class OutboxRelay(Closable):
             self._recovered()
             return None
 
-    async def _submit_gated(self, sink: Sink, row: OutboxEntry, retry: int) -> None:
-        """Submit, or, while the sink looks down, take turns probing it: one delivery at a
-        time, after the sink-wide backoff."""
+    def _submission(self, sink: Sink, row: OutboxEntry, retry: int) -> Awaitable[None]:
+        """The submission to await: while the sink looks down, a turn at probing it.
+
+        Not a coroutine itself, and the sink's own coroutine when the sink is up: every
+        resumption of a delivery in flight passes through each frame of the chain."""
+        if self._streak >= OUTAGE_STREAK:
+            return self._probe_submit(sink, row, retry)
+        return self._submit(sink, row, retry)
+
+    async def _probe_submit(self, sink: Sink, row: OutboxEntry, retry: int) -> None:
+        """Take turns probing a sink that looks down: one delivery at a time, after the
+        sink-wide backoff."""
         while self._streak >= OUTAGE_STREAK:
             async with self._probe:
                 if self._streak < OUTAGE_STREAK:
@@ -797,15 +846,14 @@ class OutboxRelay(Closable):
                 return
         await self._submit(sink, row, retry)
 
-    async def _submit(self, sink: Sink, row: OutboxEntry, retry: int) -> None:
+    def _submit(self, sink: Sink, row: OutboxEntry, retry: int) -> Awaitable[None]:
         tenure = self._tenure
         request = tenure.requests.get(row.seq) if tenure is not None else None
         if request is None:  # a row from the parked table, or one that did not parse
             request = row.request
         if not tracing.active():
-            await sink.submit(request, row.highest_attempt)
-            return
-        await self._traced_submit(sink, row, request, retry)
+            return sink.submit(request, row.highest_attempt)
+        return self._traced_submit(sink, row, request, retry)
 
     async def _traced_submit(
         self, sink: Sink, row: OutboxEntry, request: DecisionRequest, retry: int
@@ -846,6 +894,8 @@ class OutboxRelay(Closable):
         self._set(state="backing_off" if outage else "retrying", retries=self._now["retries"] + 1)
 
     def _recovered(self) -> None:
+        if not self._streak:  # nothing failed since the last success (every delivery)
+            return
         if self._streak >= OUTAGE_STREAK:
             log.warning(
                 "relay's sink answers again",
