@@ -1,12 +1,16 @@
 """One process of the run-invariants race (tests/test_runs.py).
 
 ``python -m tests.run_race LEDGER_URL OUTBOX_URL RUNS NAME START_AT SEED``: for each
-of ``RUNS`` runs it dispatches, at once, three ``schedule_step`` decisions shared by
-every process and one ``complete`` of its own (``r{i}-done-{NAME}``), in an order
-of its own, into the outbox at ``OUTBOX_URL`` (joint with the ledger when both
-name the same store). Both processes go through the runs in the same order, from
-``START_AT`` (Unix seconds), so their decisions race. Prints one JSON line: how
-many dispatches were submitted, duplicates, and refused with ``run_closed``.
+of ``RUNS`` runs it dispatches, at once, three ``schedule_step`` decisions and one
+``complete`` of its own (``r{i}-s{k}-{NAME}``, ``r{i}-done-{NAME}``), in an order of
+its own, into the outbox at ``OUTBOX_URL`` (joint with the ledger when both name
+the same store). Every run is in flight at once in both processes, from
+``START_AT`` (Unix seconds), so each process's steps and complete race the other's
+under the run invariants alone. (Ids shared by both processes would race too, but
+on PostgreSQL a batch that loses an insert to the other process is retried whole,
+which serializes the two processes and would hide a missing run lock.) Prints one
+JSON line: how many dispatches were submitted, duplicates, and refused with
+``run_closed``.
 """
 
 from __future__ import annotations
@@ -22,14 +26,13 @@ from flowdecision.model import Complete, DecisionRequest, DecisionStep, Schedule
 from flowdecision.sinks.outbox import OutboxSink
 
 STEPS = 3
-#: Runs in flight at once in one process.
-LANES = 16
 
 
-def step(run: int, k: int) -> DecisionRequest:
-    """Step ``k`` of run ``run``: the same request in every process."""
-    decision = ScheduleStep(DecisionStep(f"r{run}-s{k}", "work", {"k": k}))
-    return DecisionRequest(f"r{run}-s{k}", f"run-{run}", "production", f"r{run}-e{k}", decision)
+def step(run: int, k: int, name: str) -> DecisionRequest:
+    """This process's step ``k`` of run ``run``."""
+    decision_id = f"r{run}-s{k}-{name}"
+    decision = ScheduleStep(DecisionStep(decision_id, "work", {"k": k}))
+    return DecisionRequest(decision_id, f"run-{run}", "production", f"{decision_id}-e", decision)
 
 
 def done(run: int, name: str) -> DecisionRequest:
@@ -50,7 +53,7 @@ async def race(
     rng = random.Random(seed)
     orders = []
     for run in range(runs):
-        decisions = [step(run, k) for k in range(STEPS)] + [done(run, name)]
+        decisions = [step(run, k, name) for k in range(STEPS)] + [done(run, name)]
         rng.shuffle(decisions)
         orders.append(decisions)
 
@@ -62,15 +65,9 @@ async def race(
         else:
             counts[outcome.outcome] += 1
 
-    lanes = asyncio.Semaphore(LANES)
-
-    async def run_one(decisions: list[DecisionRequest]) -> None:
-        async with lanes:
-            await asyncio.gather(*(one(request) for request in decisions))
-
     await asyncio.sleep(max(start_at - time.time(), 0))
     try:
-        await asyncio.gather(*(run_one(decisions) for decisions in orders))
+        await asyncio.gather(*(one(request) for decisions in orders for request in decisions))
     finally:
         await outbox.close()
         await ledger.close()

@@ -334,7 +334,8 @@ async def _check_race(ledger: Ledger, outbox: OutboxSink, results: list[dict[str
     # After the race: a recorded decision is a duplicate, a refused one is refused.
     dispatcher = Dispatcher("production", outbox, ledger)
     for run in (0, RACE_RUNS // 2, RACE_RUNS - 1):
-        for request in [race_step(run, k) for k in range(3)] + [race_done(run, n) for n in "ab"]:
+        requests = [race_step(run, k, n) for k in range(3) for n in "ab"]
+        for request in requests + [race_done(run, n) for n in "ab"]:
             if await ledger.read_record(request.decision_id) is None:
                 await _refused(dispatcher, request)
             else:
