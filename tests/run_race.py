@@ -1,16 +1,16 @@
 """One process of the run-invariants race (tests/test_runs.py).
 
 ``python -m tests.run_race LEDGER_URL OUTBOX_URL RUNS NAME START_AT SEED``: for each
-of ``RUNS`` runs it dispatches, at once, three ``schedule_step`` decisions and one
-``complete`` of its own (``r{i}-s{k}-{NAME}``, ``r{i}-done-{NAME}``), in an order of
-its own, into the outbox at ``OUTBOX_URL`` (joint with the ledger when both name
-the same store). Every run is in flight at once in both processes, from
-``START_AT`` (Unix seconds), so each process's steps and complete race the other's
-under the run invariants alone. (Ids shared by both processes would race too, but
-on PostgreSQL a batch that loses an insert to the other process is retried whole,
-which serializes the two processes and would hide a missing run lock.) Prints one
-JSON line: how many dispatches were submitted, duplicates, and refused with
-``run_closed``.
+of ``RUNS`` runs it dispatches three ``schedule_step`` decisions and one ``complete``
+of its own (``r{i}-s{k}-{NAME}``, ``r{i}-done-{NAME}``) into the outbox at
+``OUTBOX_URL`` (joint with the ledger when both name the same store), runs and
+decisions in an order of its own. Every run is in flight at once in both
+processes, from ``START_AT`` (Unix seconds), so each process's steps and complete
+race the other's under the run invariants alone. (Ids shared by both processes
+would race too, but on PostgreSQL a batch that loses an insert to the other
+process is retried whole, which serializes the two processes and would hide a
+missing run lock: with the lock removed, this race fails.) Prints one JSON line:
+how many dispatches were submitted, duplicates, and refused with ``run_closed``.
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ async def race(
         decisions = [step(run, k, name) for k in range(STEPS)] + [done(run, name)]
         rng.shuffle(decisions)
         orders.append(decisions)
+    # Runs in an order of this process's own too: however far one process runs ahead
+    # of the other, some of their runs meet in transactions that overlap.
+    rng.shuffle(orders)
 
     async def one(request: DecisionRequest) -> None:
         try:
