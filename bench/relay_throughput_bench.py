@@ -32,7 +32,10 @@ Two more parts:
   cursor reaches the last row; then every run's effects are read back: decisions
   lost, and decisions applied twice (both must be 0).
 
-Results: stdout, ``bench/results/relay-throughput.md`` and ``.json``.
+Results: stdout, ``bench/results/relay-throughput.md`` and ``.json`` (``--out`` names
+another file). Besides the rates, each engine round records the CPU time per decision
+of this process (the clients, or the relay with its reader thread) and of the engines'
+processes, over the timed part.
 """
 
 from __future__ import annotations
@@ -183,22 +186,35 @@ async def engines_part(args: argparse.Namespace, urls: dict[str, str], folder: P
             runs_n = args.runs if target == "restate" else args.temporal_runs
             per_run = args.per_run
             order = ("alone", "relay") if round_ % 2 else ("relay", "alone")
-            row = results.setdefault(target, {"alone": [], "relay": [], "ratio": []})
+            row = results.setdefault(
+                target,
+                {key: [] for key in ("alone", "relay", "ratio", "cpu_alone", "cpu_relay",
+                                     "engines_alone", "engines_relay")},
+            )  # fmt: skip
             got: dict[str, float] = {}
             for side in order:
                 runs = decisions(runs_n, per_run)
                 outbox = await fill(folder, runs) if side == "relay" else ""
                 quiesce()
+                own, engines = time.process_time(), _cpu_ticks(ENGINE_PIDS)
                 if side == "alone":
                     got[side] = await engine_alone(urls[target], runs, args.clients)
                 else:
                     got[side], status = await relay_drain(urls[target], outbox, args.concurrency)
                     assert status.parked_rows == 0, status
+                rows = runs_n * per_run
+                # CPU per decision (µs): this process (the clients or the relay, every
+                # thread) and the engines' processes, over the timed part.
+                row[f"cpu_{side}"].append((time.process_time() - own) / rows * 1e6)
+                engine_s = (_cpu_ticks(ENGINE_PIDS) - engines) / os.sysconf("SC_CLK_TCK")
+                row[f"engines_{side}"].append(engine_s / rows * 1e6)
                 row[side].append(got[side])
             row["ratio"].append(got["relay"] / got["alone"])
             print(
                 f"round {round_} {target:15} alone {got['alone']:8.1f}/s  relay "
                 f"{got['relay']:8.1f}/s  ratio {got['relay'] / got['alone']:.2f}  "
+                f"CPU/decision own {row['cpu_alone'][-1]:.0f} vs {row['cpu_relay'][-1]:.0f} µs, "
+                f"engines {row['engines_alone'][-1]:.0f} vs {row['engines_relay'][-1]:.0f} µs  "
                 f"load {load():.1f}",
                 flush=True,
             )
@@ -317,6 +333,9 @@ def main() -> None:
     parser.add_argument(
         "--only", default="temporal-run,temporal-start,restate,poison,sigkill", type=str
     )
+    parser.add_argument(
+        "--out", default="relay-throughput", help="results file name in bench/results/, no suffix"
+    )
     args = parser.parse_args()
     args.only = set(args.only.split(","))
     folder = Path(tempfile.mkdtemp(prefix="fd-bench-relay-"))
@@ -355,18 +374,21 @@ def main() -> None:
         f"{args.runs} per Restate round); {args.rounds} alternating rounds; medians "
         "(min-max) of decisions/s, and of the per-round ratio.",
         "",
-        "| target | engine alone | relay | relay / alone |",
-        "|---|---:|---:|---:|",
+        "| target | engine alone | relay | relay / alone | CPU µs/decision, this process: "
+        "alone / relay | engines' CPU µs/decision: alone / relay |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for target, row in report["engines"].items():
         lines.append(
-            f"| {target} | {cell(row['alone'])} | {cell(row['relay'])} | {cell(row['ratio'], 2)} |"
+            f"| {target} | {cell(row['alone'])} | {cell(row['relay'])} | {cell(row['ratio'], 2)} "
+            f"| {cell(row['cpu_alone'])} / {cell(row['cpu_relay'])} "
+            f"| {cell(row['engines_alone'])} / {cell(row['engines_relay'])} |"
         )
     if "poison" in report:
         row = report["poison"]
         lines.append(
             f"| webhook, 1 of 100 runs poisoned | {cell(row['clean'])} (clean) "
-            f"| {cell(row['poisoned'])} | {cell(row['ratio'], 2)} |"
+            f"| {cell(row['poisoned'])} | {cell(row['ratio'], 2)} | | |"
         )
     if "sigkill" in report:
         s = report["sigkill"]
@@ -379,8 +401,8 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "relay-throughput.md").write_text(text + "\n")
-    (RESULTS / "relay-throughput.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{args.out}.md").write_text(text + "\n")
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
