@@ -65,6 +65,7 @@ from service_bench import (  # noqa: E402
     Target,
     load_average,
     process_tree_cpu_s,
+    served,
     wrk,
 )
 
@@ -93,14 +94,8 @@ def template(body: str) -> Path:
 def serving(config: str) -> Iterator[Server]:
     cwd = Path(tempfile.mkdtemp(prefix="runs-bench-"))
     argv = [sys.executable, "-m", "flowdecision.cli", "serve", "--port", "0", *CONFIGS[config]]
-    try:
-        server = Server(argv, cwd)
-        try:
-            yield server
-        finally:
-            server.stop()
-    finally:
-        shutil.rmtree(cwd, ignore_errors=True)
+    with served(argv, cwd) as server:
+        yield server
 
 
 @dataclass

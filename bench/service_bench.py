@@ -323,6 +323,19 @@ class Server:
                 self.proc.wait()
 
 
+@contextmanager
+def served(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """A :class:`Server` run in ``cwd`` (a fresh directory), stopped and ``cwd`` removed after."""
+    try:
+        server = Server(argv, cwd, env=env)
+        try:
+            yield server
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(cwd, ignore_errors=True)
+
+
 class Postgres:
     """Where POST postgres targets get a fresh database each: a throwaway or given server."""
 
@@ -394,31 +407,25 @@ def running(
     target: Target, work: Path, postgres: Postgres | None, serve_args: Sequence[str] = ()
 ) -> Iterator[Server]:
     """Start ``target``'s server in a fresh directory (and database); stop and clean up."""
-    cwd = Path(tempfile.mkdtemp(prefix=f"{target.name.replace(' ', '-')}-", dir=work))
-    try:
-        flags = ["--port", "0"]
-        if target.workers > 1:
-            flags += ["--workers", str(target.workers)]
-        if target.kind == "ceiling":
-            argv = [sys.executable, str(HERE / "service_ceiling.py"), *flags]
-        elif target.kind == "uvicorn":
-            argv = [sys.executable, str(HERE / "service_ceiling.py"), "--plain-uvicorn"]
-        else:
-            argv = [sys.executable, "-m", "flowdecision.cli", "serve", *flags]
-        with contextlib_database(target, postgres) as url:
-            if url is not None:
-                argv += ["--ledger", url, "--sink", url]
-            if target.kind == "flowdecision":
-                argv += serve_args  # last, so they override the defaults above
-            server = Server(argv, cwd)
-            try:
-                if target.kind in {"ceiling", "uvicorn"}:
-                    check_ceiling(server, target.workers)
-                yield server
-            finally:
-                server.stop()
-    finally:
-        shutil.rmtree(cwd, ignore_errors=True)
+    flags = ["--port", "0"]
+    if target.workers > 1:
+        flags += ["--workers", str(target.workers)]
+    if target.kind == "ceiling":
+        argv = [sys.executable, str(HERE / "service_ceiling.py"), *flags]
+    elif target.kind == "uvicorn":
+        argv = [sys.executable, str(HERE / "service_ceiling.py"), "--plain-uvicorn"]
+    else:
+        argv = [sys.executable, "-m", "flowdecision.cli", "serve", *flags]
+    with contextlib_database(target, postgres) as url:
+        if url is not None:
+            argv += ["--ledger", url, "--sink", url]
+        if target.kind == "flowdecision":
+            argv += serve_args  # last, so they override the defaults above
+        cwd = Path(tempfile.mkdtemp(prefix=f"{target.name.replace(' ', '-')}-", dir=work))
+        with served(argv, cwd) as server:
+            if target.kind in {"ceiling", "uvicorn"}:
+                check_ceiling(server, target.workers)
+            yield server
 
 
 @contextmanager

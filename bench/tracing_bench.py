@@ -50,7 +50,6 @@ import datetime
 import http.server
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -74,6 +73,7 @@ from service_bench import (  # noqa: E402
     body_template,
     load_average,
     process_tree_cpu_s,
+    served,
     server_env,
     wrk,
 )
@@ -165,14 +165,8 @@ def serving(target: str, receiver: Receiver) -> Iterator[Server]:
         else:  # what OBSERVABILITY.md suggests to pay for fewer traces
             env["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
             env["OTEL_TRACES_SAMPLER_ARG"] = ratio
-    try:
-        server = Server(argv, cwd, env=env)
-        try:
-            yield server
-        finally:
-            server.stop()
-    finally:
-        shutil.rmtree(cwd, ignore_errors=True)
+    with served(argv, cwd, env) as server:
+        yield server
 
 
 @dataclass
