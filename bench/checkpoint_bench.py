@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flowdecision.defaults import SQLITE_CHECKPOINT_INTERVAL_MS
+from flowdecision.core.defaults import SQLITE_CHECKPOINT_INTERVAL_MS
 from flowdecision.ledger.sqlite import SqliteLedger
 
 

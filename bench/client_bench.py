@@ -60,7 +60,7 @@ import httpx  # noqa: E402
 from tests.service_process import ServiceProcess  # noqa: E402
 
 from flowdecision.client import DecisionClient, SyncDecisionClient  # noqa: E402
-from flowdecision.model import DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
+from flowdecision.core.model import DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
 from flowdecision.sinks.delivery import DecisionDelivery  # noqa: E402
 from flowdecision.sinks.restate import RestateSink, parse_restate_url  # noqa: E402
 from flowdecision.sinks.webhook import WebhookSink  # noqa: E402

@@ -72,7 +72,7 @@ from tests.engine_servers import (  # noqa: E402
 )
 from tests.service_process import ServiceProcess  # noqa: E402
 
-from flowdecision.model import DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
+from flowdecision.core.model import DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
 
 LUA = HERE / "wrk_service.lua"
 RESULTS = HERE / "results"

@@ -40,7 +40,7 @@ import procrastinate  # noqa: E402
 from dbos import DBOS  # noqa: E402
 
 from flowdecision import DecisionRequest, Dispatcher, SqliteLedger  # noqa: E402
-from flowdecision.model import Complete  # noqa: E402
+from flowdecision.core.model import Complete  # noqa: E402
 from flowdecision.sinks.procrastinate import ProcrastinateSink  # noqa: E402
 
 TASK = "bench.record_decision"

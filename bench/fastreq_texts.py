@@ -11,9 +11,9 @@ from __future__ import annotations
 import statistics
 import time
 
-import flowdecision.model as model
-from flowdecision.identity import decision_receipt
-from flowdecision.model import DecisionRequest, request_hash
+import flowdecision.core.model as model
+from flowdecision.core.identity import decision_receipt
+from flowdecision.core.model import DecisionRequest, request_hash
 from post_costs import common_body  # the same body (bench/ is on the path)
 
 BODIES = [common_body(n) for n in range(20_000)]

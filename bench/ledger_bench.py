@@ -42,13 +42,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from flowdecision.identity import (  # noqa: E402
+from flowdecision.core.identity import (  # noqa: E402
     ExecutionIdentity,
     ResultOutcome,
     ResultReceipt,
     digest_bytes,
 )
-from flowdecision.jsonwire import encode_json_text  # noqa: E402
+from flowdecision.core.jsonwire import encode_json_text  # noqa: E402
 from flowdecision.ledger.machine import ClaimRecord, ClaimStatus  # noqa: E402
 
 LEASE_MS = 60_000

@@ -19,9 +19,9 @@ import asyncio
 import time
 
 from flowdecision import DecisionRequest, Dispatcher
-from flowdecision.identity import ExecutionIdentity
+from flowdecision.core.identity import ExecutionIdentity
+from flowdecision.core.model import Complete
 from flowdecision.ledger import MemoryLedger
-from flowdecision.model import Complete
 
 
 class NoopSink:

@@ -6,7 +6,7 @@ it in milliseconds (bench/relay_bench.py measures the relay, not the sink).
 
 from __future__ import annotations
 
-from flowdecision.model import DecisionRequest
+from flowdecision.core.model import DecisionRequest
 
 
 class NoopSink:

@@ -70,7 +70,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from flowdecision.jsonwire import encode_json_text  # noqa: E402
+from flowdecision.core.jsonwire import encode_json_text  # noqa: E402
 from flowdecision.ledger.machine import (  # noqa: E402
     ClaimRecord,
     ClaimStatus,

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from flowdecision import Dispatcher  # noqa: E402
-from flowdecision.ledger.url import open_ledger  # noqa: E402
-from flowdecision.model import Complete, DecisionRequest  # noqa: E402
+from flowdecision.core.model import Complete, DecisionRequest  # noqa: E402
+from flowdecision.ledger.opening import open_ledger  # noqa: E402
 from flowdecision.sinks.base import HasStoreKey  # noqa: E402
 from flowdecision.sinks.outbox import OutboxSink  # noqa: E402
 

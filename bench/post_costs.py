@@ -83,7 +83,7 @@ def _start_tracing() -> None:
         OTEL_BSP_MAX_EXPORT_BATCH_SIZE="1000000",
         OTEL_BSP_SCHEDULE_DELAY="3600000",
     )
-    from flowdecision import tracing
+    from flowdecision.observability import tracing
 
     tracing.start_sdk()
 

@@ -46,7 +46,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(HERE))
 
-from flowdecision.model import DecisionRequest  # noqa: E402
+from flowdecision.core.model import DecisionRequest  # noqa: E402
 from flowdecision.sinks import OutboxRelay, OutboxSink, Sink  # noqa: E402
 from flowdecision.sinks.cursor import CursorState  # noqa: E402
 from ledger_bench import machine_description  # noqa: E402

@@ -68,7 +68,7 @@ from tests.engine_servers import (  # noqa: E402
 )
 from tests.webhook_receiver import WebhookReceiver  # noqa: E402
 
-from flowdecision.model import DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
+from flowdecision.core.model import DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
 from flowdecision.sinks import OutboxSink  # noqa: E402
 from flowdecision.sinks.loader import close_sink, open_sink  # noqa: E402
 from flowdecision.sinks.relay import OutboxRelay  # noqa: E402

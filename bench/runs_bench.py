@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(HERE))
 
 from flowdecision import Dispatcher, PostgresLedger, open_ledger  # noqa: E402
-from flowdecision.model import Complete, DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
+from flowdecision.core.model import Complete, DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
 from flowdecision.sinks.outbox import OutboxSink  # noqa: E402
 from ledger_bench import machine_description  # noqa: E402
 from service_bench import (  # noqa: E402

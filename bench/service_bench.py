@@ -100,7 +100,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from flowdecision.model import DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
+from flowdecision.core.model import DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
 from ledger_bench import machine_description  # noqa: E402
 from service_ceiling import CEILING_BODY, READY_PREFIX  # noqa: E402
 

@@ -60,7 +60,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from flowdecision.model import DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
+from flowdecision.core.model import DecisionRequest, DecisionStep, ScheduleStep  # noqa: E402
 
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
 PLOT = ROOT / "docs" / "soak.png"

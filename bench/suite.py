@@ -46,9 +46,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import ledger_bench as lb  # noqa: E402
-from flowdecision.dispatcher import Dispatcher  # noqa: E402
+from flowdecision.core.dispatcher import Dispatcher  # noqa: E402
+from flowdecision.core.model import Complete, DecisionRequest  # noqa: E402
 from flowdecision.ledger import Claimed, Ledger, MemoryLedger  # noqa: E402
-from flowdecision.model import Complete, DecisionRequest  # noqa: E402
 
 OUT: list[str] = []
 

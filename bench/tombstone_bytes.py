@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 
 from flowdecision import Dispatcher
+from flowdecision.core.model import Complete, DecisionRequest
 from flowdecision.ledger import JsonFileLedger, SqliteLedger
 from flowdecision.ledger.protocol import Ledger
-from flowdecision.model import Complete, DecisionRequest
 
 
 class NullSink:

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flowdecision.identity import ExecutionIdentity, ResultOutcome, ResultReceipt, digest_bytes
-from flowdecision.model import Complete, DecisionRequest, DecisionStep, ScheduleStep
+from flowdecision.core.identity import ExecutionIdentity, ResultOutcome, ResultReceipt, digest_bytes
+from flowdecision.core.model import Complete, DecisionRequest, DecisionStep, ScheduleStep
 
 
 def request(

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Coroutine
 from typing import TypeVar
 
+from flowdecision.core.identity import ExecutionIdentity, ResultReceipt
 from flowdecision.errors import LedgerError
-from flowdecision.identity import ExecutionIdentity, ResultReceipt
 from flowdecision.ledger import Claimed, ClaimOutcome, DelegatingLedger, MemoryLedger
 from flowdecision.ledger.machine import DecisionOrigin, Transition
 

@@ -4,7 +4,8 @@ A process registers its global tracer provider once (the API's
 ``set_tracer_provider``), so the tests register one for the whole process, a
 :class:`Switch`, that hands each tracer call to the SDK provider a test put in
 place, or to the API's no-op tracer between such tests. Only public names of
-OpenTelemetry are used. Once the switch is registered, :func:`flowdecision.tracing.active`
+OpenTelemetry are used. Once the switch is registered,
+:func:`flowdecision.observability.tracing.active`
 is True for the rest of the process; with no provider in place every span is
 the API's invalid, non-recording one, so nothing is recorded, stored or sent,
 as with tracing off (tests/test_tracing.py checks that;

@@ -22,7 +22,7 @@ import sys
 import time
 
 from flowdecision import Dispatcher, RunClosedError, open_ledger
-from flowdecision.model import Complete, DecisionRequest, DecisionStep, ScheduleStep
+from flowdecision.core.model import Complete, DecisionRequest, DecisionStep, ScheduleStep
 from flowdecision.sinks.outbox import OutboxSink
 
 STEPS = 3

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowdecision.model import Complete, DecisionRequest, DecisionStep, ScheduleStep
+from flowdecision.core.model import Complete, DecisionRequest, DecisionStep, ScheduleStep
 
 ROOT = Path(__file__).resolve().parent.parent
 

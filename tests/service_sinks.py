@@ -6,7 +6,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from flowdecision.model import DecisionRequest
+from flowdecision.core.model import DecisionRequest
 
 
 class GateSink:

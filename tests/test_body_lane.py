@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from flowdecision.jsonwire import count_items
+from flowdecision.core.jsonwire import count_items
 from flowdecision.service.handlers import BodyLane
 
 

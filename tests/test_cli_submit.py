@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 from flowdecision.cli import cli
 from flowdecision.client import SyncDecisionClient
-from flowdecision.model import DecisionRequest
+from flowdecision.core.model import DecisionRequest
 from tests.service_process import ROOT, ServiceProcess, decision
 
 TOKEN = "submit-test-token-9d0e"

@@ -42,9 +42,9 @@ from flowdecision.client import (
     error_from_response,
     read_token_file,
 )
-from flowdecision.identity import decision_receipt
+from flowdecision.core.identity import decision_receipt
+from flowdecision.core.model import request_hash
 from flowdecision.ledger import open_ledger
-from flowdecision.model import request_hash
 from tests.service_process import ServiceProcess, decision
 
 TOKEN = "client-test-token-51c2"

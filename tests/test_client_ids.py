@@ -1,7 +1,7 @@
 """Every id the service accepts round-trips through every client method that takes an id.
 
 Property-tested over the identifier alphabet (any character but controls and
-lone surrogates, see ``flowdecision.limits``) against the real service
+lone surrogates, see ``flowdecision.core.limits``) against the real service
 (``flowdecision serve`` as a subprocess). The path-like ids (``.``, ``..``,
 ``a/../b``, ``%2E``) are named as examples: an HTTP stack removes dot segments
 from a path unless they are percent-encoded.

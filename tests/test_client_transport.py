@@ -1,4 +1,4 @@
-"""DecisionClient over its aiohttp pool (flowdecision.transport): the caller's trace
+"""DecisionClient over its aiohttp pool (flowdecision.connections.transport): the caller's trace
 context goes with each request, and the pool can be shared or swapped for httpx's."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from flowdecision.client import DecisionClient, Outcome, UnexpectedResponseError
-from flowdecision.transport import HttpPool
+from flowdecision.connections.transport import HttpPool
 from tests.otel_support import spans_fixture, traceparent  # noqa: F401 (the `spans` fixture)
 from tests.service_process import ServiceProcess, decision
 from tests.webhook_receiver import WebhookReceiver

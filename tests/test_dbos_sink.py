@@ -18,7 +18,7 @@ import pytest
 from dbos import DBOS
 
 from flowdecision import DecisionRequest, Dispatcher, request_hash
-from flowdecision.identity import decision_receipt
+from flowdecision.core.identity import decision_receipt
 from flowdecision.ledger.sqlite import SqliteLedger
 from flowdecision.sinks import Sink
 from flowdecision.sinks.dbos import DBOSSink, DBOSSinkError, parse_dbos_url

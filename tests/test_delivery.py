@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flowdecision.model import (
+from flowdecision.core.model import (
     Complete,
     Decision,
     DecisionRequest,

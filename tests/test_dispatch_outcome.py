@@ -24,11 +24,11 @@ from flowdecision import (
     SinkError,
     SqliteLedger,
 )
-from flowdecision.dispatcher import ERROR_CLASSES
+from flowdecision.core.dispatcher import ERROR_CLASSES
+from flowdecision.core.identity import ResultOutcome, ResultReceipt, decision_receipt
+from flowdecision.core.model import request_hash
 from flowdecision.errors import classify
-from flowdecision.health import ErrorRate, ErrorWindow
-from flowdecision.identity import ResultOutcome, ResultReceipt, decision_receipt
-from flowdecision.model import request_hash
+from flowdecision.observability.health import ErrorRate, ErrorWindow
 
 from .helpers import ControlledSink, FailingOnceSink, RecordingSink, request
 

@@ -21,8 +21,8 @@ from flowdecision import (
     SinkError,
     UnauthorizedBranchError,
 )
-from flowdecision.identity import decision_receipt
-from flowdecision.model import Complete, DecisionRequest, request_hash
+from flowdecision.core.identity import decision_receipt
+from flowdecision.core.model import Complete, DecisionRequest, request_hash
 
 from .helpers import ControlledSink, RecordingSink, request
 

@@ -22,7 +22,7 @@ from flowdecision import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
 )
-from flowdecision.backoff import full_jitter
+from flowdecision.connections.backoff import full_jitter
 
 ROOT = Path(flowdecision.__file__).parent
 

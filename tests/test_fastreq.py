@@ -19,10 +19,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flowdecision import model
+from flowdecision.core import model
+from flowdecision.core.identity import decision_receipt
+from flowdecision.core.model import (
+    DEFAULT_RETRY_POLICY,
+    DecisionRequest,
+    ScheduleStep,
+    request_hash,
+)
 from flowdecision.errors import InvalidRequestError
-from flowdecision.identity import decision_receipt
-from flowdecision.model import DEFAULT_RETRY_POLICY, DecisionRequest, ScheduleStep, request_hash
 
 BASE: dict[str, Any] = {
     "decision_id": "d-1",
@@ -365,7 +370,7 @@ def test_builds_only_the_classes_it_was_shown(decode: Any) -> None:
     from dataclasses import dataclass
 
     from flowdecision import _fastreq
-    from flowdecision.model import DecisionStep
+    from flowdecision.core.model import DecisionStep
 
     @dataclass(frozen=True, slots=True)
     class Grown:
@@ -405,7 +410,7 @@ def test_a_failing_digest_ends_decode_with_its_own_error(
     once with that MemoryError: not a SystemError from calling on with it pending, no
     later digest, nothing leaked."""
     from flowdecision import _fastreq
-    from flowdecision.identity import DECISION_IDENTITY_DOMAIN, EVIDENCE_DOMAIN, RESULT_DOMAIN
+    from flowdecision.core.identity import DECISION_IDENTITY_DOMAIN, EVIDENCE_DOMAIN, RESULT_DOMAIN
 
     calls: list[bytes] = []
 

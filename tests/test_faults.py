@@ -27,8 +27,8 @@ from flowdecision import (
     LedgerUnavailableError,
     SinkError,
 )
+from flowdecision.core.model import DecisionRequest, request_hash
 from flowdecision.ledger import Completed, DelegatingLedger, MemoryLedger, Pending
-from flowdecision.model import DecisionRequest, request_hash
 from flowdecision.sinks import OutboxSink
 from tests.helpers import request
 

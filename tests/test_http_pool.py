@@ -1,4 +1,5 @@
-"""flowdecision.transport (the async HTTP transport of DecisionClient and the HTTP sinks)
+"""flowdecision.connections.transport (the async HTTP transport of DecisionClient and the
+HTTP sinks)
 against real local servers: the pool's bound, concurrent callers, and which failures say
 the request may have been sent."""
 
@@ -9,15 +10,15 @@ import socket
 
 import pytest
 
-from flowdecision.errors import FlowDecisionError, InvalidArgumentError
-from flowdecision.sinks.webhook import WebhookSink
-from flowdecision.transport import (
+from flowdecision.connections.transport import (
     ConnectError,
     HttpPool,
     ReadError,
     ReadTimeoutError,
     TransportError,
 )
+from flowdecision.errors import FlowDecisionError, InvalidArgumentError
+from flowdecision.sinks.webhook import WebhookSink
 from tests.service_process import decision
 from tests.webhook_receiver import WebhookReceiver
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from flowdecision.identity import (
+from flowdecision.core.identity import (
     DECISION_IDENTITY_DOMAIN,
     EVIDENCE_DOMAIN,
     IDENTITY_SCHEMA,
@@ -25,8 +25,8 @@ from flowdecision.identity import (
     decision_receipt,
     digest_bytes,
 )
-from flowdecision.jsonwire import encode_json
-from flowdecision.model import Complete, DecisionRequest
+from flowdecision.core.jsonwire import encode_json
+from flowdecision.core.model import Complete, DecisionRequest
 
 DIGEST_A = "sha256:" + "ab" * 32
 DIGEST_B = "sha256:" + "0123456789abcdef" * 4
@@ -343,7 +343,7 @@ def test_decision_receipt_too_large() -> None:
 
 
 def test_decision_receipt_is_a_valid_receipt_equal_to_the_checked_constructor() -> None:
-    from flowdecision.identity import (
+    from flowdecision.core.identity import (
         EVIDENCE_DOMAIN,
         RESULT_DOMAIN,
         ResultOutcome,
@@ -351,7 +351,7 @@ def test_decision_receipt_is_a_valid_receipt_equal_to_the_checked_constructor() 
         decision_receipt,
         digest_bytes,
     )
-    from flowdecision.model import DecisionRequest
+    from flowdecision.core.model import DecisionRequest
 
     req = DecisionRequest.parse(
         b'{"decision_id":"d","run_id":"r","authority_branch_id":"production",'

@@ -255,8 +255,8 @@ async def test_text_that_no_store_can_hold_is_rejected_up_front(field: str) -> N
 def test_a_records_json_text_is_what_the_encoder_writes_for_to_dict() -> None:
     """Rows store ``ClaimRecord.json_text`` (written directly): byte for byte the
     encoder's text for ``to_dict``, for every shape a record takes."""
-    from flowdecision.identity import ResultOutcome, ResultReceipt
-    from flowdecision.jsonwire import encode_json_text
+    from flowdecision.core.identity import ResultOutcome, ResultReceipt
+    from flowdecision.core.jsonwire import encode_json_text
     from flowdecision.ledger.machine import tombstone_of
 
     ident = identity("json-text")

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
+from flowdecision.core.identity import ExecutionIdentity, ResultOutcome, ResultReceipt, digest_bytes
 from flowdecision.errors import LedgerError
-from flowdecision.identity import ExecutionIdentity, ResultOutcome, ResultReceipt, digest_bytes
 from flowdecision.ledger import ClaimKey, Ledger, machine
 from flowdecision.ledger.machine import ClaimRecord, Transition
 

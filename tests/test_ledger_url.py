@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from flowdecision.connections.urls import parse_ledger_url
 from flowdecision.errors import LedgerError
 from flowdecision.ledger import JsonFileLedger, MemoryLedger, open_ledger
-from flowdecision.ledger.url import parse_ledger_url
 
 
 @pytest.mark.parametrize(

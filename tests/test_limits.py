@@ -28,9 +28,9 @@ from flowdecision import (
     LedgerError,
     UnauthorizedBranchError,
 )
-from flowdecision.identity import decision_receipt
-from flowdecision.jsonwire import JsonWireError, parse_json
-from flowdecision.limits import (
+from flowdecision.core.identity import decision_receipt
+from flowdecision.core.jsonwire import JsonWireError, parse_json
+from flowdecision.core.limits import (
     IDENTIFIER_FIELDS,
     IDENTIFIER_MAX_BYTES,
     REQUEST_IDENTIFIER_FIELDS,
@@ -38,7 +38,7 @@ from flowdecision.limits import (
     identifier_problem,
     plain_identifiers,
 )
-from flowdecision.model import Complete, request_hash
+from flowdecision.core.model import Complete, request_hash
 from flowdecision.sinks.base import InvalidSinkError
 
 from .helpers import RecordingSink, identity, receipt, request
@@ -404,8 +404,8 @@ def test_every_public_exception_class_derives_from_flowdecision_error() -> None:
 def test_the_mixins_callers_rely_on_are_kept() -> None:
     import sqlite3
 
-    from flowdecision.identity import ExecutionContractError
-    from flowdecision.model import RetryPolicyError
+    from flowdecision.core.identity import ExecutionContractError
+    from flowdecision.core.model import RetryPolicyError
     from flowdecision.store.migrations import MigrationError
     from flowdecision.store.sqlite import WalUnavailableError
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowdecision.jsonwire import (
+from flowdecision.core.jsonwire import (
     MAX_DEPTH,
     DuplicateKeyDict,
     JsonWireError,
@@ -22,7 +22,7 @@ from flowdecision.jsonwire import (
     format_float,
     parse_json,
 )
-from flowdecision.model import (
+from flowdecision.core.model import (
     DEFAULT_RETRY_POLICY,
     U32_MAX,
     U64_MAX,

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 from flowdecision import DecisionRequest, InvalidRequestError
-from flowdecision.model import json_schemas
+from flowdecision.core.model import json_schemas
 
 DATA = Path(__file__).parent / "data"
 

@@ -21,7 +21,7 @@ import pytest
 import requests
 import schemathesis
 
-from flowdecision.identity import (
+from flowdecision.core.identity import (
     RESULT_RECEIPT_MAX_BYTES,
     ExecutionContractError,
     ResultOutcome,

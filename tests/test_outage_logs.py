@@ -123,7 +123,7 @@ def test_an_answer_begun_before_the_outage_does_not_end_it() -> None:
     just after the first failure: that says nothing about the store now."""
     import logging
 
-    from flowdecision.outage import Outage
+    from flowdecision.observability.outage import Outage
 
     now = [10.0]
     records: list[str] = []

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from flowdecision import Dispatcher, FlowDecisionError, request_hash
+from flowdecision.core.model import Complete
 from flowdecision.ledger.sqlite import SqliteLedger
-from flowdecision.model import Complete
 from flowdecision.sinks import (
     OutboxConflictError,
     OutboxError,

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from flowdecision.model import DecisionRequest
+from flowdecision.core.model import DecisionRequest
 from tests.service_process import ServiceProcess, decision, wait_for
 from tests.webhook_receiver import WebhookReceiver
 

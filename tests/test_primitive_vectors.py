@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from flowdecision.identity import (
+from flowdecision.core.identity import (
     ExecutionContractError,
     ExecutionIdentity,
     ExecutionIdentityError,
@@ -16,7 +16,7 @@ from flowdecision.identity import (
     ResultReceiptError,
     digest_bytes,
 )
-from flowdecision.jsonwire import parse_json
+from flowdecision.core.jsonwire import parse_json
 
 DATA = Path(__file__).parent / "data"
 VECTORS: list[dict[str, Any]] = [

@@ -21,8 +21,8 @@ import psycopg
 import pytest
 
 from flowdecision import DecisionRequest, Dispatcher, FlowDecisionError
+from flowdecision.core.model import Complete
 from flowdecision.ledger.sqlite import SqliteLedger
-from flowdecision.model import Complete
 from flowdecision.sinks import Sink
 from flowdecision.sinks.loader import SinkConfigError, close_sink, open_sink, sink_kind
 from flowdecision.sinks.procrastinate import (
@@ -183,7 +183,7 @@ async def test_decision_dispatched_after_its_job_ran_does_not_run_again(
         ledger = SqliteLedger(ledger_path)
         try:
             from flowdecision import request_hash
-            from flowdecision.identity import decision_receipt
+            from flowdecision.core.identity import decision_receipt
 
             identity, _ = decision_receipt(crashed)
             claim = await ledger.claim(

@@ -1,6 +1,6 @@
 """Passwords in URLs are never printed, and ids cannot hide behind invisible characters.
 
-One helper (``flowdecision.redact``) does both; these tests hold it to each URL
+One helper (``flowdecision.observability.redact``) does both; these tests hold it to each URL
 scheme the project accepts or refuses, and hold every place that shows a URL
 or an id (CLI errors and tables, the JSON log, the status page) to using it.
 """
@@ -18,7 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from flowdecision.redact import _CANDIDATES, json_safe, printable, redact_text, redact_url
+from flowdecision.connections.urls import redact_url
+from flowdecision.observability.redact import (
+    _CANDIDATES,
+    json_safe,
+    printable,
+    redact_text,
+)
 
 SECRET = "S3CRETPW"
 CLI = [sys.executable, "-m", "flowdecision.cli"]

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from flowdecision.model import DecisionRequest
+from flowdecision.core.model import DecisionRequest
 from flowdecision.sinks import OutboxSink
 from tests.engine_servers import free_port
 from tests.helpers import request

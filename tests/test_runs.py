@@ -34,13 +34,13 @@ from flowdecision import (
     open_ledger,
     request_hash,
 )
+from flowdecision.core.model import Complete, DecisionRequest, DecisionStep, Fail, ScheduleStep
 from flowdecision.errors import LedgerError, LedgerSchemaError
 from flowdecision.ledger import JsonFileLedger, Ledger, RunClosed, RunState, RunStatus
 from flowdecision.ledger.machine import DecisionOrigin
 from flowdecision.ledger.query import DecisionQuery
 from flowdecision.ledger.rows import LEDGER
 from flowdecision.ledger.states import AlreadyCompleted, Claimed, DecisionState
-from flowdecision.model import Complete, DecisionRequest, DecisionStep, Fail, ScheduleStep
 from flowdecision.sinks.outbox import OutboxSink
 
 from .helpers import RecordingSink

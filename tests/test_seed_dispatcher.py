@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from flowdecision.dispatcher import Dispatcher, DispatchOutcome
+from flowdecision.core.dispatcher import Dispatcher, DispatchOutcome
+from flowdecision.core.model import Fail, request_hash
 from flowdecision.errors import (
     DecisionBusyError,
     DecisionConflictError,
@@ -16,9 +17,8 @@ from flowdecision.errors import (
     SinkError,
     UnauthorizedBranchError,
 )
-from flowdecision.health import HealthStatus
 from flowdecision.ledger import Claimed, JsonFileLedger, MemoryLedger, wall_clock_ms
-from flowdecision.model import Fail, request_hash
+from flowdecision.observability.health import HealthStatus
 
 from .helpers import (
     CancellableSink,

@@ -20,9 +20,9 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from flowdecision.cli import cli
-from flowdecision.identity import decision_receipt
+from flowdecision.core.identity import decision_receipt
+from flowdecision.core.model import DecisionRequest, request_hash
 from flowdecision.ledger import Completed, Pending, open_ledger
-from flowdecision.model import DecisionRequest, request_hash
 from tests.service_process import ServiceProcess, decision, wait_for
 from tests.webhook_receiver import WebhookReceiver
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from flowdecision.connections.urls import redact_url
 from flowdecision.service.config import (
     LEGACY_LEDGER_URL,
     LEGACY_SINK_URL,
@@ -15,7 +16,6 @@ from flowdecision.service.config import (
     Settings,
     default_outbox_url,
     load_settings,
-    redact_url,
 )
 from flowdecision.sinks.loader import SinkConfigError, close_sink, open_sink, sink_kind
 from flowdecision.sinks.outbox import OutboxSink

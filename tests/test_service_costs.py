@@ -24,7 +24,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from flowdecision.health import HealthMetrics, HealthSnapshot
+from flowdecision.observability.health import HealthMetrics, HealthSnapshot
 from flowdecision.service import logs
 from flowdecision.service.edge import ConnectionTable, EdgeLimits, edge_protocol
 from flowdecision.service.metrics import ServiceMetrics

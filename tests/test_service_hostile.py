@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.datastructures import Headers
 
 from flowdecision import Dispatcher, SqliteLedger
-from flowdecision.dispatcher import ERROR_CLASSES
+from flowdecision.core.dispatcher import ERROR_CLASSES
 from flowdecision.errors import DispatchError, FlowDecisionError, LedgerError
 from flowdecision.service.errors import HTTP_ERRORS
 from flowdecision.service.handlers import preferred_wait_s

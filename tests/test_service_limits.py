@@ -11,8 +11,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from flowdecision.limits import IDENTIFIER_MAX_BYTES
-from flowdecision.model import DecisionRequest
+from flowdecision.core.limits import IDENTIFIER_MAX_BYTES
+from flowdecision.core.model import DecisionRequest
 from tests.service_process import ServiceProcess, decision
 
 AT_LIMIT = "€" * 341 + "a"  # exactly 1024 bytes of UTF-8
@@ -179,7 +179,7 @@ def test_a_body_sent_in_pieces_is_read_whole(client: httpx.Client) -> None:
     and answered as if sent at once (the handler reads ``receive`` itself)."""
     import time
 
-    from flowdecision.identity import decision_receipt
+    from flowdecision.core.identity import decision_receipt
 
     request = decision()
     body = request.to_json()

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import requests
 
-from flowdecision.model import DecisionRequest
+from flowdecision.core.model import DecisionRequest
 from flowdecision.service.config import ConfigError, Settings, load_settings
 from flowdecision.service.edge import effective_max_connections
 from flowdecision.service.server import _optional, bind_socket, event_loop_factory, serve

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from flowdecision.client import SyncDecisionClient
-from flowdecision.defaults import DEFAULT_STORE_URL
+from flowdecision.core.defaults import DEFAULT_STORE_URL
 from flowdecision.ledger import open_ledger
 from flowdecision.sinks import OutboxSink
 from tests.service_process import ROOT, ServiceProcess, decision

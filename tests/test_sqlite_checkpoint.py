@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from flowdecision.defaults import SQLITE_CHECKPOINT_BACKSTOP_PAGES
+from flowdecision.core.defaults import SQLITE_CHECKPOINT_BACKSTOP_PAGES
 from flowdecision.errors import LedgerError
 from flowdecision.ledger import Claimed, Pending
 from flowdecision.ledger.sqlite import SqliteLedger

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flowdecision.model import DecisionRequest
+from flowdecision.core.model import DecisionRequest
 from tests.service_process import ServiceProcess, decision
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

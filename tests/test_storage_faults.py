@@ -234,7 +234,7 @@ from pathlib import Path
 
 import flowdecision
 from flowdecision.ledger import SqliteLedger
-from flowdecision.model import Complete, DecisionRequest
+from flowdecision.core.model import Complete, DecisionRequest
 from flowdecision.sinks import OutboxSink
 
 # The installed files vanish or become unreadable after import (an upgrade in

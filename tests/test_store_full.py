@@ -30,9 +30,9 @@ import pytest
 
 from flowdecision import Dispatcher
 from flowdecision.errors import DispatchStoreFullError, StoreFullError
+from flowdecision.ledger.opening import open_ledger
 from flowdecision.ledger.postgres import PostgresLedger
-from flowdecision.ledger.url import open_ledger
-from flowdecision.outage import Outage
+from flowdecision.observability.outage import Outage
 from flowdecision.service.runtime import OK, _check
 from flowdecision.sinks import OutboxSink
 from tests.helpers import step_request

@@ -21,11 +21,11 @@ from flowdecision import Dispatcher
 from flowdecision.chaos.config import ChaosConfig
 from flowdecision.chaos.journal import Journal
 from flowdecision.chaos.worker import ChaosSink
+from flowdecision.connections.urls import describe_dsn, parse_pg_dsn
+from flowdecision.core.model import Complete
 from flowdecision.ledger.postgres import PostgresLedger
-from flowdecision.model import Complete
 from flowdecision.sinks import OutboxSink
 from flowdecision.store.joint import postgres_key
-from flowdecision.store.url import describe_dsn, parse_pg_dsn
 from tests.helpers import request
 
 BRANCH = "production"

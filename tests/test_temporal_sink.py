@@ -25,7 +25,7 @@ from temporalio.client import (
 )
 
 from flowdecision import DecisionRequest
-from flowdecision.model import Complete, DecisionStep, Fail, ScheduleSteps
+from flowdecision.core.model import Complete, DecisionStep, Fail, ScheduleSteps
 from flowdecision.sinks import Sink
 from flowdecision.sinks.delivery import DecisionDelivery
 from flowdecision.sinks.loader import SinkConfigError, open_sink, sink_kind

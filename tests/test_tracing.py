@@ -20,7 +20,8 @@ import pytest
 from opentelemetry import context, trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from flowdecision import Dispatcher, tracing
+from flowdecision import Dispatcher
+from flowdecision.core.model import Complete, DecisionRequest, request_hash
 from flowdecision.errors import (
     DecisionBusyError,
     DecisionConflictError,
@@ -29,7 +30,7 @@ from flowdecision.errors import (
 )
 from flowdecision.ledger import Ledger, PostgresLedger, SqliteLedger
 from flowdecision.ledger.protocol import DelegatingLedger
-from flowdecision.model import Complete, DecisionRequest, request_hash
+from flowdecision.observability import tracing
 from flowdecision.sinks import OutboxSink
 from tests import otel_support
 from tests.helpers import request
@@ -447,7 +448,7 @@ def test_traceparent_of_needs_no_active_provider() -> None:
 
     code = (
         "from opentelemetry import trace\n"
-        "from flowdecision import tracing\n"
+        "from flowdecision.observability import tracing\n"
         "span = trace.NonRecordingSpan(trace.SpanContext(1, 2, False, trace.TraceFlags(1)))\n"
         "print(tracing.traceparent_of(span), tracing.traceparent_of(trace.INVALID_SPAN))\n"
     )

@@ -34,7 +34,8 @@ sys.meta_path.insert(0, _NoOpenTelemetry())
 
 _SCRIPT = """
 import asyncio, sys
-from flowdecision import Dispatcher, tracing
+from flowdecision import Dispatcher
+from flowdecision.observability import tracing
 from flowdecision.client import SyncDecisionClient
 from flowdecision.ledger import SqliteLedger
 from flowdecision.service.app import create_app

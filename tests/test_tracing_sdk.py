@@ -1,5 +1,5 @@
 """What ``serve --otel``, ``relay --otel`` and ``submit --trace`` register
-(:func:`flowdecision.tracing.start_sdk`): the SDK's tracer provider, its batch
+(:func:`flowdecision.observability.tracing.start_sdk`): the SDK's tracer provider, its batch
 span processor and the official OTLP/HTTP exporter, configured by the standard
 ``OTEL_*`` variables.
 
@@ -21,7 +21,7 @@ from tests.otlp_receiver import OtlpReceiver
 _PROBE = """
 import sys
 from opentelemetry import trace
-from flowdecision import tracing
+from flowdecision.observability import tracing
 shutdown = tracing.start_sdk()
 print("provider", type(trace.get_tracer_provider()).__name__)
 with tracing.span("probe", attributes={"flowdecision.n": 1}):

@@ -11,7 +11,7 @@ the receiving side sees the trace of the dispatch that submitted the decision.
   each update handler to its decision's;
 * Restate: the ingress call's ``traceparent`` header, read by the handler;
 * the outbox: the row's ``traceparent`` (covered in tests/test_tracing.py), from
-  which :func:`flowdecision.tracing.context_of` continues the trace.
+  which :func:`flowdecision.observability.tracing.context_of` continues the trace.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from dbos import DBOS
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from flowdecision import DecisionRequest, Dispatcher, tracing
+from flowdecision import DecisionRequest, Dispatcher
+from flowdecision.core.model import DecisionStep, ScheduleSteps
 from flowdecision.ledger import MemoryLedger, SqliteLedger
-from flowdecision.model import DecisionStep, ScheduleSteps
+from flowdecision.observability import tracing
 from flowdecision.sinks import OutboxSink
 from flowdecision.sinks.dbos import DBOSSink
 from flowdecision.sinks.loader import close_sink, open_sink

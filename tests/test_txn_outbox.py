@@ -18,18 +18,18 @@ from typing import Any
 import pytest
 
 from flowdecision import Dispatcher, request_hash
+from flowdecision.core.identity import decision_receipt
+from flowdecision.core.model import DecisionRequest
 from flowdecision.errors import (
     DecisionBusyError,
     DecisionConflictError,
     DispatchLedgerError,
     SinkError,
 )
-from flowdecision.identity import decision_receipt
 from flowdecision.ledger.memory import MemoryLedger
+from flowdecision.ledger.opening import open_ledger
 from flowdecision.ledger.protocol import Ledger
 from flowdecision.ledger.states import AlreadyCompleted, Claimed, JointOutcome
-from flowdecision.ledger.url import open_ledger
-from flowdecision.model import DecisionRequest
 from flowdecision.sinks import (
     JointSink,
     OutboxConflictError,

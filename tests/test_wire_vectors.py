@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from flowdecision.identity import (
+from flowdecision.core.identity import (
     DECISION_IDENTITY_DOMAIN,
     EVIDENCE_DOMAIN,
     ExecutionIdentity,
@@ -17,7 +17,7 @@ from flowdecision.identity import (
     decision_receipt,
     digest_bytes,
 )
-from flowdecision.model import Complete, DecisionRequest, InvalidRequestError, request_hash
+from flowdecision.core.model import Complete, DecisionRequest, InvalidRequestError, request_hash
 
 DATA = Path(__file__).parent / "data"
 

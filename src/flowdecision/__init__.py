@@ -6,7 +6,31 @@ and hosts at most one live owner submits a decision, a completed decision is
 never submitted again, and a stale owner can never record completion.
 """
 
-from .dispatcher import DEFAULT_LEASE_MS, Dispatcher, DispatchOutcome
+from .core.dispatcher import DEFAULT_LEASE_MS, Dispatcher, DispatchOutcome
+from .core.identity import (
+    DecisionTooLargeError,
+    ExecutionContractError,
+    ExecutionIdentity,
+    ExecutionIdentityError,
+    ResultOutcome,
+    ResultReceipt,
+    ResultReceiptError,
+    decision_receipt,
+    digest_bytes,
+)
+from .core.model import (
+    Complete,
+    Decision,
+    DecisionRequest,
+    DecisionStep,
+    Fail,
+    InvalidRequestError,
+    RetryPolicy,
+    RetryPolicyError,
+    ScheduleStep,
+    ScheduleSteps,
+    request_hash,
+)
 from .errors import (
     DecisionBusyError,
     DecisionConflictError,
@@ -32,18 +56,6 @@ from .errors import (
     StoreMissingError,
     UnauthorizedBranchError,
 )
-from .health import HealthSnapshot, HealthStatus
-from .identity import (
-    DecisionTooLargeError,
-    ExecutionContractError,
-    ExecutionIdentity,
-    ExecutionIdentityError,
-    ResultOutcome,
-    ResultReceipt,
-    ResultReceiptError,
-    decision_receipt,
-    digest_bytes,
-)
 from .ledger import (
     AlreadyCompleted,
     Busy,
@@ -65,19 +77,7 @@ from .ledger import (
     Unavailable,
     open_ledger,
 )
-from .model import (
-    Complete,
-    Decision,
-    DecisionRequest,
-    DecisionStep,
-    Fail,
-    InvalidRequestError,
-    RetryPolicy,
-    RetryPolicyError,
-    ScheduleStep,
-    ScheduleSteps,
-    request_hash,
-)
+from .observability.health import HealthSnapshot, HealthStatus
 from .sinks import (
     InvalidSinkError,
     OutboxConflictError,

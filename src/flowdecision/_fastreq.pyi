@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from .model import DecisionRequest
+from .core.model import DecisionRequest
 
 def decode(body: object, /) -> DecisionRequest | None: ...
 def configure_types(

@@ -2,7 +2,7 @@
 
 Each has a stable ``code`` (metric label, HTTP error code, log field). The
 modules that raise them re-export them under their old import paths
-(``flowdecision.identity.DecisionTooLargeError`` is this module's). The HTTP
+(``flowdecision.core.identity.DecisionTooLargeError`` is this module's). The HTTP
 client's error family, one per answer of the service, lives with the client:
 :mod:`flowdecision.client.errors`.
 
@@ -187,11 +187,11 @@ class InvalidIdentityError(DispatchError, code="invalid_request"):
 
 
 class InvalidIdentifierError(DispatchError, LedgerError, code="invalid_identifier"):
-    """An identifier breaks the identifier rules (see :mod:`flowdecision.limits`).
+    """An identifier breaks the identifier rules (see :mod:`flowdecision.core.limits`).
 
     ``field`` names it (``decision_id``, ``run_id``, ``authority_branch_id``,
     ``causation_event_id``, ``owner_id``, ...); ``problem`` says what is wrong:
-    over :data:`~flowdecision.limits.IDENTIFIER_MAX_BYTES` bytes of UTF-8, or a
+    over :data:`~flowdecision.core.limits.IDENTIFIER_MAX_BYTES` bytes of UTF-8, or a
     control character. The dispatcher raises it before claiming; the ledger
     raises the same error for direct calls, hence it is a :class:`LedgerError`
     too. Nothing was stored either way.

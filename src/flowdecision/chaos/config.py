@@ -9,8 +9,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..connections.urls import parse_ledger_url
 from ..errors import InvalidArgumentError
-from ..ledger.url import parse_ledger_url
 
 __all__ = ["BRANCH", "ChaosConfig", "wall_ms"]
 

@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..connections.urls import parse_ledger_url
 from ..errors import HarnessError
 from ..ledger.postgres import PostgresLedger
-from ..ledger.url import parse_ledger_url
 from ..sinks.outbox import OutboxSink
 from .config import ChaosConfig, wall_ms
 from .report import ChaosReport

@@ -20,7 +20,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from flowdecision.model import DecisionStep
+    from flowdecision.core.model import DecisionStep
     from flowdecision.sinks.delivery import DecisionDelivery
     from flowdecision.sinks.temporal_workflow import DecisionRunWorkflow, RunState
 

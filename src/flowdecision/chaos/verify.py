@@ -41,10 +41,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..connections.urls import parse_ledger_url
+from ..core.model import request_hash
 from ..ledger.jsonfile import JsonFileLedger
 from ..ledger.machine import ClaimRecord, ClaimStatus
-from ..ledger.url import parse_ledger_url
-from ..model import request_hash
 from ..sinks.outbox import OutboxEntry, OutboxSink
 from .config import ChaosConfig
 from .health_check import check_health

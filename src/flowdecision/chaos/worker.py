@@ -18,7 +18,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..dispatcher import Dispatcher
+from ..connections.urls import parse_ledger_url
+from ..core.dispatcher import Dispatcher
+from ..core.model import DecisionRequest, request_hash
 from ..errors import (
     DecisionBusyError,
     DecisionConflictError,
@@ -26,10 +28,9 @@ from ..errors import (
     LeaseLostError,
     SinkError,
 )
+from ..ledger.opening import open_ledger
 from ..ledger.postgres import PostgresLedger
 from ..ledger.protocol import Ledger
-from ..ledger.url import open_ledger, parse_ledger_url
-from ..model import DecisionRequest, request_hash
 from ..sinks.base import HasStoreKey
 from ..sinks.outbox import OutboxConflictError, OutboxSink
 from ..store.joint import JointWrite

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ..model import DecisionRequest, DecisionStep, ScheduleStep
+from ..core.model import DecisionRequest, DecisionStep, ScheduleStep
 from .config import BRANCH, ChaosConfig
 
 __all__ = ["decision_id", "make_plans", "make_request"]

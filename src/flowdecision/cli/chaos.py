@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from ..chaos import ChaosConfig, cleanup, run_chaos, summary_rows
+from ..connections.urls import parse_ledger_url
 from ..errors import LedgerUnavailableError, StoreMissingError
-from ..ledger.url import parse_ledger_url
 from .common import EXIT_USAGE, emit_json, fail, run, table
 
 #: The table both SQL ledgers keep their claims in (ledger/sql/*/0001_init.sql).

@@ -12,9 +12,9 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from ..defaults import DEFAULT_STORE_URL, LEGACY_LEDGER_URL, default_ledger_url
+from ..core.defaults import DEFAULT_STORE_URL, LEGACY_LEDGER_URL, default_ledger_url
 from ..errors import ActionRefusedError, FlowDecisionError, StoreMissingError
-from ..redact import json_safe, printable, redact_text
+from ..observability.redact import json_safe, printable, redact_text
 from ..store.chain import ChainReport
 
 T = TypeVar("T")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import click
 
-from ..dispatcher import Dispatcher, DispatchOutcome
+from ..core.dispatcher import Dispatcher, DispatchOutcome
+from ..core.model import Complete, DecisionRequest, DecisionStep, Fail, ScheduleStep, request_hash
 from ..errors import DispatchError
 from ..ledger import JsonFileLedger
-from ..model import Complete, DecisionRequest, DecisionStep, Fail, ScheduleStep, request_hash
 from .common import fail, run, table
 
 __all__ = ["demo", "run_demo"]

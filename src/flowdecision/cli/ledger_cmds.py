@@ -8,11 +8,11 @@ from typing import Any
 
 import click
 
+from ..connections.urls import parse_ledger_url, redact_url
 from ..errors import FlowDecisionError, StoreMissingError
 from ..ledger import Completed, Ledger, Missing, Pending, open_ledger
 from ..ledger.protocol import LedgerEntry
-from ..ledger.url import parse_ledger_url
-from ..redact import printable, redact_url
+from ..observability.redact import printable
 from .common import (
     EXIT_NOT_FOUND,
     EXIT_USAGE,

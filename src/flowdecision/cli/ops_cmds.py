@@ -29,7 +29,7 @@ from ..ledger.query import (
     TimeField,
 )
 from ..ledger.states import AuditEntry, DecisionState, RunState, RunStatus
-from ..redact import printable
+from ..observability.redact import printable
 from ..store.chain import ChainReport
 from .common import (
     EXIT_NOT_FOUND,

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..defaults import DEFAULT_STORE_URL, LEGACY_OUTBOX_URL
+from ..core.defaults import DEFAULT_STORE_URL, LEGACY_OUTBOX_URL
 from ..errors import FlowDecisionError, SinkConfigError
-from ..redact import printable
+from ..observability.redact import printable
 from ..store.chain import ChainReport
 from .common import EXIT_STORE_MISSING, EXIT_USAGE, fail, report_chain, run, table
 
@@ -46,9 +46,9 @@ def _outbox_url(url: str | None) -> str:
     empty: a relay on a mistyped path would otherwise wait forever. An existing
     one is opened normally, so an older schema is upgraded in place.
     """
-    from ..defaults import default_outbox_url
+    from ..connections.urls import sqlite_path
+    from ..core.defaults import default_outbox_url
     from ..sinks.loader import sink_kind
-    from ..store.url import sqlite_path
 
     url = url or default_outbox_url()
     try:
@@ -137,7 +137,7 @@ def relay_cmd(
     try:
         check_sink_url(to_url)
         if otel:
-            from ..tracing import sdk_problem
+            from ..observability.tracing import sdk_problem
 
             problem = sdk_problem()
             if problem is not None:
@@ -147,7 +147,7 @@ def relay_cmd(
     configure_logging(log_level)
     stop_tracing = None
     if otel:
-        from ..tracing import start_sdk
+        from ..observability.tracing import start_sdk
 
         stop_tracing = start_sdk()
 
@@ -198,7 +198,7 @@ def relay_cmd(
 
 
 def _shown(url: str) -> str:
-    from ..redact import redact_url
+    from ..connections.urls import redact_url
 
     return redact_url(url)
 

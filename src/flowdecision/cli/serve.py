@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
-from ..defaults import DEFAULT_STORE_URL, LEGACY_OUTBOX_URL, LOG_LEVELS
+from ..core.defaults import DEFAULT_STORE_URL, LEGACY_OUTBOX_URL, LOG_LEVELS
+from ..core.limits import OUTBOX_FETCH_MAX
 from ..errors import FlowDecisionError
-from ..limits import OUTBOX_FETCH_MAX
 from ..sinks.loader import SINK_SCHEMES
 from .common import EXIT_ERROR, EXIT_USAGE, fail, run, table
 
@@ -131,7 +131,8 @@ def serve_cmd(config_file: str | None, **flags: Any) -> None:
     then the TOML file (--config or FLOWDECISION_CONFIG), then the defaults.
     The bearer token is read from FLOWDECISION_TOKEN or --token-file, never a flag.
     """
-    from ..service.config import MIN_TOKEN_CHARS, ConfigError, load_settings, redact_url
+    from ..connections.urls import redact_url
+    from ..service.config import MIN_TOKEN_CHARS, ConfigError, load_settings
     from ..service.logs import configure_logging
     from ..service.server import (
         bind_socket,
@@ -149,7 +150,7 @@ def serve_cmd(config_file: str | None, **flags: Any) -> None:
         http_protocol_class(settings)  # fails early when the chosen parser is missing
         check_edge(settings)  # ... or when uvicorn moved under the edge
         if settings.otel:
-            from ..tracing import sdk_problem
+            from ..observability.tracing import sdk_problem
 
             problem = sdk_problem()
             if problem is not None:
@@ -236,7 +237,7 @@ def tail_cmd(
     --after <last seq>. Reads only: a missing outbox, or a database without
     outbox tables, is reported (exit 4), never created.
     """
-    from ..defaults import default_outbox_url
+    from ..core.defaults import default_outbox_url
     from ..sinks.outbox import parse_outbox_url
 
     sink_url = sink_url or default_outbox_url()

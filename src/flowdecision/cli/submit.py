@@ -18,10 +18,10 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from .. import tracing
-from ..defaults import SERVICE_URL
+from ..core.defaults import SERVICE_URL
 from ..errors import FlowDecisionError
-from ..redact import json_safe, printable, redact_text
+from ..observability import tracing
+from ..observability.redact import json_safe, printable, redact_text
 from .common import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_RUN_CLOSED, EXIT_USAGE
 
 if TYPE_CHECKING:

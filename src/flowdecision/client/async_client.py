@@ -1,4 +1,5 @@
-"""The async client, :class:`DecisionClient` (over :class:`~flowdecision.transport.HttpPool`)."""
+"""The async client, :class:`DecisionClient`
+(over :class:`~flowdecision.connections.transport.HttpPool`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from typing import Any, Unpack
 
 import httpx
 
-from ..closing import Closable
+from ..connections.closing import Closable
+from ..connections.transport import HttpPool, ResponseLike
+from ..core.model import DecisionRequest
 from ..ledger.query import AuditPage, DecisionPage
 from ..ledger.states import AuditEntry
-from ..model import DecisionRequest
 from ..sinks.parking import OutboxAuditEntry, ParkedRow
-from ..transport import HttpPool, ResponseLike
 from .base import USER_AGENT, BaseClient, send_headers, send_kwargs
 from .protocol import ActionArguments, Send, audit_params, query_params, run_path
 from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
@@ -33,7 +34,8 @@ class DecisionClient(BaseClient[HttpPool | httpx.AsyncClient], Closable):
     answers with another owner's result instead of ``busy``; ``on_retry`` is
     called before each retry's sleep.
 
-    Requests go through an aiohttp connection pool (:class:`~flowdecision.transport.HttpPool`)
+    Requests go through an aiohttp connection pool
+    (:class:`~flowdecision.connections.transport.HttpPool`)
     of ``max_connections`` connections (64 by default), which keeps up with the service at
     any concurrency; one client is safe to share between many tasks of one event loop. Pass
     ``http`` to use another pool (an ``HttpPool`` shared by several clients, or an

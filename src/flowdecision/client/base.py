@@ -9,10 +9,10 @@ from typing import Any, Final, Generic, TypeVar
 
 import httpx
 
-from .. import tracing
-from ..defaults import CLIENT_TIMEOUT_S, HTTP_POOL_CONNECTIONS, SERVICE_URL
+from ..connections.transport import ResponseLike, pool_size
+from ..core.defaults import CLIENT_TIMEOUT_S, HTTP_POOL_CONNECTIONS, SERVICE_URL
 from ..errors import InvalidArgumentError
-from ..transport import ResponseLike, pool_size
+from ..observability import tracing
 from .protocol import Exchange, Send, ServiceProtocol, Sleep
 from .retry import TRANSPORT_ERRORS, OnRetry, RetryOptions
 

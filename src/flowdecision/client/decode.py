@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from ..identity import ExecutionIdentity, ResultReceipt
-from ..model import DecisionRequest
-from ..transport import ResponseLike
+from ..connections.transport import ResponseLike
+from ..core.identity import ExecutionIdentity, ResultReceipt
+from ..core.model import DecisionRequest
 from .errors import unexpected_answer
 from .results import DecisionState, OutboxItem, OutboxPage, Outcome, ServiceHealth, SubmitResult
 

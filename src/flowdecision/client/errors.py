@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backoff import parse_retry_after
+from ..connections.backoff import parse_retry_after
+from ..connections.transport import ResponseLike
 from ..errors import (
     DecisionBusyError,
     DecisionConflictError,
@@ -23,7 +24,6 @@ from ..errors import (
     SinkError,
     UnauthorizedBranchError,
 )
-from ..transport import ResponseLike
 
 __all__ = [
     "PERMANENT_CODES",

@@ -20,13 +20,13 @@ from typing import Any, NotRequired, TypedDict, TypeVar
 
 import httpx
 
-from ..backoff import full_jitter
+from ..connections.backoff import full_jitter
+from ..connections.transport import ResponseLike
+from ..core.model import DecisionRequest
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..ledger.query import AuditPage, DecisionPage
 from ..ledger.states import AuditEntry
-from ..model import DecisionRequest
 from ..sinks.parking import OutboxAuditEntry, ParkedRow
-from ..transport import ResponseLike
 from .decode import decision_state, outbox_page, service_health, submit_result
 from .errors import ServiceConnectionError, ServiceError, connection_error, error_from_response
 from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult

@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..bodies import (
+from ..core.bodies import (
     DecisionStateBody,
     OutboxEntryBody,
     OutboxPageBody,
     OutcomeBody,
     outbox_entry_body,
 )
-from ..identity import ExecutionIdentity, ResultReceipt
+from ..core.identity import ExecutionIdentity, ResultReceipt
+from ..core.model import DecisionRequest
 from ..ledger.protocol import decision_state_body
-from ..model import DecisionRequest
 
 __all__ = [
     "DecisionState",

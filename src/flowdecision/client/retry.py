@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from .. import transport
-from ..defaults import (
+from ..connections import transport
+from ..core.defaults import (
     RETRY_BACKOFF_BASE_S,
     RETRY_BACKOFF_MAX_S,
     RETRY_MAX_RETRY_AFTER_S,
@@ -62,7 +62,7 @@ class RetryEvent:
 
 OnRetry = Callable[[RetryEvent], None]
 
-# The async client's transport is flowdecision.transport (aiohttp), the blocking
+# The async client's transport is flowdecision.connections.transport (aiohttp), the blocking
 # client's httpx: each tuple names both.
 
 #: The request cannot have reached the service.

@@ -10,8 +10,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import httpx
 
+from ..connections.transport import ResponseLike
 from ..errors import FlowDecisionError
-from ..transport import ResponseLike
 from .async_client import DecisionClient
 from .base import HTTP_DEFAULTS, BaseClient, send_kwargs
 from .protocol import Send

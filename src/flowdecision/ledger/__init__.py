@@ -5,6 +5,7 @@ from .base import wall_clock_ms
 from .jsonfile import JsonFileLedger
 from .machine import ClaimRecord, ClaimStatus
 from .memory import MemoryLedger
+from .opening import open_ledger
 from .postgres import PostgresLedger
 from .protocol import ClaimKey, DelegatingLedger, Ledger, LedgerEntry, PruneProgress
 from .sqlite import SqliteLedger
@@ -23,7 +24,6 @@ from .states import (
     RunStatus,
     Unavailable,
 )
-from .url import open_ledger
 
 __all__ = [
     "AlreadyCompleted",

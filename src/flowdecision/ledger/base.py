@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-from ..closing import Closable
+from ..connections.closing import Closable
+from ..core.identity import ExecutionIdentity, ResultReceipt
+from ..core.limits import IDENTIFIER_FIELDS, check_identifier, plain_identifiers
 from ..errors import LedgerError
-from ..identity import ExecutionIdentity, ResultReceipt
-from ..limits import IDENTIFIER_FIELDS, check_identifier, plain_identifiers
 from ..store.chain import ChainReport, verify_rows
 from ..store.joint import JointWrite, StoreKey
 from . import machine
@@ -246,7 +246,7 @@ class Ledger(Closable, abc.ABC):
     All times are Unix-epoch milliseconds; a time left as ``None`` means the
     ledger's own clock (:meth:`now_ms`). Failures raise
     :class:`~flowdecision.errors.LedgerError`; a ``decision_id`` or
-    ``owner_id`` that breaks the identifier rule (:mod:`flowdecision.limits`)
+    ``owner_id`` that breaks the identifier rule (:mod:`flowdecision.core.limits`)
     raises :class:`~flowdecision.errors.InvalidIdentifierError`, a
     :class:`LedgerError` too, before the store is touched. Use as an async context manager,
     or call :meth:`close` (a no-op for ledgers that hold nothing). The rules

@@ -31,6 +31,8 @@ import uuid
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..core.jsonwire import encode_json
+from ..core.limits import JSON_LEDGER_MAX_BYTES
 from ..errors import (
     LedgerCorruptError,
     LedgerError,
@@ -38,8 +40,6 @@ from ..errors import (
     LedgerUnavailableError,
     StoreMissingError,
 )
-from ..jsonwire import encode_json
-from ..limits import JSON_LEDGER_MAX_BYTES
 from .base import Operation, PruneMode, PruneProgress, RunBound, ScanningLedger
 from .machine import ClaimRecord, ClaimStatus, Creation, DecisionOrigin, tombstone_of
 from .query import StoredDecision

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
+from ..core.identity import ExecutionIdentity, ResultReceipt, digest_bytes
+from ..core.jsonwire import Fragment, encode_json_text
+from ..core.limits import U32_MAX, U64_MAX
 from ..errors import ActionRefusedError, LedgerCorruptError, LedgerError, UnknownDecisionError
-from ..identity import ExecutionIdentity, ResultReceipt, digest_bytes
-from ..jsonwire import Fragment, encode_json_text
-from ..limits import U32_MAX, U64_MAX
 from .states import (
     AlreadyCompleted,
     AuditEntry,
@@ -98,7 +98,7 @@ class ClaimRecord:
 
     ``traceparent`` is side data, not part of the seed's record: the W3C trace
     context of the dispatch that completed the decision (see
-    :mod:`flowdecision.tracing`). The SQL ledgers keep it in a column of its
+    :mod:`flowdecision.observability.tracing`). The SQL ledgers keep it in a column of its
     own; it is never serialized (:meth:`to_dict`), so the JSON file ledger
     never holds it, and it takes no part in equality.
 

@@ -57,8 +57,9 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-from ..closing import started
-from ..defaults import (
+from ..connections.closing import started
+from ..connections.urls import describe_dsn
+from ..core.defaults import (
     BATCH_CONCURRENCY,
     MAX_BATCH,
     MAX_WAIT_MS,
@@ -68,13 +69,12 @@ from ..defaults import (
     PG_MIN_SIZE,
 )
 from ..errors import LedgerCorruptError, LedgerError, LedgerUnavailableError
+from ..observability.tracing import active as tracing_active
+from ..observability.tracing import batch_span, recording_span
 from ..store.batching import check_group_commit, copy_error, settle
 from ..store.chain import LEDGER_AUDIT_LOCK, pg_audit_lock_sql
 from ..store.joint import JointWrite, StoreKey, postgres_key
 from ..store.postgres import CLOCK_SQL, PgPool, driver_error, retryable
-from ..store.url import describe_dsn
-from ..tracing import active as tracing_active
-from ..tracing import batch_span, recording_span
 from .base import (
     JointOperation,
     Operation,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any, NoReturn, TypeVar
 
+from ..core.identity import ResultReceipt
 from ..errors import LedgerError
-from ..identity import ResultReceipt
 from ..store.joint import StoreKey
 from .base import Ledger, LedgerEntry, PruneProgress
 from .machine import ClaimRecord

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from ..core.limits import I64_MAX, U64_MAX, identifier_problem
 from ..errors import InvalidArgumentError
-from ..limits import I64_MAX, U64_MAX, identifier_problem
 from .machine import ClaimRecord, ClaimStatus, Creation, decision_state
 from .states import AuditEntry, DecisionState, RunState
 

@@ -16,6 +16,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from ..core.limits import I64_MAX
 from ..errors import (
     LedgerCorruptError,
     LedgerError,
@@ -24,7 +25,6 @@ from ..errors import (
     StoreFullError,
     StoreMissingError,
 )
-from ..limits import I64_MAX
 from ..store.component import Component, ErrorKinds
 from .machine import ClaimRecord, ClaimStatus, Creation, DecisionOrigin
 from .states import AuditEntry, RunState

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from ..closing import started
-from ..defaults import (
+from ..connections.closing import started
+from ..core.defaults import (
     DEFAULT_STORE_PATH,
     MAX_BATCH,
     MAX_WAIT_MS,
@@ -81,8 +81,9 @@ __all__ = [
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: The one-file layout's store (``flowdecision.defaults.DEFAULT_STORE_PATH``).
-#: ``SqliteLedger()`` without a path resolves :func:`~flowdecision.defaults.default_ledger_path`
+#: The one-file layout's store (``flowdecision.core.defaults.DEFAULT_STORE_PATH``).
+#: ``SqliteLedger()`` without a path resolves
+#: :func:`~flowdecision.core.defaults.default_ledger_path`
 #: instead: this file, unless the directory holds only the old ``ledger.db``.
 DEFAULT_SQLITE_PATH = DEFAULT_STORE_PATH
 
@@ -167,10 +168,10 @@ class SqliteLedger(SqlLedger):
     which also holds the outbox).
 
     Without a ``path`` it is the ledger ``serve`` and the CLI use in the working
-    directory (:func:`flowdecision.defaults.default_ledger_path`): that shared
+    directory (:func:`flowdecision.core.defaults.default_ledger_path`): that shared
     file, or the old ``.flowdecision/ledger.db`` when the directory holds only
     the old two-file layout (so it is never replaced by a new, empty file).
-    Every tuning default comes from :mod:`flowdecision.defaults`.
+    Every tuning default comes from :mod:`flowdecision.core.defaults`.
 
     ``SqliteLedger(path)`` does no I/O: the database is opened, created and
     migrated by the first operation, or eagerly by :meth:`start` /

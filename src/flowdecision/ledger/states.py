@@ -12,9 +12,9 @@ from enum import StrEnum
 from functools import partial
 from typing import Any, ClassVar, NamedTuple
 
-from ..bodies import DecisionStateBody, RunStateBody
-from ..identity import ExecutionIdentity, ResultReceipt
-from ..limits import I64_MAX
+from ..core.bodies import DecisionStateBody, RunStateBody
+from ..core.identity import ExecutionIdentity, ResultReceipt
+from ..core.limits import I64_MAX
 from ..store.chain import chained
 
 __all__ = [

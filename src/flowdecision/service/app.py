@@ -17,9 +17,10 @@ import logging
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
+from ..connections.urls import redact_url
 from .auth import Auth
 from .boundary import RequestRecord
-from .config import Settings, redact_url
+from .config import Settings
 from .guards import BrowserGuard
 from .handlers import AppContext, routes
 from .metrics import ServiceMetrics

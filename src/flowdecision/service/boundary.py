@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from .. import tracing as _tracing
+from ..observability import tracing as _tracing
 from .errors import error_response, static_error
 from .logs import write_access_line
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..defaults import (
+from ..core.defaults import (
     DEFAULT_STORE_URL,
     LEGACY_LEDGER_URL,
     LEGACY_OUTBOX_URL,
@@ -33,10 +33,9 @@ from ..defaults import (
     legacy_layout_only,
     legacy_outbox_exists,
 )
-from ..dispatcher import DEFAULT_LEASE_MS
+from ..core.dispatcher import DEFAULT_LEASE_MS
+from ..core.limits import identifier_problem
 from ..errors import ConfigError, FlowDecisionError
-from ..limits import identifier_problem
-from ..redact import redact_url
 
 __all__ = [
     "DEFAULT_LEDGER_URL",
@@ -56,7 +55,6 @@ __all__ = [
     "load_settings",
     "normalize_host_name",
     "normalize_origin",
-    "redact_url",
 ]
 
 _log = logging.getLogger("flowdecision.service")
@@ -72,7 +70,7 @@ EDGES = ("guarded", "plain")
 MAX_WORKERS = 64
 #: Shortest bearer token accepted on a non-loopback address (``serve`` warns on loopback).
 MIN_TOKEN_CHARS = 16
-#: The default layout: ledger and outbox in ONE SQLite file (flowdecision.defaults).
+#: The default layout: ledger and outbox in ONE SQLite file (flowdecision.core.defaults).
 DEFAULT_LEDGER_URL = DEFAULT_STORE_URL
 DEFAULT_SINK_URL = DEFAULT_STORE_URL
 LEGACY_SINK_URL = LEGACY_OUTBOX_URL

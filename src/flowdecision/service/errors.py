@@ -23,7 +23,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from ..bodies import (
+from ..core.bodies import (
     BranchDetails,
     BusyDetails,
     ConflictDetails,
@@ -80,7 +80,7 @@ class ErrorContext:
 
 
 #: Builds the extra members of ``error``; its return annotation (a TypedDict in
-#: :mod:`flowdecision.bodies`) is what the OpenAPI contract declares for the code.
+#: :mod:`flowdecision.core.bodies`) is what the OpenAPI contract declares for the code.
 Details = Callable[[Any, ErrorContext], Any]
 
 

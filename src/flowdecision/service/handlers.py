@@ -22,15 +22,15 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from ..core.identity import DecisionTooLargeError
+from ..core.jsonwire import count_items
+from ..core.limits import I64_MAX, RESULT_RECEIPT_MAX_BYTES
+from ..core.model import DecisionRequest, InvalidRequestError
 from ..errors import DispatchError, LedgerError
-from ..health import HealthStatus
-from ..identity import DecisionTooLargeError
-from ..jsonwire import count_items
 from ..ledger.query import DecisionQuery
 from ..ledger.states import DecisionState
-from ..limits import I64_MAX, RESULT_RECEIPT_MAX_BYTES
-from ..model import DecisionRequest, InvalidRequestError
-from ..outage import OUTAGE_CODES
+from ..observability.health import HealthStatus
+from ..observability.outage import OUTAGE_CODES
 from .config import Settings
 from .errors import (
     HTTP_ERRORS,
@@ -127,7 +127,7 @@ def _log_failure(error: BaseException, code: str, decision_id: str | None) -> No
     id, error class, code and cause. Failures of the service's parts are warnings."""
     status = HTTP_ERRORS[code].status
     # A store that is down fails every request: the dispatcher's outage log says
-    # so once, then summarizes (flowdecision.outage); per request, only at debug.
+    # so once, then summarizes (flowdecision.observability.outage); per request, only at debug.
     level = logging.INFO if status < 500 else logging.WARNING
     if code in OUTAGE_CODES:
         level = logging.DEBUG

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 
-from .. import tracing as _tracing
+from ..observability import tracing as _tracing
 
 __all__ = ["RequestHead"]
 

@@ -3,7 +3,7 @@
 Log records never carry tokens, ``Authorization`` headers, query strings,
 owner ids or passwords: the access log writes a fixed set of fields, the
 formatter drops any extra field whose name suggests a secret and redacts every
-URL in the rest (:func:`flowdecision.redact.redact_text`), and format
+URL in the rest (:func:`flowdecision.observability.redact.redact_text`), and format
 characters (bidi controls) are written as JSON escapes.
 
 The request id lives in a context variable, set by the boundary middleware for
@@ -40,8 +40,8 @@ import time
 from json.encoder import encode_basestring
 from typing import Any, TextIO
 
-from .. import tracing as _tracing
-from ..redact import json_safe, redact_text
+from ..observability import tracing as _tracing
+from ..observability.redact import json_safe, redact_text
 
 __all__ = [
     "ACCESS_LOGGER",

@@ -1,6 +1,6 @@
 """Prometheus metrics: one private :class:`CollectorRegistry` per app.
 
-* every :class:`~flowdecision.health.HealthSnapshot` counter, read at scrape
+* every :class:`~flowdecision.observability.health.HealthSnapshot` counter, read at scrape
   time, as ``flowdecision_dispatch_<name>_total``;
 * ``flowdecision_dispatch_in_flight`` and ``flowdecision_healthy`` gauges, the
   last success/failure times, and the dispatcher's max dispatch time;
@@ -40,7 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from ..health import HealthMetrics, HealthSnapshot
+from ..observability.health import HealthMetrics, HealthSnapshot
 from ..sinks.cursor import CursorState
 from ..sinks.relay import RelayStatus
 

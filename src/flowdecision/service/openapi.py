@@ -2,9 +2,9 @@
 
 Nothing here is a hand-kept copy of a body or a status:
 
-* request: :func:`flowdecision.model.json_schemas`, built from the parser's own
+* request: :func:`flowdecision.core.model.json_schemas`, built from the parser's own
   field, variant and range constants (and checked against the reference vectors);
-* response bodies: the TypedDicts of :mod:`flowdecision.bodies`, which the
+* response bodies: the TypedDicts of :mod:`flowdecision.core.bodies`, which the
   handlers and ``to_dict`` methods are annotated to return (so mypy checks
   them), and the ``HealthSnapshot`` dataclass;
 * errors: one schema per code, from :data:`.errors.HTTP_ERRORS` (status,
@@ -46,10 +46,8 @@ from typing import (
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .. import bodies
-from ..errors import FlowDecisionError, InvalidArgumentTypeError, LedgerError, OutboxError
-from ..health import HealthSnapshot
-from ..identity import (
+from ..core import bodies
+from ..core.identity import (
     DIGEST_PATTERN,
     DOMAIN_PATTERN,
     IDENTITY_SCHEMA,
@@ -57,10 +55,12 @@ from ..identity import (
     RESULT_RECEIPT_MAX_BYTES,
     ResultOutcome,
 )
+from ..core.limits import I64_MAX, IDENTIFIER_MAX_BYTES, U64_MAX
+from ..core.model import json_schemas
+from ..errors import FlowDecisionError, InvalidArgumentTypeError, LedgerError, OutboxError
 from ..ledger.query import MAX_PAGE_LIMIT, TimeField
 from ..ledger.states import DecisionState
-from ..limits import I64_MAX, IDENTIFIER_MAX_BYTES, U64_MAX
-from ..model import json_schemas
+from ..observability.health import HealthSnapshot
 from .errors import HTTP_ERRORS, SERVICE_ERRORS, RetryAfter
 from .handlers import MAX_WAIT_S, OUTBOX_MAX_LIMIT
 from .routing import Route
@@ -766,7 +766,7 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
 
 
 def _refine_receipts(components: dict[str, Any]) -> None:
-    """The identity and receipt rules of :mod:`flowdecision.identity`, which a
+    """The identity and receipt rules of :mod:`flowdecision.core.identity`, which a
     TypedDict cannot state: fixed schema names, patterns, and what each outcome
     carries (``ResultReceipt.validate``)."""
     digest = {"type": "string", "pattern": f"^{DIGEST_PATTERN}$"}
@@ -793,7 +793,7 @@ def _refine_receipts(components: dict[str, Any]) -> None:
 
 
 def _identifier(non_blank: bool) -> dict[str, Any]:
-    # C0, DEL and C1 controls are refused (flowdecision.limits); blank means
+    # C0, DEL and C1 controls are refused (flowdecision.core.limits); blank means
     # nothing but whitespace, which JSON Schema's \S approximates.
     plain = "[^\\u0000-\\u001f\\u007f-\\u009f]"
     pattern = (

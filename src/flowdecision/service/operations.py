@@ -25,6 +25,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..core.limits import U64_MAX
 from ..errors import (
     ActionRefusedError,
     FlowDecisionError,
@@ -39,7 +40,6 @@ from ..ledger.query import (
     DecisionQuery,
     TimeField,
 )
-from ..limits import U64_MAX
 from ..sinks.cursor import check_cursor_name
 from ..sinks.outbox import OutboxSink
 from ..sinks.relay import DEFAULT_RELAY_NAME

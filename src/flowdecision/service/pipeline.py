@@ -38,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from .. import tracing as _tracing
+from ..observability import tracing as _tracing
 from .auth import Auth
 from .boundary import Answer, RequestRecord, end_server_span, start_server_span
 from .errors import http_error

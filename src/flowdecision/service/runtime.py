@@ -22,13 +22,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..dispatcher import Dispatcher
+from ..core.dispatcher import Dispatcher
+from ..core.limits import I64_MAX
 from ..errors import FlowDecisionError
-from ..health import ErrorRate, HealthSnapshot
+from ..ledger.opening import open_ledger
 from ..ledger.protocol import Ledger
-from ..ledger.url import open_ledger
-from ..limits import I64_MAX
-from ..outage import OUTAGE_CODES, Outage
+from ..observability.health import ErrorRate, HealthSnapshot
+from ..observability.outage import OUTAGE_CODES, Outage
 from ..sinks.base import Sink
 from ..sinks.cursor import CursorState
 from ..sinks.loader import WebhookOptions, close_sink, open_sink
@@ -167,7 +167,7 @@ async def _check(
     probe: Callable[[], Awaitable[object]], what: str, outage: Outage | None = None
 ) -> Check:
     """Run ``probe``. With ``outage``, a failure meaning the store is down
-    (:data:`~flowdecision.outage.OUTAGE_CODES`) goes to that outage log (one line
+    (:data:`~flowdecision.observability.outage.OUTAGE_CODES`) goes to that outage log (one line
     when it starts, summaries, one when it ends) instead of a line per probe."""
     extra: dict[str, object]
     try:

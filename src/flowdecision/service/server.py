@@ -35,8 +35,8 @@ from types import FrameType
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..model import DecisionRequest, DecisionStep, ScheduleStep
-from ..tracing import start_sdk
+from ..core.model import DecisionRequest, DecisionStep, ScheduleStep
+from ..observability.tracing import start_sdk
 from .app import create_app
 from .config import ConfigError, Settings
 from .edge import EdgeLimits, contract_problems, serve_through_edge

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from html import escape
 from urllib.parse import urlencode
 
-from ..health import HealthSnapshot, HealthStatus
 from ..ledger.query import DecisionPage, DecisionRow, TimeField
 from ..ledger.states import AuditEntry, DecisionState
-from ..redact import printable
+from ..observability.health import HealthSnapshot, HealthStatus
+from ..observability.redact import printable
 from ..sinks.cursor import CursorState
 from ..sinks.parking import ParkedRow
 from ..sinks.relay import RelayStatus

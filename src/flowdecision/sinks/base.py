@@ -6,8 +6,8 @@ from __future__ import annotations
 import inspect
 from typing import Protocol, cast, runtime_checkable
 
+from ..core.model import DecisionRequest
 from ..errors import InvalidArgumentError, InvalidSinkError
-from ..model import DecisionRequest
 from ..store.joint import JointWrite, StoreKey
 
 __all__ = [

@@ -25,8 +25,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.limits import identifier_problem
 from ..errors import InvalidArgumentError
-from ..limits import identifier_problem
 from ..store.postgres import CLOCK_SQL
 
 __all__ = [

@@ -50,17 +50,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..model import DecisionRequest
-from ..redact import redact_text, redact_url
+from ..connections.urls import redact_url, sqlite_path
+from ..core.model import DecisionRequest
+from ..observability.redact import redact_text
+from ..observability.tracing import active
 from ..store.sqlite import create_private_file
-from ..store.url import sqlite_path
-from ..tracing import active
 from .base import check_attempt
 
 if TYPE_CHECKING:
     from dbos import Queue
+from ..connections.urls import load_attribute, split_engine_url
 from ..errors import DBOSSinkError, SinkConfigError
-from .urls import load_attribute, split_engine_url
 
 __all__ = ["DBOSSink", "DBOSSinkError", "DBOSUrl", "parse_dbos_url"]
 

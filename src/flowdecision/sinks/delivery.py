@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.model import Decision, DecisionRequest, request_hash
 from ..errors import DeliveryError
-from ..model import Decision, DecisionRequest, request_hash
 from .base import check_attempt
 
 __all__ = ["DecisionDelivery", "DeliveryError", "EngineAnswer"]

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
 
-from ..defaults import WEBHOOK_MAX_ATTEMPTS, WEBHOOK_TIMEOUT_S
+from ..connections.urls import load_attribute, redact_url
+from ..core.defaults import WEBHOOK_MAX_ATTEMPTS, WEBHOOK_TIMEOUT_S
 from ..errors import SinkConfigError
-from ..redact import redact_text, redact_url
+from ..observability.redact import redact_text
 from .base import Sink, has_async_submit
-from .urls import load_attribute
 
 __all__ = [
     "SINK_SCHEMES",

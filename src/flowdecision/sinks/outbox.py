@@ -51,9 +51,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from ..bodies import OutboxEntryBody, outbox_entry_body
-from ..closing import Closable, started
-from ..defaults import SQLITE_BUSY_TIMEOUT_MS
+from ..connections.closing import Closable, started
+from ..connections.urls import OUTBOX_KINDS, describe_dsn, parse_store_url
+from ..core.bodies import OutboxEntryBody, outbox_entry_body
+from ..core.defaults import SQLITE_BUSY_TIMEOUT_MS
+from ..core.limits import OUTBOX_FETCH_MAX
+from ..core.model import DecisionRequest, request_hash
 from ..errors import (
     ActionRefusedError,
     InvalidArgumentError,
@@ -63,8 +66,7 @@ from ..errors import (
     OutboxMissingError,
     OutboxSchemaError,
 )
-from ..limits import OUTBOX_FETCH_MAX
-from ..model import DecisionRequest, request_hash
+from ..observability.tracing import current_traceparent
 from ..store.chain import ChainReport, verify_rows
 from ..store.component import Component, ErrorKinds
 from ..store.joint import JointWrite, StoreKey, postgres_key, sqlite_key
@@ -72,8 +74,6 @@ from ..store.postgres import CLOCK_SQL, PgPool, asyncpg
 from ..store.sqlite import SqliteOpener
 from ..store.sqlite_thread import SqliteThread
 from ..store.transactions import sqlite_transaction
-from ..store.url import OUTBOX_KINDS, describe_dsn, parse_store_url
-from ..tracing import current_traceparent
 from .base import HasStoreKey, check_attempt
 from .cursor import (
     CursorLease,
@@ -154,7 +154,7 @@ class OutboxEntry:
 
     ``traceparent`` is the W3C trace context of the dispatch that wrote the row
     (None when tracing was off): a consumer continues the decision's trace from
-    it (:func:`flowdecision.tracing.context_of`).
+    it (:func:`flowdecision.observability.tracing.context_of`).
     """
 
     seq: int

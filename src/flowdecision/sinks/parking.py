@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.limits import identifier_problem
 from ..errors import ActionRefusedError, InvalidArgumentError, UnknownDecisionError
-from ..limits import identifier_problem
 from ..store.chain import OUTBOX_AUDIT_LOCK, chained, pg_audit_lock_sql
 from ..store.postgres import CLOCK_SQL
 from .cursor import CURSOR_TABLE, CursorLease

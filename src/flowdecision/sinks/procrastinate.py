@@ -48,17 +48,17 @@ import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
-from ..closing import Openable
-from ..model import DecisionRequest
-from ..redact import redact_text, redact_url
-from ..store.url import describe_dsn
-from ..tracing import current_traceparent
+from ..connections.closing import Openable
+from ..connections.urls import describe_dsn, redact_url
+from ..core.model import DecisionRequest
+from ..observability.redact import redact_text
+from ..observability.tracing import current_traceparent
 from .base import check_attempt
 
 if TYPE_CHECKING:
     import procrastinate
+from ..connections.urls import split_engine_url
 from ..errors import ProcrastinateConflictError, ProcrastinateSinkError, SinkConfigError
-from .urls import split_engine_url
 
 __all__ = [
     "MARKER_TABLE",

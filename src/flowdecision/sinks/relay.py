@@ -61,10 +61,11 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Self
 
-import flowdecision.tracing as tracing
+import flowdecision.observability.tracing as tracing
 
-from ..backoff import full_jitter
-from ..closing import Closable
+from ..connections.backoff import full_jitter
+from ..connections.closing import Closable
+from ..core.model import DecisionRequest
 from ..errors import (
     FlowDecisionError,
     InvalidArgumentError,
@@ -72,7 +73,6 @@ from ..errors import (
     SinkConfigError,
     sink_refused,
 )
-from ..model import DecisionRequest
 from .base import Sink, check_sink
 from .cursor import CursorLease, CursorState, LeaseHeld, check_cursor_name
 from .loader import WebhookOptions, close_sink, open_sink

@@ -1,7 +1,7 @@
 """The Restate sink: each accepted decision becomes one Restate invocation, keyed by its id.
 
 Needs ``aiohttp`` (the ``restate`` extra; the webhook sink's transport,
-:class:`~flowdecision.transport.HttpPool`); Restate's own SDK is needed only by
+:class:`~flowdecision.connections.transport.HttpPool`); Restate's own SDK is needed only by
 the service that handles the decisions, not here. One sink is safe to call from
 many tasks at once; its pool keeps ``max_connections`` connections (64 by default).
 
@@ -42,10 +42,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from ..defaults import HTTP_POOL_CONNECTIONS
+from ..core.defaults import HTTP_POOL_CONNECTIONS
+from ..core.jsonwire import encode_json
+from ..core.model import DecisionRequest
 from ..errors import RestateSinkError, SinkConfigError
-from ..jsonwire import encode_json
-from ..model import DecisionRequest
 from .delivery import DecisionDelivery, EngineAnswer
 from .webhook import WebhookSink
 

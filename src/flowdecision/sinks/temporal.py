@@ -44,14 +44,14 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from ..core.model import DecisionRequest
 from ..errors import (
     SinkConfigError,
     TemporalRejectedError,
     TemporalRunClosedError,
     TemporalSinkError,
 )
-from ..model import DecisionRequest
-from ..tracing import active
+from ..observability.tracing import active
 from .delivery import DecisionDelivery, EngineAnswer
 
 if TYPE_CHECKING:

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
-from ..model import Complete, DecisionStep, Fail, ScheduleStep, ScheduleSteps
+from ..core.model import Complete, DecisionStep, Fail, ScheduleStep, ScheduleSteps
 from .delivery import DecisionDelivery
 from .temporal import DECISION_UPDATE
 

@@ -23,7 +23,7 @@ claim. Any other status (3xx, 4xx) fails immediately with
 is safe only because the receiver deduplicates on ``Idempotency-Key``.
 
 Requests go through one aiohttp connection pool per sink
-(:class:`~flowdecision.transport.HttpPool`, ``max_connections``, 64 by default), so one
+(:class:`~flowdecision.connections.transport.HttpPool`, ``max_connections``, 64 by default), so one
 sink serves many concurrent submissions (inline under ``serve``, or a relay's): it is
 safe to call from any number of tasks of one event loop.
 
@@ -42,9 +42,10 @@ import random
 from collections import OrderedDict
 from typing import Any, ClassVar, Self
 
-from ..backoff import parse_retry_after
-from ..closing import Openable
-from ..defaults import (
+from ..connections.backoff import parse_retry_after
+from ..connections.closing import Openable
+from ..connections.transport import TRANSIENT_ERRORS, HttpPool, HttpResponse, pool_size
+from ..core.defaults import (
     HTTP_POOL_CONNECTIONS,
     WEBHOOK_BACKOFF_BASE_S,
     WEBHOOK_BACKOFF_MAX_S,
@@ -52,10 +53,9 @@ from ..defaults import (
     WEBHOOK_MAX_RETRY_AFTER_S,
     WEBHOOK_TIMEOUT_S,
 )
+from ..core.model import DecisionRequest
 from ..errors import InvalidArgumentError, WebhookError, WebhookRejectedError
-from ..model import DecisionRequest
-from ..tracing import active, inject
-from ..transport import TRANSIENT_ERRORS, HttpPool, HttpResponse, pool_size
+from ..observability.tracing import active, inject
 
 __all__ = [
     "TRANSIENT_ERRORS",

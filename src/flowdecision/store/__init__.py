@@ -1,6 +1,5 @@
 """Storage: everything SQL-specific that the ledger and the outbox share.
 
-* :mod:`.url` -- store URLs and DSNs described without credentials;
 * :mod:`.component` -- what a component (ledger, outbox) is as a SQL store:
   tables, version table, migrations, error classes;
 * :mod:`.migrations` -- the ``.sql`` migrations and the one runner, with the
@@ -13,10 +12,10 @@
 
 This package imports neither :mod:`flowdecision.ledger` nor
 :mod:`flowdecision.sinks`; both import it. Its classes are parameterized by a
-:class:`~.component.Component` instead.
+:class:`~.component.Component` instead. Store URLs are read in
+:mod:`flowdecision.connections.urls`.
 """
 
 from .component import Component, ErrorKinds
-from .url import SCHEMES, describe_dsn, parse_store_url
 
-__all__ = ["SCHEMES", "Component", "ErrorKinds", "describe_dsn", "parse_store_url"]
+__all__ = ["Component", "ErrorKinds"]

@@ -12,7 +12,7 @@ between checkpoints.
 
 The writer keeps SQLite's own checkpoints as a backstop: its
 ``wal_autocheckpoint`` is raised to
-:data:`~flowdecision.defaults.SQLITE_CHECKPOINT_BACKSTOP_PAGES`. If this
+:data:`~flowdecision.core.defaults.SQLITE_CHECKPOINT_BACKSTOP_PAGES`. If this
 thread falls behind, or cannot checkpoint (a full disk; its connection
 cannot be opened), the writer's commits checkpoint as before once
 the log reaches that size, so the log stays bounded either way. A failed

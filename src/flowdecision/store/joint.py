@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..connections.urls import describe_dsn, parse_pg_dsn
 from ..errors import InvalidArgumentError
-from .url import describe_dsn, parse_pg_dsn
 
 __all__ = ["JointWrite", "JointWriter", "StoreKey", "postgres_key", "sqlite_key"]
 

@@ -13,11 +13,11 @@ import logging
 from types import TracebackType
 from typing import Any
 
-from ..defaults import PG_COMMAND_TIMEOUT_S, PG_CONNECT_TIMEOUT_S, PG_MAX_SIZE, PG_MIN_SIZE
+from ..connections.urls import describe_dsn
+from ..core.defaults import PG_COMMAND_TIMEOUT_S, PG_CONNECT_TIMEOUT_S, PG_MAX_SIZE, PG_MIN_SIZE
 from ..errors import FlowDecisionError
 from .component import Component
 from .migrations import pg_check, pg_migrate, pg_schema_version
-from .url import describe_dsn
 
 try:  # asyncpg is the optional `postgres` extra
     import asyncpg
@@ -30,7 +30,7 @@ __all__ = ["CLOCK_SQL", "PgPool", "asyncpg", "breaks_connection", "retryable"]
 class _QuietReconnects(logging.Filter):
     """asyncpg logs a warning with a full traceback for each failed attempt to
     restore a pool's connections while the server is down; the dispatcher's
-    outage log (:mod:`flowdecision.outage`) says that once, then summarizes.
+    outage log (:mod:`flowdecision.observability.outage`) says that once, then summarizes.
     Those records are kept at debug level only."""
 
     def filter(self, record: logging.LogRecord) -> bool:

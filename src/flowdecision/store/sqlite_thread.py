@@ -57,8 +57,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import FlowDecisionError
-from ..tracing import active as tracing_active
-from ..tracing import batch_span, recording_span
+from ..observability.tracing import active as tracing_active
+from ..observability.tracing import batch_span, recording_span
 from .batching import copy_error, settle
 from .checkpoint import Checkpointer
 from .sqlite import SqliteOpener

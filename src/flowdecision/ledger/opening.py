@@ -1,26 +1,14 @@
 """Open any ledger from a URL: ``memory:``, ``file:///dir``, ``sqlite:///path``,
-``postgresql://...``."""
+``postgresql://...`` (read by :func:`flowdecision.connections.urls.parse_ledger_url`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import LedgerError
-from ..store.url import SCHEMES, parse_store_url
-from ..store.url import sqlite_path as store_sqlite_path
+from ..connections.urls import parse_ledger_url
 from .protocol import Ledger
 
-__all__ = ["SCHEMES", "open_ledger", "parse_ledger_url", "sqlite_path"]
-
-
-def parse_ledger_url(url: str) -> tuple[str, str]:
-    """Split a ledger URL into ``(kind, target)``; a bare path means a file ledger dir."""
-    return parse_store_url(url, what="ledger", error=LedgerError)
-
-
-def sqlite_path(url: str) -> str:
-    """The file a ``sqlite:`` ledger URL names (see :func:`flowdecision.store.url.sqlite_path`)."""
-    return store_sqlite_path(url, what="ledger", error=LedgerError)
+__all__ = ["open_ledger"]
 
 
 async def open_ledger(url: str, *, create: bool = True) -> Ledger:

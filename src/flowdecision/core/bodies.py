@@ -84,7 +84,7 @@ RequestHash = Annotated[str, Schema(pattern="^[0-9a-f]{64}$")]
 class IdentityBody(TypedDict):
     """An execution identity (``ExecutionIdentityV1``), in Rust field order.
 
-    (Its constants and patterns come from :mod:`flowdecision.identity`, which
+    (Its constants and patterns come from :mod:`flowdecision.core.identity`, which
     the contract generator applies.)
     """
 

@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import orjson
 
-from .errors import InexactNumberError, JsonWireError
+from ..errors import InexactNumberError, JsonWireError
 from .limits import I64_MIN, JSON_MAX_DEPTH, U64_MAX
 
 __all__ = [

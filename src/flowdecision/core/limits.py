@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from .errors import InvalidIdentifierError
+from ..errors import InvalidIdentifierError
 
 __all__ = [
     "I64_MAX",

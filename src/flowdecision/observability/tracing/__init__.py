@@ -2,11 +2,11 @@
 
 Two modules, one direction (``sdk`` uses ``spans``, never the other way):
 
-* :mod:`flowdecision.tracing.spans`: what the library records (spans, events,
+* :mod:`flowdecision.observability.tracing.spans`: what the library records (spans, events,
   links, the W3C ``traceparent`` it stores and hands to sinks), through the
   OpenTelemetry **API** only, and at no cost while no tracer provider is
   registered (no OpenTelemetry module is imported until one can be);
-* :mod:`flowdecision.tracing.sdk`: what ``serve --otel``, ``relay --otel`` and
+* :mod:`flowdecision.observability.tracing.sdk`: what ``serve --otel``, ``relay --otel`` and
   ``submit --trace`` register: the SDK's tracer provider with its batch span
   processor and the official OTLP/HTTP exporter, configured by the standard
   ``OTEL_*`` variables.

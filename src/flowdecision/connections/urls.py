@@ -1,15 +1,26 @@
-"""Store URLs: ``memory:``, ``file:///dir``, ``sqlite:///path``, ``postgresql://...``;
-and DSNs described without credentials, for messages."""
+"""Every URL flowdecision reads or shows, in one place.
+
+* Store URLs: ``memory:``, ``file:///dir``, ``sqlite:///path``,
+  ``postgresql://...`` (:func:`parse_store_url`, :func:`parse_ledger_url`,
+  :func:`sqlite_path`), and PostgreSQL DSNs read (:func:`parse_pg_dsn`) or
+  described without credentials (:func:`describe_dsn`).
+* Engine sink URLs, ``ENGINE+STORE_URL?…``: split into the store's URL and the
+  sink's own parameters (:func:`split_engine_url`), and the ``module:attribute``
+  specs they name imported (:func:`load_attribute`).
+* :func:`redact_url`: a URL with its secrets masked, for every message, log
+  line and status page (``observability.redact`` applies it inside texts).
+"""
 
 from __future__ import annotations
 
 import getpass
+import importlib
 import os
 from dataclasses import dataclass
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import Any
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-from ..errors import FlowDecisionError, InvalidArgumentError
-from ..redact import redact_url
+from ..errors import FlowDecisionError, InvalidArgumentError, LedgerError, SinkConfigError
 
 __all__ = [
     "KIND_SCHEMES",
@@ -17,8 +28,12 @@ __all__ = [
     "SCHEMES",
     "PgTarget",
     "describe_dsn",
+    "load_attribute",
+    "parse_ledger_url",
     "parse_pg_dsn",
     "parse_store_url",
+    "redact_url",
+    "split_engine_url",
     "sqlite_path",
 ]
 
@@ -54,6 +69,11 @@ def parse_store_url(
             f"expected one of {_expected(kinds)}"
         )
     return kind, target
+
+
+def parse_ledger_url(url: str) -> tuple[str, str]:
+    """Split a ledger URL into ``(kind, target)``; a bare path means a file ledger dir."""
+    return parse_store_url(url, what="ledger", error=LedgerError)
 
 
 def _expected(kinds: tuple[str, ...]) -> str:
@@ -230,3 +250,101 @@ def describe_dsn(dsn: str) -> str:
         return parse_pg_dsn(dsn).describe()
     except (InvalidArgumentError, ValueError) as error:
         return f"<invalid PostgreSQL URL: {error}>"
+
+
+# -- secrets ------------------------------------------------------------------
+
+_SECRET_PARAMS = ("password", "pass", "pwd", "token", "secret", "key", "sig", "signature", "auth")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with secrets replaced by ``***`` (for messages, logs and the status page).
+
+    Masks the userinfo password (of any scheme: ``mysql://``,
+    ``procrastinate+postgresql://``, a multi-host ``postgresql://u:pw@h1,h2/db``)
+    and the value of any query parameter whose name looks secret
+    (``password``, ``token``, ``api_key``, ``sig`` ...).
+    """
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<unparseable URL>"
+    changed = False
+    if password is not None:
+        # Keep the netloc as written (IPv6 brackets, several hosts), minus the password.
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+        changed = True
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        masked = [
+            (name, "***" if any(word in name.lower() for word in _SECRET_PARAMS) else value)
+            for name, value in pairs
+        ]
+        if masked != pairs:
+            parts = parts._replace(query=urlencode(masked, safe="*/"))
+            changed = True
+    # Rebuild only when something was masked: urlunsplit would drop the empty
+    # authority of sqlite:///relative URLs.
+    return urlunsplit(parts) if changed else url
+
+
+# -- engine sink URLs ---------------------------------------------------------
+
+
+def split_engine_url(
+    url: str, engine: str, own_params: tuple[str, ...]
+) -> tuple[str, dict[str, str]]:
+    """Split ``ENGINE+STORE_URL?...`` into the store URL and the sink's own parameters.
+
+    The parameters named in ``own_params`` are removed from the query (each may
+    appear once); all others stay in the returned store URL (``sslmode`` …).
+    """
+    prefix = f"{engine}+"
+    if not url.lower().startswith(prefix):
+        raise SinkConfigError(f"`{redact_url(url)}` is not a {engine}+… sink URL")
+    target = url[len(prefix) :]
+    # Cut the query textually: urlunsplit would rewrite sqlite:////abs/path.
+    base, _, query = target.partition("?")
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as error:
+        raise SinkConfigError(
+            f"{engine} sink URL `{redact_url(url)}` is malformed: {error}"
+        ) from error
+    own: dict[str, str] = {}
+    rest: list[tuple[str, str]] = []
+    for name, value in pairs:
+        if name in own_params:
+            if name in own:
+                raise SinkConfigError(f"{engine} sink URL `{redact_url(url)}` sets `{name}` twice")
+            own[name] = value
+        else:
+            rest.append((name, value))
+    store = f"{base}?{urlencode(rest)}" if rest else base
+    return store, own
+
+
+def load_attribute(url: str, spec: str) -> Any:
+    """Import ``module:attribute`` (the attribute may be dotted) for the sink ``url``."""
+    module_name, sep, attribute = spec.rpartition(":")
+    if not sep or not module_name or not attribute:
+        raise SinkConfigError(
+            f"sink URL `{redact_url(url)}`: `{spec}` must look like module:attribute"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise SinkConfigError(
+            f"sink `{redact_url(url)}`: cannot import `{module_name}`: {error}"
+        ) from error
+    target: Any = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise SinkConfigError(
+                f"sink `{redact_url(url)}`: `{module_name}` has no attribute `{attribute}`"
+            ) from None
+    return target

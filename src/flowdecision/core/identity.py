@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Final, Self
 
-from flowdecision.bodies import IdentityBody, ReceiptBody
-from flowdecision.jsonwire import (
+from flowdecision.core.bodies import IdentityBody, ReceiptBody
+from flowdecision.core.jsonwire import (
     Fragment,
     JsonWireError,
     duplicate_keys,
@@ -29,10 +29,10 @@ from flowdecision.jsonwire import (
     encode_json_text,
     parse_json,
 )
-from flowdecision.limits import RESULT_RECEIPT_MAX_BYTES, U64_MAX
-from flowdecision.model import DecisionRequest
+from flowdecision.core.limits import RESULT_RECEIPT_MAX_BYTES, U64_MAX
+from flowdecision.core.model import DecisionRequest
 
-from .errors import (
+from ..errors import (
     DecisionTooLargeError,
     ExecutionContractError,
     ExecutionIdentityError,
@@ -223,7 +223,7 @@ class ExecutionIdentity(_JsonForm):
     def derive(cls, domain: str, value: Any) -> ExecutionIdentity:
         """Digest ``value`` under ``domain``.
 
-        ``value`` may be a :class:`~flowdecision.model.DecisionRequest`, any
+        ``value`` may be a :class:`~flowdecision.core.model.DecisionRequest`, any
         object with ``to_dict()``, or plain JSON data.  It is encoded compactly
         with object keys sorted at every level (struct fields included; arrays
         keep their order), then ``digest = digest_bytes(domain, json)``.
@@ -520,7 +520,7 @@ def decision_receipt(request: DecisionRequest) -> tuple[ExecutionIdentity, Resul
 
 
 try:  # the C decoder of model.py digests the requests it reads as decision_receipt does
-    from . import _fastreq
+    from .. import _fastreq
 except ImportError:  # pragma: no cover - the tests run with the extension built
     pass
 else:

@@ -1,11 +1,12 @@
-"""What may be shown to a person: URLs without their secrets, text without invisible tricks.
+"""What may be shown to a person: text without secrets or invisible tricks.
 
 Two rules, written once and used by every message, log line, status page and
 CLI table:
 
-* :func:`redact_url` masks a URL's password and secret-looking query values;
-  :func:`redact_text` does it to every URL (and libpq ``password=`` keyword)
-  inside a longer text, such as a driver's error message.
+* :func:`redact_text` masks the password and secret-looking query values of
+  every URL inside a longer text, such as a driver's error message
+  (:func:`~flowdecision.connections.urls.redact_url`), and libpq's
+  ``password=`` keyword.
 * :func:`printable` shows control characters, lone surrogates and Unicode
   *format* characters (category ``Cf``: bidi overrides and isolates, zero-width
   characters, tags) as ``\\uXXXX``, so an id like ``pay-\\u202eexe.fdp`` cannot
@@ -17,45 +18,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-__all__ = ["json_safe", "printable", "redact_text", "redact_url"]
+from ..connections.urls import redact_url
 
-_SECRET_PARAMS = ("password", "pass", "pwd", "token", "secret", "key", "sig", "signature", "auth")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with secrets replaced by ``***`` (for messages, logs and the status page).
-
-    Masks the userinfo password (of any scheme: ``mysql://``,
-    ``procrastinate+postgresql://``, a multi-host ``postgresql://u:pw@h1,h2/db``)
-    and the value of any query parameter whose name looks secret
-    (``password``, ``token``, ``api_key``, ``sig`` ...).
-    """
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<unparseable URL>"
-    changed = False
-    if password is not None:
-        # Keep the netloc as written (IPv6 brackets, several hosts), minus the password.
-        host = parts.netloc.rpartition("@")[2]
-        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
-        changed = True
-    if parts.query:
-        pairs = parse_qsl(parts.query, keep_blank_values=True)
-        masked = [
-            (name, "***" if any(word in name.lower() for word in _SECRET_PARAMS) else value)
-            for name, value in pairs
-        ]
-        if masked != pairs:
-            parts = parts._replace(query=urlencode(masked, safe="*/"))
-            changed = True
-    # Rebuild only when something was masked: urlunsplit would drop the empty
-    # authority of sqlite:///relative URLs.
-    return urlunsplit(parts) if changed else url
-
+__all__ = ["json_safe", "printable", "redact_text"]
 
 # A URL inside prose: a scheme (engine prefixes such as dbos+ included), then
 # everything up to white space or a quote that ends it in our messages.

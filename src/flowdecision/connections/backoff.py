@@ -11,7 +11,7 @@ import email.utils
 import random
 import time
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 __all__ = ["full_jitter", "parse_retry_after"]
 

@@ -16,7 +16,7 @@ sink costs nothing; it comes with the ``client``, ``service`` and ``restate`` ex
 A failure comes out as a :class:`TransportError` named by what happened, which says
 whether the request may have reached the server (``sent``): the client's retry rules and
 the sinks' transient/permanent split read that, never aiohttp's exception tree. Messages
-go through :func:`~flowdecision.redact.redact_text`: aiohttp names the URL in some of
+go through :func:`~flowdecision.observability.redact.redact_text`: aiohttp names the URL in some of
 them, and a sink URL can carry a token in its query string.
 
 Nothing here logs (aiohttp's client does not log requests either): no URL reaches a log.
@@ -28,9 +28,9 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from .defaults import HTTP_POOL_CONNECTIONS
-from .errors import FlowDecisionError, InvalidArgumentError
-from .redact import redact_text
+from ..core.defaults import HTTP_POOL_CONNECTIONS
+from ..errors import FlowDecisionError, InvalidArgumentError
+from ..observability.redact import redact_text
 
 if TYPE_CHECKING:
     import aiohttp

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import InvalidArgumentError
+from ...errors import InvalidArgumentError
 from .spans import active
 
 _EXTRA_HINT = "install the `otel` extra: pip install 'flowdecision[otel]'"

@@ -1,7 +1,7 @@
 """The dispatcher: submits each production decision to the sink exactly once.
 
 The sequence follows the newest upstream dispatcher (see ``docs/PROTOCOL.md``):
-branch check, id check, identifier limits (:mod:`flowdecision.limits`),
+branch check, id check, identifier limits (:mod:`flowdecision.core.limits`),
 request hash, execution identity and result receipt prepared before the claim,
 claim, a heartbeat that renews the lease while the sink runs (cancelling the
 sink if the lease is lost), then completion with the receipt. A sink failure
@@ -31,10 +31,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from . import tracing as _tracing
-from .bodies import OutcomeBody
-from .defaults import LEASE_MS
-from .errors import (
+from ..errors import (
     DecisionBusyError,
     DecisionConflictError,
     DispatchError,
@@ -51,17 +48,20 @@ from .errors import (
     UnauthorizedBranchError,
     classify,
 )
-from .health import HealthMetrics, HealthSnapshot
+from ..ledger.machine import DecisionOrigin
+from ..ledger.memory import MemoryLedger
+from ..ledger.protocol import ClaimKey, Ledger
+from ..ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict, RunClosed
+from ..observability import tracing as _tracing
+from ..observability.health import HealthMetrics, HealthSnapshot
+from ..observability.outage import Outage
+from ..sinks.base import JointSink, Sink, check_sink, is_joint
+from .bodies import OutcomeBody
+from .defaults import LEASE_MS
 from .identity import ExecutionIdentity, ResultReceipt, decision_receipt
 from .jsonwire import Fragment, encode_json
-from .ledger.machine import DecisionOrigin
-from .ledger.memory import MemoryLedger
-from .ledger.protocol import ClaimKey, Ledger
-from .ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict, RunClosed
 from .limits import check_identifier, check_identifiers
 from .model import Complete, DecisionRequest, Fail, request_hash
-from .outage import Outage
-from .sinks.base import JointSink, Sink, check_sink, is_joint
 
 __all__ = [
     "DEFAULT_LEASE_MS",
@@ -72,9 +72,9 @@ __all__ = [
     "decision_origin",
 ]
 
-#: The default lease (``flowdecision.defaults.LEASE_MS``).
+#: The default lease (``flowdecision.core.defaults.LEASE_MS``).
 DEFAULT_LEASE_MS = LEASE_MS
-log = logging.getLogger("flowdecision.dispatcher")
+log = logging.getLogger("flowdecision.core.dispatcher")
 
 _OTHER_IDS = ("decision_id", "run_id", "causation_event_id")
 
@@ -393,7 +393,7 @@ class Dispatcher:
     async def dispatch(self, request: DecisionRequest) -> DispatchOutcome:
         """Submit ``request`` exactly once; see :class:`DispatchOutcome` for the result.
 
-        With tracing on (:mod:`flowdecision.tracing`) it is one
+        With tracing on (:mod:`flowdecision.observability.tracing`) it is one
         ``flowdecision.dispatch`` span with a child per step; see
         ``docs/OBSERVABILITY.md`` for the tree.
         """

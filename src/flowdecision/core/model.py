@@ -31,8 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
-from flowdecision.errors import InvalidArgumentTypeError
-from flowdecision.jsonwire import (
+from flowdecision.core.jsonwire import (
     Fragment,
     InexactNumberError,
     JsonWireError,
@@ -45,13 +44,14 @@ from flowdecision.jsonwire import (
     key_segment,
     parse_json,
 )
-from flowdecision.limits import I64_MIN, U32_MAX, U64_MAX
+from flowdecision.core.limits import I64_MIN, U32_MAX, U64_MAX
+from flowdecision.errors import InvalidArgumentTypeError
 
-from .errors import InvalidRequestError, RetryPolicyError
+from ..errors import InvalidRequestError, RetryPolicyError
 
 _fast_decode: Callable[[object], DecisionRequest | None] | None
 try:  # built by pip where a C compiler is at hand (setup.py); else parse does it all
-    from ._fastreq import decode as _fast_decode
+    from .._fastreq import decode as _fast_decode
 except ImportError:  # pragma: no cover - the tests run with the extension built
     _fast_decode = None
 
@@ -982,6 +982,6 @@ def json_schemas(ref_prefix: str = _SCHEMA_REF) -> dict[str, dict[str, Any]]:
 
 
 if _fast_decode is not None:
-    from ._fastreq import configure_types
+    from .._fastreq import configure_types
 
     configure_types(DecisionRequest, ScheduleStep, DecisionStep, DEFAULT_RETRY_POLICY)
