@@ -431,7 +431,7 @@ def test_a_span_closed_in_another_context_is_logged_not_raised(
     import contextvars
 
     assert tracing.active()
-    scope = tracing.span("opened here")
+    scope = tracing.SpanScope("opened here")
     opened = contextvars.copy_context()  # (the test's own context is left as it was)
     opened.run(scope.open)
     assert opened.run(trace.get_current_span) is scope.span  # the API sees it

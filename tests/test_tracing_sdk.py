@@ -24,14 +24,14 @@ from opentelemetry import trace
 from flowdecision.observability import tracing
 shutdown = tracing.start_sdk()
 print("provider", type(trace.get_tracer_provider()).__name__)
-with tracing.span("probe", attributes={"flowdecision.n": 1}):
+with tracing.SpanScope("probe", attributes={"flowdecision.n": 1}):
     pass
 # A caller's sampled trace context is honoured whatever the ratio.
 parent = tracing.context_of("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
-with tracing.span("child of a sampled caller", parent=parent):
+with tracing.SpanScope("child of a sampled caller", parent=parent):
     pass
 tracing.start_sdk()()  # a second call keeps the first provider (and stops nothing)
-with tracing.span("after a second start"):
+with tracing.SpanScope("after a second start"):
     pass
 shutdown()  # exports what the batch processor holds
 """

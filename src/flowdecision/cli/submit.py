@@ -242,7 +242,7 @@ def _root_span() -> Iterator[None]:
         sys.exit(EXIT_USAGE)
     shutdown = tracing.start_sdk()
     try:
-        with tracing.span("flowdecision submit", kind=tracing.CLIENT):
+        with tracing.SpanScope("flowdecision submit", kind=tracing.CLIENT):
             ids = tracing.current_ids()
             if ids is not None:
                 click.echo(f"trace {ids[0]}", err=True)

@@ -411,7 +411,7 @@ class Dispatcher:
             "flowdecision.ledger.backend": labels[0],
             "flowdecision.sink.kind": labels[1],
         }
-        with _tracing.span("flowdecision.dispatch", attributes=attributes) as span:
+        with _tracing.SpanScope("flowdecision.dispatch", attributes=attributes) as span:
             try:
                 outcome = await self._counted(request)
             except DispatchError as error:
@@ -598,7 +598,7 @@ class Dispatcher:
         trace = _tracing.traceparent_of(_tracing.current_span()) if traced else None
         if self.joint:
             return await self._joint_commit(request, hash_, identity, receipt, trace)
-        step = _tracing.span if traced else _untraced
+        step = _tracing.SpanScope if traced else _untraced
         decision_id = request.decision_id
         ledger = self.ledger
         origin = decision_origin(request)

@@ -193,7 +193,7 @@ def start_server_span(
     }
     if route is not None:
         attributes["http.route"] = route
-    server = _tracing.span(
+    server = _tracing.SpanScope(
         method if route is None else f"{method} {route}",
         kind=_tracing.SERVER,
         parent=_tracing.extract(scope["headers"]) if extract else None,

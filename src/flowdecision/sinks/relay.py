@@ -868,7 +868,7 @@ class OutboxRelay(Closable):
             "flowdecision.relay.name": self.name,
             "flowdecision.relay.retry": retry,
         }
-        with tracing.span(
+        with tracing.SpanScope(
             "flowdecision.relay.deliver",
             kind=tracing.PRODUCER,
             parent=tracing.context_of(row.traceparent),

@@ -40,7 +40,6 @@ from .spans import (
     link_to,
     parse_traceparent,
     recording_span,
-    span,
     traceparent_of,
 )
 
@@ -68,7 +67,6 @@ __all__ = [
     "parse_traceparent",
     "recording_span",
     "sdk_problem",
-    "span",
     "start_sdk",
     "traceparent_of",
 ]

@@ -113,8 +113,9 @@ class SpanScope:
     """A span made current for a ``with`` block, or from :meth:`open` to :meth:`close`.
 
     The span is started with all its attributes at once, made current by the
-    API's ``context.attach`` on entry and detached before it ends. Call only
-    when :func:`active`; :data:`span` is this class.
+    API's ``context.attach`` on entry and detached before it ends. Create one
+    only when :func:`active` (a class, not a function returning one: a frame
+    less per span).
 
     An exception leaving the block sets the span's status to ERROR with the
     error's ``code`` (a :class:`~flowdecision.errors.FlowDecisionError`'s) as
@@ -161,12 +162,6 @@ class SpanScope:
         self.close(error)
 
 
-#: ``span(name, *, kind=None, attributes=None, links=(), parent=None)``: a span made
-#: current for the block (call only when :func:`active`); the class itself, not a
-#: function returning one (a frame less per span). See :class:`SpanScope`.
-span = SpanScope
-
-
 def fail(target: Span, error: BaseException) -> None:
     """Mark ``target`` failed by ``error``: status ERROR with the error's ``code``."""
     code = getattr(error, "code", None) or type(error).__name__
@@ -192,7 +187,7 @@ def batch_span(component: str, system: str, size: int, traced: Sequence[Any]) ->
     (the link goes from each decision's span to the batch). Call only when
     :func:`active`.
     """
-    with span(
+    with SpanScope(
         f"flowdecision.{component}.commit",
         parent=_context.Context(),  # an empty context: no parent
         attributes={"db.system.name": system, "flowdecision.batch.size": size},
