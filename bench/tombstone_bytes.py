@@ -16,8 +16,7 @@ from pathlib import Path
 
 from flowdecision import Dispatcher
 from flowdecision.core.model import Complete, DecisionRequest
-from flowdecision.ledger import JsonFileLedger, SqliteLedger
-from flowdecision.ledger.protocol import Ledger
+from flowdecision.ledger import JsonFileLedger, Ledger, SqliteLedger
 
 
 class NullSink:

@@ -20,10 +20,9 @@ from flowdecision.errors import (
     LedgerError,
     UnknownDecisionError,
 )
-from flowdecision.ledger import MemoryLedger
+from flowdecision.ledger import Ledger, MemoryLedger
 from flowdecision.ledger.jsonfile import DATA_FILE, JsonFileLedger, encode_ledger
 from flowdecision.ledger.machine import DecisionOrigin, receipt_digest
-from flowdecision.ledger.protocol import Ledger
 from flowdecision.ledger.query import MAX_PAGE_LIMIT, AuditQuery, DecisionQuery, TimeField
 from flowdecision.ledger.states import AlreadyCompleted, Claimed, Conflict, DecisionState
 

@@ -21,9 +21,8 @@ from hypothesis import strategies as st
 
 from flowdecision import Dispatcher
 from flowdecision.errors import DecisionConflictError
-from flowdecision.ledger import JsonFileLedger, MemoryLedger, SqliteLedger
+from flowdecision.ledger import JsonFileLedger, Ledger, MemoryLedger, SqliteLedger
 from flowdecision.ledger.postgres import PostgresLedger
-from flowdecision.ledger.protocol import Ledger
 
 from .helpers import RecordingSink, step_request
 from .ledger_fixtures import _create_database, _migrate, _run_sync

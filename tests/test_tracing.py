@@ -28,8 +28,7 @@ from flowdecision.errors import (
     LeaseLostError,
     SinkError,
 )
-from flowdecision.ledger import Ledger, PostgresLedger, SqliteLedger
-from flowdecision.ledger.protocol import DelegatingLedger
+from flowdecision.ledger import DelegatingLedger, Ledger, PostgresLedger, SqliteLedger
 from flowdecision.observability import tracing
 from flowdecision.sinks import OutboxSink
 from tests import otel_support

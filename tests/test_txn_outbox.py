@@ -26,9 +26,9 @@ from flowdecision.errors import (
     DispatchLedgerError,
     SinkError,
 )
+from flowdecision.ledger import Ledger
 from flowdecision.ledger.memory import MemoryLedger
 from flowdecision.ledger.opening import open_ledger
-from flowdecision.ledger.protocol import Ledger
 from flowdecision.ledger.states import AlreadyCompleted, Claimed, JointOutcome
 from flowdecision.sinks import (
     JointSink,

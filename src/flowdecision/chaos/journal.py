@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import LedgerError, LedgerUnavailableError, StoreFullError
-from ..ledger.protocol import DelegatingLedger, Ledger
+from ..ledger.base import Ledger
+from ..ledger.delegating import DelegatingLedger
 from ..ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict, JointOutcome
 from .config import wall_ms
 

@@ -28,9 +28,9 @@ from ..errors import (
     LeaseLostError,
     SinkError,
 )
+from ..ledger.base import Ledger
 from ..ledger.opening import open_ledger
 from ..ledger.postgres import PostgresLedger
-from ..ledger.protocol import Ledger
 from ..sinks.base import HasStoreKey
 from ..sinks.outbox import OutboxConflictError, OutboxSink
 from ..store.joint import JointWrite

@@ -11,7 +11,7 @@ import click
 from ..connections.urls import parse_ledger_url, redact_url
 from ..errors import FlowDecisionError, StoreMissingError
 from ..ledger import Completed, Ledger, Missing, Pending, open_ledger
-from ..ledger.protocol import LedgerEntry
+from ..ledger.base import LedgerEntry
 from ..observability.redact import printable
 from .common import (
     EXIT_NOT_FOUND,

@@ -48,10 +48,18 @@ from ..errors import (
     UnauthorizedBranchError,
     classify,
 )
+from ..ledger.base import Ledger
 from ..ledger.machine import DecisionOrigin
 from ..ledger.memory import MemoryLedger
-from ..ledger.protocol import ClaimKey, Ledger
-from ..ledger.states import AlreadyCompleted, Busy, Claimed, ClaimOutcome, Conflict, RunClosed
+from ..ledger.states import (
+    AlreadyCompleted,
+    Busy,
+    Claimed,
+    ClaimKey,
+    ClaimOutcome,
+    Conflict,
+    RunClosed,
+)
 from ..observability import tracing as _tracing
 from ..observability.health import HealthMetrics, HealthSnapshot
 from ..observability.outage import Outage

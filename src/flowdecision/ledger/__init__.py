@@ -1,18 +1,19 @@
 """Claim ledgers: one public API (:class:`Ledger`, written once over a few storage
 primitives), one state machine (:mod:`.machine`), several stores."""
 
-from .base import wall_clock_ms
+from .base import Ledger, LedgerEntry, PruneProgress, wall_clock_ms
+from .delegating import DelegatingLedger
 from .jsonfile import JsonFileLedger
 from .machine import ClaimRecord, ClaimStatus
 from .memory import MemoryLedger
 from .opening import open_ledger
 from .postgres import PostgresLedger
-from .protocol import ClaimKey, DelegatingLedger, Ledger, LedgerEntry, PruneProgress
 from .sqlite import SqliteLedger
 from .states import (
     AlreadyCompleted,
     Busy,
     Claimed,
+    ClaimKey,
     ClaimOutcome,
     ClaimState,
     Completed,

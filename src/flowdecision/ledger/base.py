@@ -24,7 +24,7 @@ A transition that creates a record carries its :class:`~.machine.Creation`
 Argument validation, identity fencing and receipt binding live here, so every
 backend enforces exactly the same rules. Anything that stores nothing itself
 (a wrapper that journals or injects faults, a scripted test double) extends
-:class:`~flowdecision.ledger.protocol.DelegatingLedger` instead, which
+:class:`~flowdecision.ledger.delegating.DelegatingLedger` instead, which
 forwards every public call.
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..connections.urls import parse_ledger_url
-from .protocol import Ledger
+from .base import Ledger
 
 __all__ = ["open_ledger"]
 

@@ -224,7 +224,7 @@ class StoredDecision:
 class DecisionRow:
     """One listed decision: its query state and what an operator needs to act on it.
 
-    Redacted like :class:`~flowdecision.ledger.protocol.LedgerEntry`: no owner id.
+    Redacted like :class:`~flowdecision.ledger.base.LedgerEntry`: no owner id.
     """
 
     decision_id: str

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 from ..core.dispatcher import Dispatcher
 from ..core.limits import I64_MAX
 from ..errors import FlowDecisionError
+from ..ledger.base import Ledger
 from ..ledger.opening import open_ledger
-from ..ledger.protocol import Ledger
 from ..observability.health import ErrorRate, HealthSnapshot
 from ..observability.outage import OUTAGE_CODES, Outage
 from ..sinks.base import Sink

@@ -1,10 +1,9 @@
-"""The public ledger interface, and the wrapper for ledgers that store nothing.
+"""The base of ledgers that store nothing themselves.
 
-:class:`Ledger` (defined in :mod:`.base`, where each call is documented and
-written once over the storage primitives a backend supplies) is what the
-dispatcher, the service, the CLI and operator tools use. Anything that stores
-nothing itself -- a wrapper that journals or injects faults, a scripted test
-double -- extends :class:`DelegatingLedger` and overrides what it changes.
+:class:`~.base.Ledger` is what the dispatcher, the service, the CLI and
+operator tools use. Anything that stores nothing itself -- a wrapper that
+journals or injects faults, a scripted test double -- extends
+:class:`DelegatingLedger` and overrides what it changes.
 """
 
 from __future__ import annotations
@@ -20,22 +19,13 @@ from .machine import ClaimRecord
 from .query import AuditPage, AuditQuery, DecisionPage, DecisionQuery
 from .states import (
     AuditEntry,
-    ClaimKey,
     ClaimOutcome,
     ClaimState,
     JointOutcome,
     RunState,
-    decision_state_body,
 )
 
-__all__ = [
-    "ClaimKey",
-    "DelegatingLedger",
-    "Ledger",
-    "LedgerEntry",
-    "PruneProgress",
-    "decision_state_body",
-]
+__all__ = ["DelegatingLedger"]
 
 T = TypeVar("T")
 
