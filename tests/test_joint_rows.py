@@ -18,7 +18,7 @@ import pytest
 
 from flowdecision import Dispatcher
 from flowdecision.errors import DispatchLedgerError, OutboxConflictError, SinkError
-from flowdecision.ledger.url import open_ledger
+from flowdecision.ledger.opening import open_ledger
 from flowdecision.sinks import OutboxSink
 from flowdecision.store.joint import JointResult, JointRow, pg_insert_rows, sqlite_insert_rows
 from tests.helpers import step_request

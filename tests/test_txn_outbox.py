@@ -9,9 +9,7 @@ ledgers (and an outbox in another store) keep the claim → submit → complete 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +18,14 @@ import pytest
 from flowdecision import Dispatcher, request_hash
 from flowdecision.core.identity import decision_receipt
 from flowdecision.core.model import DecisionRequest
-from flowdecision.errors import (
-    DecisionBusyError,
-    DecisionConflictError,
-    DispatchLedgerError,
-    SinkError,
-)
+from flowdecision.errors import DecisionBusyError, DecisionConflictError, SinkError
 from flowdecision.ledger import Ledger
+from flowdecision.ledger import sqlite as sqlite_ledger
 from flowdecision.ledger.memory import MemoryLedger
 from flowdecision.ledger.opening import open_ledger
 from flowdecision.ledger.states import AlreadyCompleted, Claimed, JointOutcome
-from flowdecision.sinks import (
-    JointSink,
-    OutboxConflictError,
-    OutboxError,
-    OutboxSink,
-)
-from flowdecision.store.joint import JointWrite
+from flowdecision.sinks import JointSink, OutboxConflictError, OutboxSink
+from flowdecision.store.joint import JointResult, JointRow
 from tests.helpers import step_request
 
 BRANCH = "production"
@@ -152,85 +141,6 @@ async def test_busy_and_conflicting_claims_write_nothing(store_url: str) -> None
         await ledger.close()
 
 
-class _FailAfterWrite:
-    """Writes the real outbox row, then fails: a failure between the row and completion.
-
-    ``database`` makes it a database error (the whole batch fails, as a ledger
-    failure); otherwise the writer's own error (this decision fails, as a sink
-    failure).
-    """
-
-    def __init__(self, outbox: OutboxSink, database: bool) -> None:
-        self.outbox = outbox
-        self.database = database
-
-    def _error(self) -> Exception:
-        if self.database:
-            return sqlite3.OperationalError("injected: disk I/O error after the row")
-        return OutboxError("injected: failed after the outbox row was written")
-
-    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool:
-        assert self.outbox.write_sqlite(conn, write, attempt) is True
-        raise self._error()
-
-    async def write_postgres(
-        self, conn: Any, writes: Sequence[tuple[JointWrite, int]]
-    ) -> list[bool | BaseException]:
-        assert await self.outbox.write_postgres(conn, writes) == [True] * len(writes)
-        raise (
-            ConnectionResetError("injected: connection lost") if self.database else self._error()
-        )
-
-
-class _FailAfterBatchWrite(_FailAfterWrite):
-    """The same, for a writer that writes a batch's rows at once on SQLite."""
-
-    def write_sqlite_many(
-        self, conn: sqlite3.Connection, writes: Sequence[tuple[JointWrite, int]]
-    ) -> list[bool | BaseException]:
-        assert self.outbox.write_sqlite_many(conn, writes) == [True] * len(writes)
-        raise self._error()
-
-
-class _FailingOutbox(OutboxSink):
-    database = False
-    batched = False
-
-    async def prepare(self, request: DecisionRequest) -> JointWrite:
-        write = await super().prepare(request)
-        kind = _FailAfterBatchWrite if self.batched else _FailAfterWrite
-        return dataclasses.replace(write, writer=kind(self, self.database))
-
-
-@pytest.mark.parametrize("batched", [False, True], ids=["row-writer", "batch-writer"])
-@pytest.mark.parametrize("database", [False, True], ids=["sink-error", "database-error"])
-async def test_a_failure_after_the_row_was_written_leaves_neither(
-    store_url: str, database: bool, batched: bool
-) -> None:
-    ledger = await open_ledger(store_url)
-    failing = _FailingOutbox(store_url)
-    failing.database = database
-    failing.batched = batched
-    await failing.open()
-    try:
-        dispatcher = Dispatcher(BRANCH, failing, ledger, owner_id="owner-a")
-        assert dispatcher.joint
-        expected = DispatchLedgerError if database else SinkError
-        with pytest.raises(expected, match="injected"):
-            await dispatcher.dispatch(_req("doomed"))
-        assert await failing.get("doomed") is None
-        assert await ledger.read_record("doomed") is None  # not even a claim remains
-        counter = "ledger_failures" if database else "sink_failures"
-        assert dispatcher.health().to_dict()[counter] == 1
-        # The same decision then goes through whole.
-        fine = Dispatcher(BRANCH, await OutboxSink(store_url).open(), ledger, owner_id="b")
-        assert (await fine.dispatch(_req("doomed"))).attempt == 1
-        assert await failing.count() == 1
-    finally:
-        await failing.close()
-        await ledger.close()
-
-
 async def test_a_refused_row_stores_no_claim_and_no_completion(store_url: str) -> None:
     """A constraint: the outbox already holds other content for the id (e.g. from an
     earlier layout); the row is refused and the ledger keeps nothing."""
@@ -330,7 +240,7 @@ async def test_a_joint_write_for_another_store_is_refused(tmp_path: Path) -> Non
                 lease_ms=1000,
                 identity=ident,
                 receipt=receipt,
-                write=await other.prepare(item),
+                row=await other.prepare(item),
             )
         assert await ledger.read_record("x") is None and await other.count() == 0
         with pytest.raises(LedgerError, match="no shared store"):
@@ -341,7 +251,7 @@ async def test_a_joint_write_for_another_store_is_refused(tmp_path: Path) -> Non
                 lease_ms=1000,
                 identity=ident,
                 receipt=receipt,
-                write=await other.prepare(item),
+                row=await other.prepare(item),
             )
     finally:
         await other.close()
@@ -448,10 +358,10 @@ async def test_joint_commit_answers_what_it_did(store_url: str) -> None:
         answers = []
         for item in (new, replay, new):
             ident, receipt = decision_receipt(item)
-            write = await outbox.prepare(item)
+            row = await outbox.prepare(item)
             done = await ledger.joint_commit(
                 item.decision_id, request_hash(item), "owner", lease_ms=1000,
-                identity=ident, receipt=receipt, write=write,
+                identity=ident, receipt=receipt, row=row,
             )  # fmt: skip
             answers.append(done)
         assert answers[0] == JointOutcome(Claimed(1), True)
@@ -462,31 +372,23 @@ async def test_joint_commit_answers_what_it_did(store_url: str) -> None:
         await ledger.close()
 
 
-class _CountingOutbox(OutboxSink):
-    """The outbox, counting how the SQLite ledger writes its rows."""
-
-    batches: list[int]
-    single: int
-
-    def write_sqlite_many(self, conn: sqlite3.Connection, writes: Sequence[Any]) -> Any:
-        self.batches.append(len(writes))
-        return super().write_sqlite_many(conn, writes)
-
-    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool:
-        self.single += 1
-        return super().write_sqlite(conn, write, attempt)
-
-
 async def test_a_batch_writes_its_outbox_rows_together_and_refuses_only_the_conflict(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SQLite: the rows of concurrent decisions go in with one statement per batch;
+    """SQLite: the rows of concurrent decisions go in with one store call per batch;
     a row the outbox refuses (other content under the id) answers only its caller,
     which stores nothing, and a replayed row is completed; seq follows commit order."""
     url = f"sqlite:///{tmp_path / 'flowdecision.db'}"
     ledger = await open_ledger(url)
-    outbox = _CountingOutbox(url)
-    outbox.batches, outbox.single = [], 0
+    outbox = OutboxSink(url)
+    batches: list[int] = []
+    insert_rows = sqlite_ledger.sqlite_insert_rows
+
+    def counted(conn: Any, rows: list[tuple[JointRow, int]]) -> list[JointResult]:
+        batches.append(len(rows))
+        return insert_rows(conn, rows)
+
+    monkeypatch.setattr(sqlite_ledger, "sqlite_insert_rows", counted)
     await outbox.open()
     try:
         await outbox.deliver(_req("old", output="earlier content"), 1)
@@ -508,41 +410,8 @@ async def test_a_batch_writes_its_outbox_rows_together_and_refuses_only_the_conf
         rows = await outbox.fetch(after=0, limit=100)
         assert sorted(row.decision_id for row in rows) == sorted(ids)
         assert [row.seq for row in rows] == sorted(row.seq for row in rows)
-        # Batched: fewer writes than decisions, and none one row at a time.
-        assert sum(outbox.batches) == len(ids) and len(outbox.batches) < len(ids)
-        assert outbox.single == 0
+        # Batched: fewer store calls than decisions, every row in one of them.
+        assert sum(batches) == len(ids) and len(batches) < len(ids)
     finally:
         await outbox.close()
         await ledger.close()
-
-
-async def test_a_batch_of_rows_says_which_it_inserted_replayed_or_refused(tmp_path: Path) -> None:
-    """``write_sqlite_many`` reads nothing back when every row is new; when some were
-    there already, it still says for each row whether it inserted it (True), found an
-    identical one (False) or refused other content (the error), in the batch's order."""
-    outbox = OutboxSink(f"sqlite:///{tmp_path / 'flowdecision.db'}")
-    await outbox.open()
-    try:
-        await outbox.deliver(_req("same"), 1)
-        await outbox.deliver(_req("other", output="earlier content"), 1)
-        conn = sqlite3.connect(tmp_path / "flowdecision.db", isolation_level=None)
-        statements: list[str] = []
-        conn.set_trace_callback(statements.append)
-        ids = ["new-1", "same", "new-2", "other", "new-3"]
-        writes = [(await outbox.prepare(_req(key)), 1) for key in ids]
-        conn.execute("BEGIN IMMEDIATE")
-        done = outbox.write_sqlite_many(conn, writes)
-        assert done[:3] + done[4:] == [True, False, True, True]
-        assert isinstance(done[3], OutboxConflictError)
-        statements.clear()
-        fresh = [(await outbox.prepare(_req(f"fresh-{n}")), 2) for n in range(3)]
-        assert outbox.write_sqlite_many(conn, fresh) == [True] * 3
-        assert len(statements) == 1 and "RETURNING" not in statements[0]  # nothing read back
-        conn.execute("COMMIT")
-        conn.close()
-        rows = await outbox.fetch(after=0, limit=100)
-        assert [row.decision_id for row in rows] == [
-            "same", "other", "new-1", "new-2", "new-3", "fresh-0", "fresh-1", "fresh-2"
-        ]  # fmt: skip
-    finally:
-        await outbox.close()

@@ -33,7 +33,7 @@ from ..ledger.opening import open_ledger
 from ..ledger.postgres import PostgresLedger
 from ..sinks.base import HasStoreKey
 from ..sinks.outbox import OutboxConflictError, OutboxSink
-from ..store.joint import JointWrite
+from ..store.joint import JointRow
 from .config import BRANCH, ChaosConfig, wall_ms
 from .journal import Journal, JournalingLedger, read_journal
 from .workload import make_request
@@ -70,11 +70,15 @@ class ChaosSink:
         written on the claim, submit, complete path."""
         return self.cfg.layout != "separate" and self.outbox.joint_with(ledger)
 
-    async def prepare(self, request: DecisionRequest) -> JointWrite:
+    async def prepare(self, request: DecisionRequest) -> JointRow:
         """The outbox's row; slow at random before the transaction (the kills and
         pauses then land between the request and its one commit, or inside it)."""
         await self._maybe_sleep()
         return await self.outbox.prepare(request)
+
+    def committed(self, row: JointRow) -> None:
+        """The outbox's: wake this process's readers of the outbox."""
+        self.outbox.committed(row)
 
     async def submit(self, request: DecisionRequest, attempt: int) -> None:
         await self._maybe_sleep()

@@ -668,7 +668,7 @@ class Dispatcher:
         decision_id = request.decision_id
         sink = cast(JointSink, self.sink)
         try:
-            write = await sink.prepare(request)
+            row = await sink.prepare(request)
             done = await self.ledger.joint_commit(
                 decision_id,
                 hash_,
@@ -676,7 +676,7 @@ class Dispatcher:
                 lease_ms=self.lease_ms,
                 identity=identity,
                 receipt=receipt,
-                write=write,
+                row=row,
                 traceparent=trace,
                 origin=decision_origin(request),
             )
@@ -689,9 +689,7 @@ class Dispatcher:
             return await self._not_claimed(decision_id, outcome)
         self._count_claim(outcome, trace is not None)
         if done.inserted:
-            committed = getattr(write.writer, "committed", None)
-            if committed is not None:  # e.g. the outbox wakes the relays waiting for rows
-                committed(write)
+            sink.committed(row)  # e.g. the outbox wakes the relays waiting for rows
         return DispatchOutcome(True, decision_id, outcome.attempt, receipt)
 
     def _count_claim(self, claimed: Claimed, traced: bool) -> None:

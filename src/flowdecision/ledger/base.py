@@ -42,7 +42,7 @@ from ..core.identity import ExecutionIdentity, ResultReceipt
 from ..core.limits import IDENTIFIER_FIELDS, check_identifier, plain_identifiers
 from ..errors import LedgerError
 from ..store.chain import ChainReport, verify_rows
-from ..store.joint import JointWrite, StoreKey
+from ..store.joint import JointRow, StoreKey
 from . import machine
 from .machine import TERMINAL_KINDS, ClaimRecord, DecisionOrigin, Transition, check_u64
 from .query import (
@@ -120,8 +120,9 @@ class JointOperation:
     """``joint_commit`` bound to its arguments, for a backend's ``_apply_joint``.
 
     A backend runs, in one transaction and on one clock value: ``claim`` on the
-    record; if its result is ``Claimed(attempt)``, the joint ``write`` with that
-    attempt, then ``complete`` on the claimed record; and stores the completed
+    record; if its result is ``Claimed(attempt)``, ``complete`` on the claimed
+    record (both pure), then the joint ``row`` with that attempt
+    (``store.joint``'s insert for its dialect); and stores the completed
     record only if all three succeeded. Otherwise it stores what ``claim``
     alone left (a refused claim changes nothing, except a legacy completed
     record binding its identity).
@@ -135,7 +136,7 @@ class JointOperation:
 
     claim: RunOperation[ClaimOutcome]
     complete: RunOperation[bool]
-    write: JointWrite
+    row: JointRow
     run_id: str | None = None
     #: As :attr:`RunBound.closes`.
     closes: bool = False
@@ -475,17 +476,19 @@ class Ledger(Closable, abc.ABC):
         lease_ms: int,
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
-        write: JointWrite,
+        row: JointRow,
         traceparent: str | None = None,
         origin: DecisionOrigin | None = None,
     ) -> JointOutcome:
-        """Claim, write ``write``'s row and complete, in ONE transaction (a joint commit).
+        """Claim, write ``row`` and complete, in ONE transaction (a joint commit).
 
         The claim rules run first, exactly as :meth:`claim`'s; only when they
-        answer ``Claimed(attempt)`` is the row written (with that attempt), and
-        then the completion rules run on the claimed record, exactly as
-        :meth:`complete`'s. All of it commits together or not at all: a
-        refused row or a rule failure raises and stores nothing. ``Busy``,
+        answer ``Claimed(attempt)`` do the completion rules run on the claimed
+        record, exactly as :meth:`complete`'s, and is the row written (with
+        that attempt; ``JointOutcome.inserted`` says whether it was new or a
+        replay). All of it commits together or not at all: a refused row (the
+        table's conflict error) or a rule failure raises and stores nothing; a
+        database error fails every decision of the transaction. ``Busy``,
         ``Conflict`` and ``AlreadyCompleted`` are returned (as
         ``JointOutcome.claim``) as :meth:`claim` returns them, with nothing
         written. Concurrent calls share commits (group commit) like every
@@ -502,15 +505,15 @@ class Ledger(Closable, abc.ABC):
         _check_identity(identity)
         _check_receipt(identity, receipt)
         store = self.store_key()
-        if store is None or (write.store is not store and write.store != store):
+        if store is None or (row.store is not store and row.store != store):
             where = "no shared store" if store is None else f"{store.kind} store {store.where}"
             raise LedgerError(
-                f"a joint write for {write.store.kind} store {write.store.where} cannot join "
+                f"a joint row for {row.store.kind} store {row.store.where} cannot join "
                 f"this ledger's transaction ({where})"
             )
-        if write.decision_id != decision_id:
+        if row.decision_id != decision_id:
             raise LedgerError(
-                f"joint write for decision `{write.decision_id}` offered with `{decision_id}`"
+                f"joint row for decision `{row.decision_id}` offered with `{decision_id}`"
             )
 
         key = new_claim_key((decision_id, request_hash, identity))
@@ -530,9 +533,7 @@ class Ledger(Closable, abc.ABC):
             ) -> Transition[bool]:
                 return machine.run_complete(record, run, key, owner_id, receipt, clock, trace)
 
-            joint = JointOperation(
-                run_claim, run_complete, write, run_id, bound.terminal is not None
-            )
+            joint = JointOperation(run_claim, run_complete, row, run_id, bound.terminal is not None)
             return await self._apply_joint(decision_id, joint)
 
         def claim(
@@ -545,7 +546,7 @@ class Ledger(Closable, abc.ABC):
         ) -> Transition[bool]:
             return machine.complete(record, key, owner_id, receipt, clock, trace)
 
-        return await self._apply_joint(decision_id, JointOperation(claim, complete, write))
+        return await self._apply_joint(decision_id, JointOperation(claim, complete, row))
 
     async def release(
         self,

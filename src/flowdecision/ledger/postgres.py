@@ -40,10 +40,10 @@ Design:
 * **Joint commits** (``joint_commit``, the transactional outbox) queue
   with the rest; a batch's joint ones share one locking transaction: existing
   records locked in id order, one clock read, claim and completion rules per
-  decision, the joint rows in one statement (the outbox's advisory lock, held
-  to the commit, keeps its ``seq`` order = commit order), the ledger rows in
-  one statement, ``COMMIT``. A new id another host created meanwhile rolls the
-  batch back and retries it.
+  decision, the joint rows through ``store.joint``'s ``pg_insert_rows`` (one
+  insert; the outbox's advisory lock, held to the commit, keeps its ``seq``
+  order = commit order), the ledger rows in one statement, ``COMMIT``. A new
+  id another host created meanwhile rolls the batch back and retries it.
 
 Pool setup, error translation, the clock SQL and the migration runner live in
 :mod:`flowdecision.store`; this module is the ledger's dialect adapter.
@@ -73,8 +73,8 @@ from ..observability.tracing import active as tracing_active
 from ..observability.tracing import batch_span, recording_span
 from ..store.batching import check_group_commit, copy_error, settle
 from ..store.chain import LEDGER_AUDIT_LOCK, pg_audit_lock_sql
-from ..store.joint import JointWrite, StoreKey, postgres_key
-from ..store.postgres import CLOCK_SQL, PgPool, driver_error, retryable
+from ..store.joint import JointRow, StoreKey, pg_insert_rows, postgres_key
+from ..store.postgres import CLOCK_SQL, PgPool, retryable
 from .base import (
     JointOperation,
     Operation,
@@ -618,17 +618,6 @@ class PostgresLedger(SqlLedger):
                         committed = await self._joint_transaction(conn, items)
                 except _LostInsert:
                     continue  # another host created one of these ids meanwhile: start over
-                except _WriterFailed as failed:
-                    # Rolled back: nothing of this batch was stored; the writer's callers
-                    # get its error, the others try again without them.
-                    for index, item in enumerate(failed.items):
-                        item.error = failed.error if index == 0 else copy_error(failed.error)
-                    items = [item for item in items if item not in failed.items]
-                    for item in failed.items:
-                        item.done = True
-                    if not items:
-                        return
-                    continue
                 except Exception as error:
                     if retryable(error):
                         continue
@@ -651,12 +640,13 @@ class PostgresLedger(SqlLedger):
     async def _joint_transaction(self, conn: Any, items: list[_Item]) -> Any:
         """One transaction's work (distinct ids); returns what to do once it committed.
 
-        Order, per decision: the claim rules on the locked record; if claimed, the
-        joint row (written for the whole batch in one statement, under the
-        outbox's advisory lock, which is held until this transaction commits, so
-        ``seq`` order is commit order); then the completion rules on the claimed
-        record; finally the ledger rows, in one statement. A refused row or a
-        rule failure answers only its own caller and writes nothing for it.
+        Order: per decision the claim rules on the locked record and, if claimed,
+        the completion rules on the claimed record (pure); then the claimed
+        decisions' joint rows, for the whole batch at once (``pg_insert_rows``:
+        under the outbox's advisory lock, held until this transaction commits, so
+        ``seq`` order is commit order); finally the ledger rows, in one statement.
+        A refused row or a rule failure answers only its own caller and writes
+        nothing for it; a database error fails the batch.
         """
         locked = await conn.fetch(_LOCK_MANY_SQL, [item.decision_id for item in items])
         stored = {row[0]: row[1] for row in locked}
@@ -714,39 +704,26 @@ class PostgresLedger(SqlLedger):
             assert completed.record is not None
             closed = completed.run or claimed.run
             joined.append((item, outcome, completed.record, claimed.created, closed))
-        by_writer: dict[
-            int, list[tuple[_Item, Claimed, ClaimRecord, Creation | None, RunState | None]]
-        ] = {}
-        for entry in joined:
-            by_writer.setdefault(id(_write_of(entry[0]).writer), []).append(entry)
-        for group in by_writer.values():
-            writer = _write_of(group[0][0]).writer
-            try:
-                done = await writer.write_postgres(
-                    conn, [(_write_of(item), taken.attempt) for item, taken, _, _, _ in group]
-                )
-            except Exception as error:
-                if driver_error(error):
-                    raise  # the database failed (or a retryable conflict): the whole batch
-                # The writer failed, not the ledger: its callers get its error as is.
-                raise _WriterFailed(error, [item for item, _, _, _, _ in group]) from error
-            for (item, taken, record, created, closed), did in zip(group, done, strict=True):
-                if (
-                    isinstance(did, BaseException)
-                    and item.decision_id not in stored
-                    and await conn.fetchval(_EXISTS_SQL, item.decision_id)
-                ):
-                    # Another transaction created this id (its claim and its row) after
-                    # our read and has committed: start over, the claim rules then
-                    # answer (Conflict, AlreadyCompleted) instead of the row's refusal.
-                    raise _LostInsert
-                if isinstance(did, BaseException):
-                    item.error = did
-                else:
-                    item.result = JointOutcome(taken, did)
-                    rows.append((item, record, created))
-                    if closed is not None:
-                        changed_runs[closed.run_id] = closed
+        done = await pg_insert_rows(
+            conn, [(_row_of(item), taken.attempt) for item, taken, *_ in joined]
+        )
+        for (item, taken, record, created, closed), did in zip(joined, done, strict=True):
+            if (
+                isinstance(did, BaseException)
+                and item.decision_id not in stored
+                and await conn.fetchval(_EXISTS_SQL, item.decision_id)
+            ):
+                # Another transaction created this id (its claim and its row) after
+                # our read and has committed: start over, the claim rules then
+                # answer (Conflict, AlreadyCompleted) instead of the row's refusal.
+                raise _LostInsert
+            if isinstance(did, BaseException):
+                item.error = did
+            else:
+                item.result = JointOutcome(taken, did)
+                rows.append((item, record, created))
+                if closed is not None:
+                    changed_runs[closed.run_id] = closed
         if changed_runs:
             columns: list[list[Any]] = [[], [], [], [], []]
             for changed in changed_runs.values():
@@ -902,15 +879,6 @@ class PostgresLedger(SqlLedger):
         return [convert(row) for row in found]
 
 
-class _WriterFailed(Exception):
-    """A joint writer raised: the transaction rolls back and its callers get ``error``."""
-
-    def __init__(self, error: BaseException, items: list[_Item]) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.items = items
-
-
 class _LostInsert(Exception):
     """A joint transaction found an id it saw as new already inserted: roll back, retry."""
 
@@ -926,9 +894,9 @@ def _run_of(item: _Item) -> str | None:
     return op.run_id if isinstance(op, RunBound | JointOperation) else None
 
 
-def _write_of(item: _Item) -> JointWrite:
+def _row_of(item: _Item) -> JointRow:
     joint: JointOperation = item.op  # type: ignore[assignment]
-    return joint.write
+    return joint.row
 
 
 class _Item:

@@ -45,7 +45,7 @@ from ..core.defaults import (
 from ..errors import LedgerCorruptError, LedgerError
 from ..store.batching import check_group_commit, copy_error
 from ..store.checkpoint import Checkpointer
-from ..store.joint import JointWrite, StoreKey, sqlite_key
+from ..store.joint import JointRow, StoreKey, sqlite_insert_rows, sqlite_key
 from ..store.migrations import sqlite_schema_version
 from ..store.sqlite import SqliteOpener
 from ..store.sqlite_thread import Job, SqliteThread
@@ -520,9 +520,9 @@ class SqliteLedger(SqlLedger):
             run_ids = {run_id for job in jobs if (run_id := _run_id_of(job.payload[1]))}
             if run_ids:
                 runs = _read_runs(conn, run_ids)
-        # Joint rows wait to be written together (one statement), until the batch
-        # ends or another job for one of their decisions comes (it must see the
-        # row's outcome: a refused row leaves its decision as it was).
+        # Joint rows wait to be written together (store.joint: one statement), until
+        # the batch ends or another job for one of their decisions comes (it must see
+        # the row's outcome: a refused row leaves its decision as it was).
         deferred: list[_Deferred] = []
         deferred_ids: set[str] = set()  # decisions and runs a deferred row may restore
         for job in jobs:
@@ -549,22 +549,18 @@ class SqliteLedger(SqlLedger):
             run_slot = None if run_id is None else runs[run_id]
             run = None if run_slot is None else run_slot.run
             try:
-                if isinstance(op, JointOperation) and _batched(op):
+                if isinstance(op, JointOperation):
                     transition, claimed = _claim_and_complete(op, slot.record, run, self.now_ms())
-                elif isinstance(op, JointOperation):
-                    transition = _joint(conn, op, slot.record, run, self.now_ms())
                 elif isinstance(op, RunBound):
                     transition = op.op(slot.record, run, self.now_ms())
                 else:
                     transition = op(slot.record, self.now_ms())
-            except sqlite3.Error:
-                raise  # the database failed (in a joint row's write): the whole batch
             except Exception as error:  # a rule failure: this caller only, nothing stored
                 job.error = error
                 continue
             if claimed is not None:
                 assert isinstance(op, JointOperation)
-                deferred.append(_Deferred(job, op.write, claimed, slot, run_slot))
+                deferred.append(_Deferred(job, op.row, claimed, slot, run_slot))
                 deferred_ids.add(decision_id)
                 if transition.run is not None and run_id is not None:
                     # One set for both kinds of id: a run id equal to some decision id
@@ -582,11 +578,6 @@ class SqliteLedger(SqlLedger):
             job.result = transition.result
         _write_deferred(conn, deferred)
         return slots, runs
-
-
-def _batched(joint: JointOperation) -> bool:
-    """Whether ``joint``'s writer writes a batch's rows at once (``write_sqlite_many``)."""
-    return callable(getattr(joint.write.writer, "write_sqlite_many", None))
 
 
 def _claim_and_complete(
@@ -611,13 +602,13 @@ def _claim_and_complete(
 class _Deferred:
     """A claimed and completed joint decision whose row is not written yet."""
 
-    __slots__ = ("before", "claimed", "job", "run_before", "run_slot", "slot", "write")
+    __slots__ = ("before", "claimed", "job", "row", "run_before", "run_slot", "slot")
 
     def __init__(
-        self, job: Job, write: JointWrite, claimed: Claimed, slot: _Slot, run_slot: _RunSlot | None
+        self, job: Job, row: JointRow, claimed: Claimed, slot: _Slot, run_slot: _RunSlot | None
     ) -> None:
         self.job = job
-        self.write = write
+        self.row = row
         self.claimed = claimed
         self.slot = slot
         #: The slots as they were before this decision's transition (restored if refused).
@@ -627,87 +618,24 @@ class _Deferred:
 
 
 def _write_deferred(conn: sqlite3.Connection, deferred: list[_Deferred]) -> None:
-    """Write the deferred joint rows, one ``write_sqlite_many`` per writer.
+    """Write the deferred joint rows: the store's one insert-if-absent for them all.
 
-    In a savepoint: if a writer raises (rather than refusing rows one by one),
-    its rows are rolled back and written one at a time, as :func:`_joint` does.
-    A refused row answers its caller with the refusal and restores its slot.
+    A refused row answers its caller with the refusal (nothing was written for
+    it) and restores its decision and run as they were before its transition.
+    A :class:`sqlite3.Error` (the database failing) fails the whole batch.
     """
-    by_writer: dict[int, list[_Deferred]] = {}
-    for entry in deferred:
-        by_writer.setdefault(id(entry.write.writer), []).append(entry)
-    for group in by_writer.values():
-        writer: Any = group[0].write.writer
-        writes = [(entry.write, entry.claimed.attempt) for entry in group]
-        conn.execute("SAVEPOINT flowdecision_joint_batch")
-        try:
-            done: list[bool | BaseException] = writer.write_sqlite_many(conn, writes)
-        except sqlite3.Error:
-            conn.execute("ROLLBACK TO flowdecision_joint_batch")
-            conn.execute("RELEASE flowdecision_joint_batch")
-            raise  # the database failed: the whole batch
-        except Exception:
-            conn.execute("ROLLBACK TO flowdecision_joint_batch")
-            done = [_write_one(conn, write, attempt) for write, attempt in writes]
-        conn.execute("RELEASE flowdecision_joint_batch")
-        for entry, did in zip(group, done, strict=True):
-            if isinstance(did, BaseException):
-                entry.job.error = did
-                entry.job.result = None
-                entry.slot.record, entry.slot.dirty, entry.slot.created = entry.before
-                if entry.run_slot is not None and entry.run_before is not None:
-                    entry.run_slot.run, entry.run_slot.dirty = entry.run_before
-            else:
-                entry.job.result = JointOutcome(entry.claimed, did)
-
-
-def _write_one(conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool | BaseException:
-    """One joint row in its own savepoint: True/False as written, or the refusal."""
-    conn.execute("SAVEPOINT flowdecision_joint")
-    try:
-        inserted = write.writer.write_sqlite(conn, write, attempt)
-    except sqlite3.Error:
-        conn.execute("ROLLBACK TO flowdecision_joint")
-        conn.execute("RELEASE flowdecision_joint")
-        raise
-    except Exception as error:
-        conn.execute("ROLLBACK TO flowdecision_joint")
-        conn.execute("RELEASE flowdecision_joint")
-        return error
-    conn.execute("RELEASE flowdecision_joint")
-    return bool(inserted)
-
-
-def _joint(
-    conn: sqlite3.Connection,
-    joint: JointOperation,
-    record: ClaimRecord | None,
-    run: RunState | None,
-    clock: int,
-) -> Transition[JointOutcome]:
-    """Claim, write the joint row, complete: the record to store and what was done.
-
-    Runs inside the batch's transaction. The row is written in a savepoint, so
-    a refused row or a completion rule failure rolls it back and this decision
-    stores nothing (the rest of the batch is untouched).
-    """
-    claimed = joint.claim(record, run, clock)
-    outcome = claimed.result
-    if not isinstance(outcome, Claimed):
-        # Busy / Conflict / AlreadyCompleted / RunClosed: no row, as claim() answers.
-        return Transition(claimed.record, JointOutcome(outcome), claimed.changed)
-    conn.execute("SAVEPOINT flowdecision_joint")
-    try:
-        inserted = joint.write.writer.write_sqlite(conn, joint.write, outcome.attempt)
-        completed = joint.complete(claimed.record, claimed.run or run, clock)
-    except BaseException:
-        conn.execute("ROLLBACK TO flowdecision_joint")
-        conn.execute("RELEASE flowdecision_joint")
-        raise
-    conn.execute("RELEASE flowdecision_joint")
-    closed = completed.run or claimed.run
-    outcome_ = JointOutcome(outcome, inserted)
-    return Transition(completed.record, outcome_, True, claimed.created, closed)
+    if not deferred:
+        return
+    done = sqlite_insert_rows(conn, [(entry.row, entry.claimed.attempt) for entry in deferred])
+    for entry, did in zip(deferred, done, strict=True):
+        if isinstance(did, BaseException):
+            entry.job.error = did
+            entry.job.result = None
+            entry.slot.record, entry.slot.dirty, entry.slot.created = entry.before
+            if entry.run_slot is not None and entry.run_before is not None:
+                entry.run_slot.run, entry.run_slot.dirty = entry.run_before
+        else:
+            entry.job.result = JointOutcome(entry.claimed, did)
 
 
 def _read_rows(

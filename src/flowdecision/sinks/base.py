@@ -8,7 +8,7 @@ from typing import Protocol, cast, runtime_checkable
 
 from ..core.model import DecisionRequest
 from ..errors import InvalidArgumentError, InvalidSinkError
-from ..store.joint import JointWrite, StoreKey
+from ..store.joint import JointRow, StoreKey
 
 __all__ = [
     "HasStoreKey",
@@ -52,19 +52,26 @@ class JointSink(Sink, Protocol):
     """A sink that can take part in the ledger's transaction when they share a store.
 
     When ``joint_with(ledger)`` is true, the dispatcher does not claim, submit
-    under a lease and complete: it asks :meth:`prepare` for the row and hands
-    it to ``ledger.joint_commit``, which claims, writes the row and completes in
-    one transaction. A crash then leaves either all three or none, so the sink
-    sees each decision exactly once (no replay to absorb). When it is false
-    (another store) the sink is used through :meth:`Sink.submit` as usual.
+    under a lease and complete: it asks :meth:`prepare` for the row (plain
+    data: a :class:`~flowdecision.store.joint.JointRow` naming its table's
+    statements) and hands it to ``ledger.joint_commit``, which claims, writes
+    the row and completes in one transaction; no code of the sink runs in it.
+    A crash then leaves either all three or none, so the sink sees each
+    decision exactly once (no replay to absorb). When it is false (another
+    store) the sink is used through :meth:`Sink.submit` as usual.
     """
 
     def joint_with(self, ledger: HasStoreKey) -> bool:
         """True if this sink's rows can be written in ``ledger``'s transactions."""
         ...
 
-    async def prepare(self, request: DecisionRequest) -> JointWrite:
+    async def prepare(self, request: DecisionRequest) -> JointRow:
         """The row for ``request``, ready for the ledger to write (no write yet)."""
+        ...
+
+    def committed(self, row: JointRow) -> None:
+        """The transaction that inserted ``row`` committed (called once, after it,
+        only for a new row): e.g. the outbox wakes the readers waiting for rows."""
         ...
 
 

@@ -19,12 +19,13 @@ are inserted under a transaction-scoped advisory lock), so a consumer reading
 **The joint path.** An outbox in the ledger's own store (same SQLite file,
 same PostgreSQL database: :meth:`OutboxSink.joint_with`) is a
 :class:`~flowdecision.sinks.JointSink`: the dispatcher hands the row
-(:meth:`OutboxSink.prepare`) to ``Ledger.joint_commit``, which writes it
-on the ledger's connection between the claim and the completion rules, in the
-ledger's group-committed transaction (:meth:`write_sqlite`,
-:meth:`write_postgres`: the same insert-if-absent). A decision is then never
-delivered twice. On PostgreSQL a batch takes the advisory lock once, before
-inserting its rows, and holds it to its commit: seq order stays commit order.
+(:meth:`OutboxSink.prepare`, plain data) to ``Ledger.joint_commit``, which
+runs the outbox's own statements (:data:`OUTBOX_ROWS`, the same
+insert-if-absent as :meth:`OutboxSink.submit`) through
+:mod:`flowdecision.store.joint` in the ledger's group-committed transaction.
+A decision is then never delivered twice. On PostgreSQL a batch takes the
+advisory lock once, before inserting its rows, and holds it to its commit:
+seq order stays commit order.
 
 The schema is versioned in ``flow_decision_outbox_schema`` with migrations in
 ``sinks/sql/<dialect>/`` and follows the same policy as the ledger's (see
@@ -41,7 +42,6 @@ refused. SQLite work runs on the store's connection thread (WAL,
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import sqlite3
@@ -69,7 +69,16 @@ from ..errors import (
 from ..observability.tracing import current_traceparent
 from ..store.chain import ChainReport, verify_rows
 from ..store.component import Component, ErrorKinds
-from ..store.joint import JointWrite, StoreKey, postgres_key, sqlite_key
+from ..store.joint import (
+    JointResult,
+    JointRow,
+    JointTable,
+    StoreKey,
+    pg_insert_rows,
+    postgres_key,
+    sqlite_insert_rows,
+    sqlite_key,
+)
 from ..store.postgres import CLOCK_SQL, PgPool, asyncpg
 from ..store.sqlite import SqliteOpener
 from ..store.sqlite_thread import SqliteThread
@@ -114,6 +123,7 @@ from .wake import Wakeup, wakeup_for
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "OUTBOX_ROWS",
     "OUTBOX_SCHEMA_VERSION",
     "OUTBOX_TABLE",
     "OutboxConflictError",
@@ -145,6 +155,53 @@ LISTEN_RECHECK_S = 5.0
 _COLUMNS = (
     "seq, decision_id, request_json, request_hash, first_attempt, highest_attempt, "
     "accepted_at_ms, traceparent"
+)
+
+#: The outbox as a table of the joint path: its insert-if-absent, per dialect, run by
+#: ``store/joint.py`` (in the ledger's transaction, and in :meth:`OutboxSink.deliver`'s
+#: own). Parameters as :class:`~flowdecision.store.joint.JointTable` says; a row's
+#: ``values`` are ``(request_json, traceparent)``.
+_INSERTED = (
+    "decision_id, request_hash, first_attempt, highest_attempt, accepted_at_ms, "
+    "request_json, traceparent"
+)
+OUTBOX_ROWS = JointTable(
+    name=OUTBOX_TABLE,
+    conflict=OutboxConflictError,
+    sqlite_insert=(
+        f"INSERT INTO {OUTBOX_TABLE} ({_INSERTED}) VALUES {{rows}} "
+        "ON CONFLICT (decision_id) DO NOTHING"
+    ),
+    sqlite_row="(?, ?, ?, ?, ?, ?, ?)",
+    sqlite_newest=(
+        f"SELECT decision_id FROM {OUTBOX_TABLE} WHERE decision_id IN ({{marks}}) "
+        "ORDER BY seq DESC LIMIT ?"
+    ),
+    sqlite_stored=(
+        f"SELECT decision_id, request_hash FROM {OUTBOX_TABLE} WHERE decision_id IN ({{marks}})"
+    ),
+    sqlite_raise=(
+        f"UPDATE {OUTBOX_TABLE} SET highest_attempt = ?2 "
+        "WHERE decision_id = ?1 AND highest_attempt < ?2"
+    ),
+    pg_insert=(
+        f"INSERT INTO {OUTBOX_TABLE} ({_INSERTED}) "
+        f"SELECT d, h, a, a, {CLOCK_SQL}, j, tp "
+        "FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[]) "
+        "WITH ORDINALITY AS t(d, h, a, j, tp, n) ORDER BY n "
+        "ON CONFLICT (decision_id) DO NOTHING RETURNING decision_id"
+    ),
+    pg_stored=(
+        f"SELECT decision_id, request_hash FROM {OUTBOX_TABLE} "
+        "WHERE decision_id = ANY($1::text[]) ORDER BY decision_id FOR UPDATE"
+    ),
+    pg_raise=(
+        f"UPDATE {OUTBOX_TABLE} AS o SET highest_attempt = t.a "
+        "FROM unnest($1::text[], $2::bigint[]) AS t(d, a) "
+        "WHERE o.decision_id = t.d AND o.highest_attempt < t.a"
+    ),
+    # Serializes new rows (held to the commit) so that seq order is commit order.
+    pg_lock=f"SELECT pg_advisory_xact_lock({_INSERT_LOCK})",
 )
 
 
@@ -343,15 +400,14 @@ class OutboxSink(Closable):
     async def deliver(self, request: DecisionRequest, attempt: int) -> bool:
         """Like :meth:`submit`; True when this call inserted the row, False for a replay."""
         check_attempt(attempt)
-        text = request.to_json()
-        hash_ = hashlib.sha256(text).hexdigest()
         backend = await self._ready()
-        inserted = await backend.deliver(
-            request.decision_id, text.decode("utf-8"), hash_, attempt, current_traceparent()
-        )
-        if inserted:
+        row = self._row(request)
+        done = await backend.deliver(row, attempt)
+        if isinstance(done, BaseException):
+            raise done
+        if done:
             self._wakeup.notify()
-        return inserted
+        return done
 
     # -- the joint path (a JointSink) ---------------------------------------------------
 
@@ -365,39 +421,24 @@ class OutboxSink(Closable):
         is claimed, written here and completed in one commit: exactly once."""
         return ledger.store_key() == self._store_key
 
-    async def prepare(self, request: DecisionRequest) -> JointWrite:
-        """The row for ``request``, to write in the ledger's transaction.
+    async def prepare(self, request: DecisionRequest) -> JointRow:
+        """The row for ``request`` (plain data), to write in the ledger's transaction.
 
         Opens the outbox first (a SQLite outbox creates or upgrades its tables in
         the shared file), so the ledger's connection finds them.
         """
-        text = request.to_json()
         await self._ready()
-        payload = (text.decode("utf-8"), request_hash(request), current_traceparent())
-        return JointWrite(self, self._store_key, request.decision_id, payload)
+        return self._row(request)
 
-    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool:
-        """Insert-if-absent on the ledger's connection (its transaction is open);
-        True when inserted, False for a replay."""
-        text, hash_, traceparent = write.payload
-        return _sqlite_put(conn, write.decision_id, text, hash_, attempt, traceparent)
+    def _row(self, request: DecisionRequest) -> JointRow:
+        """``request``'s row: encoded and hashed here, on the caller's thread."""
+        values = (request.to_json().decode("utf-8"), current_traceparent())
+        return JointRow(
+            OUTBOX_ROWS, self._store_key, request.decision_id, request_hash(request), values
+        )
 
-    def write_sqlite_many(
-        self, conn: sqlite3.Connection, writes: Sequence[tuple[JointWrite, int]]
-    ) -> list[bool | BaseException]:
-        """Insert-if-absent for a whole batch on the ledger's connection (transaction
-        open): per write, True when inserted, False for a replay, or its refusal."""
-        return _sqlite_put_many(conn, writes)
-
-    async def write_postgres(
-        self, conn: Any, writes: Sequence[tuple[JointWrite, int]]
-    ) -> list[bool | BaseException]:
-        """Insert-if-absent for a whole batch on the ledger's connection (transaction
-        open): per write, True when inserted, False for a replay, or its refusal."""
-        return await _postgres_put_many(conn, writes)
-
-    def committed(self, write: JointWrite) -> None:
-        """The ledger's transaction that inserted ``write`` committed: wake this process's
+    def committed(self, row: JointRow) -> None:
+        """The ledger's transaction that inserted ``row`` committed: wake this process's
         readers waiting for rows (the dispatcher calls it; see :mod:`.wake`)."""
         self._wakeup.notify()
 
@@ -551,103 +592,6 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _sqlite_put(
-    conn: sqlite3.Connection,
-    decision_id: str,
-    text: str,
-    hash_: str,
-    attempt: int,
-    traceparent: str | None = None,
-) -> bool:
-    """Insert-if-absent inside an open transaction; True when inserted (see the module docs)."""
-    # One statement in the common case (a new row): on the ledger's thread every
-    # statement is a GIL hand-off with the event loop.
-    cursor = conn.execute(
-        f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
-        "first_attempt, highest_attempt, accepted_at_ms, traceparent) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (decision_id) DO NOTHING",
-        (decision_id, text, hash_, attempt, attempt, time.time_ns() // 1_000_000, traceparent),
-    )
-    if cursor.rowcount == 1:
-        return True
-    row = conn.execute(
-        f"SELECT request_hash, highest_attempt FROM {OUTBOX_TABLE} WHERE decision_id = ?",
-        (decision_id,),
-    ).fetchone()
-    if row[0] != hash_:
-        raise OutboxConflictError(decision_id, str(row[0]), hash_)
-    if attempt > int(row[1]):
-        conn.execute(
-            f"UPDATE {OUTBOX_TABLE} SET highest_attempt = ? WHERE decision_id = ?",
-            (attempt, decision_id),
-        )
-    return False
-
-
-#: Rows per multi-row insert (7 parameters each: under the bound of 999 before 3.32).
-_SQLITE_ROWS_PER_INSERT = 140
-#: ``INSERT ... ON CONFLICT DO NOTHING`` needs SQLite 3.24; before it, one statement per row.
-_SQLITE_MULTI_ROW = sqlite3.sqlite_version_info >= (3, 24, 0)
-
-
-def _sqlite_put_many(
-    conn: sqlite3.Connection, writes: Sequence[tuple[JointWrite, int]]
-) -> list[bool | BaseException]:
-    """:func:`_sqlite_put` for a batch of distinct decision ids, in the batch's order.
-
-    The new rows (the common case) go in with one multi-row statement, so
-    ``seq`` follows the batch's order; the others (replays, conflicts) take
-    the one-row path. On the ledger's thread every statement is a GIL hand-off.
-    """
-    done: list[bool | BaseException] = []
-    inserted: set[str] = set()
-    everything = True  # every row went in (then no row is read back)
-    if _SQLITE_MULTI_ROW:
-        now_ms = time.time_ns() // 1_000_000
-        for start in range(0, len(writes), _SQLITE_ROWS_PER_INSERT):
-            chunk = writes[start : start + _SQLITE_ROWS_PER_INSERT]
-            values: list[Any] = []
-            for write, attempt in chunk:
-                text, hash_, traceparent = write.payload
-                values += [write.decision_id, text, hash_, attempt, attempt, now_ms, traceparent]
-            cursor = conn.execute(
-                f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
-                "first_attempt, highest_attempt, accepted_at_ms, traceparent) VALUES "
-                + ",".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
-                + " ON CONFLICT (decision_id) DO NOTHING",
-                values,
-            )
-            if cursor.rowcount == len(chunk):
-                inserted.update(write.decision_id for write, _ in chunk)
-                continue
-            # Some were there already (replays, conflicts): the rows this statement
-            # inserted are the chunk's ``rowcount`` newest (seq only grows). Read back
-            # only then: each row fetched (RETURNING) is a GIL hand-off on this thread.
-            everything = False
-            if cursor.rowcount > 0:
-                ids = [write.decision_id for write, _ in chunk]
-                rows = conn.execute(
-                    f"SELECT decision_id FROM {OUTBOX_TABLE} WHERE decision_id IN "
-                    f"({','.join(['?'] * len(ids))}) ORDER BY seq DESC LIMIT ?",
-                    [*ids, cursor.rowcount],
-                ).fetchall()
-                inserted.update(row[0] for row in rows)
-    else:
-        everything = False
-    if everything:
-        return [True] * len(writes)
-    for write, attempt in writes:
-        if write.decision_id in inserted:
-            done.append(True)
-            continue
-        text, hash_, traceparent = write.payload
-        try:
-            done.append(_sqlite_put(conn, write.decision_id, text, hash_, attempt, traceparent))
-        except OutboxConflictError as error:
-            done.append(error)
-    return done
-
-
 class _SqliteOutbox:
     """The outbox in a SQLite file, on the store's connection thread."""
 
@@ -745,12 +689,10 @@ class _SqliteOutbox:
     async def audit(self, name: str | None) -> list[OutboxAuditEntry]:
         return await self._thread.run(lambda conn: sqlite_audit(conn, name))
 
-    async def deliver(
-        self, decision_id: str, text: str, hash_: str, attempt: int, traceparent: str | None
-    ) -> bool:
-        def work(conn: sqlite3.Connection) -> bool:
+    async def deliver(self, row: JointRow, attempt: int) -> JointResult:
+        def work(conn: sqlite3.Connection) -> JointResult:
             with sqlite_transaction(conn):
-                return _sqlite_put(conn, decision_id, text, hash_, attempt, traceparent)
+                return sqlite_insert_rows(conn, [(row, attempt)])[0]
 
         return await self._thread.run(work)
 
@@ -782,69 +724,6 @@ class _SqliteOutbox:
 
 
 # ---------------------------------------------------------------------------- PostgreSQL
-
-
-async def _postgres_put_many(
-    conn: Any, writes: Sequence[tuple[JointWrite, int]]
-) -> list[bool | BaseException]:
-    """Insert-if-absent for a batch (distinct decision ids), inside an open transaction.
-
-    New rows are inserted in the batch's order under the same transaction-scoped
-    advisory lock as :meth:`_PostgresOutbox.deliver`: the lock is held until
-    the ledger's batch commits, so batches that add rows commit one after the
-    other and ``seq`` order stays commit order. A stored row with the same hash
-    is a replay (``highest_attempt`` rises); a different hash refuses that write.
-    """
-    await conn.execute("SELECT pg_advisory_xact_lock($1)", _INSERT_LOCK)
-    ids = [write.decision_id for write, _ in writes]
-    inserted = {
-        row[0]
-        for row in await conn.fetch(
-            f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
-            "first_attempt, highest_attempt, accepted_at_ms, traceparent) "
-            f"SELECT d, j, h, a, a, {CLOCK_SQL}, tp "
-            "FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[]) "
-            "WITH ORDINALITY AS t(d, j, h, a, tp, n) ORDER BY n "
-            "ON CONFLICT (decision_id) DO NOTHING RETURNING decision_id",
-            ids,
-            [write.payload[0] for write, _ in writes],
-            [write.payload[1] for write, _ in writes],
-            [attempt for _, attempt in writes],
-            [write.payload[2] for write, _ in writes],
-        )
-    }
-    done: list[bool | BaseException] = [write.decision_id in inserted for write, _ in writes]
-    rest = [(i, w, a) for i, (w, a) in enumerate(writes) if w.decision_id not in inserted]
-    if not rest:
-        return done
-    stored = {
-        row[0]: row[1]
-        for row in await conn.fetch(
-            f"SELECT decision_id, request_hash FROM {OUTBOX_TABLE} "
-            "WHERE decision_id = ANY($1::text[]) ORDER BY decision_id FOR UPDATE",
-            [write.decision_id for _, write, _ in rest],
-        )
-    }
-    raise_ids: list[str] = []
-    raise_to: list[int] = []
-    for index, write, attempt in rest:
-        hash_ = write.payload[1]
-        if stored.get(write.decision_id) != hash_:
-            done[index] = OutboxConflictError(
-                write.decision_id, str(stored.get(write.decision_id)), hash_
-            )
-            continue
-        raise_ids.append(write.decision_id)
-        raise_to.append(attempt)
-    if raise_ids:
-        await conn.execute(
-            f"UPDATE {OUTBOX_TABLE} AS o SET highest_attempt = t.a "
-            "FROM unnest($1::text[], $2::bigint[]) AS t(d, a) "
-            "WHERE o.decision_id = t.d AND o.highest_attempt < t.a",
-            raise_ids,
-            raise_to,
-        )
-    return done
 
 
 class _PostgresOutbox:
@@ -958,47 +837,10 @@ class _PostgresOutbox:
         except Exception as error:
             raise self._pg.translate(error) from error
 
-    async def deliver(
-        self, decision_id: str, text: str, hash_: str, attempt: int, traceparent: str | None
-    ) -> bool:
+    async def deliver(self, row: JointRow, attempt: int) -> JointResult:
         try:
             async with self._pg.connection() as conn, conn.transaction():
-                row = await conn.fetchrow(
-                    f"SELECT request_hash FROM {OUTBOX_TABLE} WHERE decision_id = $1 FOR UPDATE",
-                    decision_id,
-                )
-                if row is None:
-                    # Serialize new rows so that seq order is commit order.
-                    await conn.execute("SELECT pg_advisory_xact_lock($1)", _INSERT_LOCK)
-                    seq = await conn.fetchval(
-                        f"INSERT INTO {OUTBOX_TABLE} (decision_id, request_json, request_hash, "
-                        "first_attempt, highest_attempt, accepted_at_ms, traceparent) "
-                        f"VALUES ($1, $2, $3, $4, $4, {CLOCK_SQL}, $5) "
-                        "ON CONFLICT (decision_id) DO NOTHING RETURNING seq",
-                        decision_id,
-                        text,
-                        hash_,
-                        attempt,
-                        traceparent,
-                    )
-                    if seq is not None:
-                        return True
-                    # Inserted by someone else after our read; fall through to the replay path.
-                    row = await conn.fetchrow(
-                        f"SELECT request_hash FROM {OUTBOX_TABLE} "
-                        "WHERE decision_id = $1 FOR UPDATE",
-                        decision_id,
-                    )
-                    assert row is not None
-                if row["request_hash"] != hash_:
-                    raise OutboxConflictError(decision_id, str(row["request_hash"]), hash_)
-                await conn.execute(
-                    f"UPDATE {OUTBOX_TABLE} SET highest_attempt = $2 "
-                    "WHERE decision_id = $1 AND highest_attempt < $2",
-                    decision_id,
-                    attempt,
-                )
-                return False
+                return (await pg_insert_rows(conn, [(row, attempt)]))[0]
         except Exception as error:
             raise self._pg.translate(error) from error
 

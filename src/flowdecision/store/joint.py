@@ -1,24 +1,26 @@
-"""The joint write: another component's row written inside the ledger's transaction.
+"""The joint write: another component's rows written inside the ledger's transaction.
 
-"Joint" is the one word for this path everywhere: a :class:`JointWrite` is
+"Joint" is the one word for this path everywhere: a :class:`JointRow` is
 offered by a ``JointSink`` (``flowdecision.sinks``), committed by
 ``Ledger.joint_commit`` and chosen by ``Dispatcher.joint``.
 
 The ledger and the outbox meet here, in ``store``, and nowhere else: neither
-imports the other. A store that holds both (one SQLite file, one PostgreSQL
-database) can accept a decision in ONE transaction: the ledger applies the
-claim rules, asks the :class:`JointWriter` to write its row on the ledger's
-own connection, then applies the completion rules to the evolving record.
+imports the other, and neither calls the other. A store that holds both (one
+SQLite file, one PostgreSQL database) can accept a decision in ONE
+transaction: the ledger applies the claim and completion rules, runs the
+joint rows' statements through this module, then writes its own rows. All of
+it is data:
 
 * :class:`StoreKey` names where a store lives, so a sink can tell whether it
   shares the ledger's store (:func:`sqlite_key`, :func:`postgres_key`).
-* :class:`JointWrite` is one row to write, prepared by the sink before the
-  transaction (encoding and hashing stay off the ledger's thread).
-* :class:`JointWriter` writes such rows, once per dialect: alone on the SQLite
-  connection thread (inside a savepoint the ledger opened), or as a whole
-  batch on a PostgreSQL connection (inside the ledger's batch transaction).
-  It returns what it did (a new row, or a replay of an identical one); the
-  ledger hands that back to its caller with the claim's outcome.
+* :class:`JointTable` is a table's insert-if-absent statements per dialect,
+  written by the table's owner (the outbox's ``OUTBOX_ROWS``).
+* :class:`JointRow` is one row for such a table, prepared by the sink before
+  the transaction (encoding and hashing stay off the ledger's thread).
+* :func:`sqlite_insert_rows` and :func:`pg_insert_rows`, one per dialect,
+  insert a batch of rows on the ledger's connection in its open transaction
+  and say per row what happened (:data:`JointResult`: inserted, a replay, or
+  refused); the ledger hands that back to its caller with the claim's outcome.
 """
 
 from __future__ import annotations
@@ -26,15 +28,25 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ..connections.urls import describe_dsn, parse_pg_dsn
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, SinkContentConflictError
 
-__all__ = ["JointWrite", "JointWriter", "StoreKey", "postgres_key", "sqlite_key"]
+__all__ = [
+    "JointResult",
+    "JointRow",
+    "JointTable",
+    "StoreKey",
+    "pg_insert_rows",
+    "postgres_key",
+    "sqlite_insert_rows",
+    "sqlite_key",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,50 +80,208 @@ def postgres_key(dsn: str) -> StoreKey:
         return StoreKey("postgresql", f"{describe_dsn(dsn)} #{digest}")
 
 
-class JointWriter(Protocol):
-    """Writes :class:`JointWrite` rows on the ledger's connection, in its transaction.
+@dataclass(frozen=True, slots=True)
+class JointTable:
+    """A table that takes rows in the ledger's transaction: its statements, per dialect.
 
-    A writer may also define ``committed(write)``: the dispatcher calls it once
-    the transaction that inserted ``write`` committed (the outbox wakes its readers);
-    and ``write_sqlite_many(conn, writes)``, the SQLite twin of :meth:`write_postgres`
-    (same answers), which the SQLite ledger then calls once per batch instead of
-    :meth:`write_sqlite` once per row.
+    Written by the table's owner (the outbox: ``sinks/outbox.py``'s
+    ``OUTBOX_ROWS``) and run by :func:`sqlite_insert_rows` and
+    :func:`pg_insert_rows`. Every such table is insert-if-absent keyed by
+    decision id: a new row keeps its attempt as first and highest attempt, a
+    row already there with the same content hash is a replay (its highest
+    attempt rises), one with another hash refuses the row (``conflict``).
+
+    Statement parameters:
+
+    * ``sqlite_insert``: ``{rows}`` becomes one ``sqlite_row`` per row, each
+      bound to ``(decision_id, content_hash, attempt, attempt, clock_ms,
+      *values)``; ``... ON CONFLICT (decision_id) DO NOTHING``.
+    * ``sqlite_newest``: ``{marks}`` the ids, then a limit: the ids of the
+      newest rows among them (the ones an insert just added).
+    * ``sqlite_stored`` (``{marks}`` the ids) and ``pg_stored`` (``$1`` the
+      ids, locking them): ``(decision_id, content_hash)`` of the rows there.
+    * ``sqlite_raise`` (``?1`` an id, ``?2`` an attempt) and ``pg_raise``
+      (``$1`` ids, ``$2`` attempts): raise the highest attempt.
+    * ``pg_insert``: ``$1`` ids, ``$2`` hashes, ``$3`` attempts, then one
+      array per value column, in the rows' order; ``RETURNING decision_id``.
+    * ``pg_lock``: run before inserting and held to the commit (seq order is
+      then commit order), or None.
     """
 
-    def write_sqlite(self, conn: sqlite3.Connection, write: JointWrite, attempt: int) -> bool:
-        """Write one row on the ledger's SQLite connection (its transaction is open).
-
-        Returns True for a new row, False when an identical row was already
-        there (a replay). Raise to refuse (the ledger rolls the row back and
-        stores nothing for this decision; its caller gets the error). A
-        :class:`sqlite3.Error` is the database failing: the whole batch fails.
-        """
-        ...
-
-    async def write_postgres(
-        self, conn: Any, writes: Sequence[tuple[JointWrite, int]]
-    ) -> list[bool | BaseException]:
-        """Write a batch's rows on the ledger's asyncpg connection (transaction open).
-
-        Returns one entry per write: True for a new row, False for a replay,
-        or the error refusing that write (nothing written for it). Raising
-        rolls the transaction back: a driver or database error fails the whole
-        batch (a ledger failure); any other error fails these writes' callers
-        with it, and the rest of the batch is tried again without them.
-        """
-        ...
+    name: str
+    conflict: type[SinkContentConflictError]
+    sqlite_insert: str
+    sqlite_row: str
+    sqlite_newest: str
+    sqlite_stored: str
+    sqlite_raise: str
+    pg_insert: str
+    pg_stored: str
+    pg_raise: str
+    pg_lock: str | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class JointWrite:
-    """One row to write in the ledger's transaction, for ``decision_id``.
+class JointRow:
+    """One row for ``table``, to write in a ledger's transaction for ``decision_id``.
 
-    ``payload`` is the writer's own (the encoded row). Nothing here changes
-    once prepared: what the write did comes back from the writer (and from
+    Plain data, prepared by the sink before the transaction (encoding and
+    hashing stay off the ledger's thread): the store it must share with the
+    ledger, the content hash that tells a replay from a conflict, and the
+    table's own column ``values``. What the write did comes back from
+    :func:`sqlite_insert_rows` / :func:`pg_insert_rows` (and from
     ``Ledger.joint_commit``, as ``JointOutcome.inserted``).
     """
 
-    writer: JointWriter
+    table: JointTable
     store: StoreKey
     decision_id: str
-    payload: Any
+    content_hash: str
+    values: tuple[Any, ...]
+
+
+#: What writing a row did: True, inserted; False, a replay (an identical row was
+#: there: its highest attempt rose); an error, refused (other content; nothing written).
+JointResult = bool | SinkContentConflictError
+
+#: Rows per SQLite multi-row statement: under the bound of 999 parameters before 3.32.
+_SQLITE_PARAMETERS = 999
+
+
+def _by_table(
+    rows: Sequence[tuple[JointRow, int]],
+) -> list[tuple[JointTable, list[int]]]:
+    """The rows' indexes per table, tables in first-seen order (one, in practice)."""
+    first = rows[0][0].table
+    if all(row.table is first for row, _ in rows):
+        return [(first, list(range(len(rows))))]
+    groups: dict[int, tuple[JointTable, list[int]]] = {}
+    for index, (row, _) in enumerate(rows):
+        groups.setdefault(id(row.table), (row.table, []))[1].append(index)
+    return list(groups.values())
+
+
+def sqlite_insert_rows(
+    conn: sqlite3.Connection, rows: Sequence[tuple[JointRow, int]]
+) -> list[JointResult]:
+    """Insert-if-absent ``(row, attempt)`` pairs (distinct decision ids) inside the
+    open transaction of ``conn``; one :data:`JointResult` per pair, in order.
+
+    The new rows (the common case) go in with one multi-row statement per
+    table, so ``seq`` follows the rows' order, and nothing is read back when
+    all of them were new: on the ledger's thread every statement is a GIL
+    hand-off with the event loop. A :class:`sqlite3.Error` is the database
+    failing: it propagates (the caller's transaction fails as a whole).
+    """
+    done: list[JointResult] = [True] * len(rows)
+    if not rows:
+        return done
+    now_ms = time.time_ns() // 1_000_000
+    for table, indexes in _by_table(rows):
+        width = 5 + len(rows[indexes[0]][0].values)
+        chunk_size = _SQLITE_PARAMETERS // width
+        for start in range(0, len(indexes), chunk_size):
+            chunk = indexes[start : start + chunk_size]
+            params: list[Any] = []
+            for index in chunk:
+                row, attempt = rows[index]
+                params += (row.decision_id, row.content_hash, attempt, attempt, now_ms, *row.values)
+            cursor = conn.execute(
+                table.sqlite_insert.format(rows=",".join([table.sqlite_row] * len(chunk))), params
+            )
+            if cursor.rowcount != len(chunk):
+                _sqlite_settle(conn, table, rows, chunk, cursor.rowcount, done)
+    return done
+
+
+def _sqlite_settle(
+    conn: sqlite3.Connection,
+    table: JointTable,
+    rows: Sequence[tuple[JointRow, int]],
+    chunk: list[int],
+    inserted: int,
+    done: list[JointResult],
+) -> None:
+    """Some rows of ``chunk`` were there already: tell replays from refusals."""
+    ids = [rows[index][0].decision_id for index in chunk]
+    marks = ",".join(["?"] * len(ids))
+    new: set[str] = set()
+    if inserted > 0:
+        # The rows this statement inserted are the chunk's ``inserted`` newest (seq grows).
+        found = conn.execute(table.sqlite_newest.format(marks=marks), [*ids, inserted])
+        new = {found_id for (found_id,) in found}
+    old = [index for index in chunk if rows[index][0].decision_id not in new]
+    stored = dict(
+        conn.execute(
+            table.sqlite_stored.format(marks=",".join(["?"] * len(old))),
+            [rows[index][0].decision_id for index in old],
+        ).fetchall()
+    )
+    replays: list[tuple[str, int]] = []
+    for index in old:
+        row, attempt = rows[index]
+        done[index] = _replay_or_refusal(table, row, stored.get(row.decision_id))
+        if done[index] is False:
+            replays.append((row.decision_id, attempt))
+    if replays:
+        conn.executemany(table.sqlite_raise, replays)
+
+
+def _replay_or_refusal(table: JointTable, row: JointRow, stored: Any) -> JointResult:
+    if stored == row.content_hash:
+        return False
+    return table.conflict(row.decision_id, str(stored), row.content_hash)
+
+
+async def pg_insert_rows(conn: Any, rows: Sequence[tuple[JointRow, int]]) -> list[JointResult]:
+    """Insert-if-absent ``(row, attempt)`` pairs (distinct decision ids) inside the
+    open transaction of the asyncpg connection ``conn``; one :data:`JointResult` per
+    pair, in order.
+
+    Per table: its ``pg_lock`` (held to the commit, so batches that add rows
+    commit one after the other and ``seq`` order stays commit order), one
+    insert of every row in order, and only when some were there already, one
+    locking read of those and one update raising the replays' highest attempt.
+    A driver or database error propagates (the caller's transaction fails).
+    """
+    done: list[JointResult] = [True] * len(rows)
+    if not rows:
+        return done
+    for table, indexes in _by_table(rows):
+        if table.pg_lock is not None:
+            await conn.execute(table.pg_lock)
+        picked = [rows[index] for index in indexes]
+        columns: list[list[Any]] = [[] for _ in picked[0][0].values]
+        for row, _ in picked:
+            for column, value in zip(columns, row.values, strict=True):
+                column.append(value)
+        inserted = {
+            found[0]
+            for found in await conn.fetch(
+                table.pg_insert,
+                [row.decision_id for row, _ in picked],
+                [row.content_hash for row, _ in picked],
+                [attempt for _, attempt in picked],
+                *columns,
+            )
+        }
+        old = [index for index in indexes if rows[index][0].decision_id not in inserted]
+        if not old:
+            continue
+        stored = {
+            found[0]: found[1]
+            for found in await conn.fetch(
+                table.pg_stored, [rows[index][0].decision_id for index in old]
+            )
+        }
+        raise_ids: list[str] = []
+        raise_to: list[int] = []
+        for index in old:
+            row, attempt = rows[index]
+            done[index] = _replay_or_refusal(table, row, stored.get(row.decision_id))
+            if done[index] is False:
+                raise_ids.append(row.decision_id)
+                raise_to.append(attempt)
+        if raise_ids:
+            await conn.execute(table.pg_raise, raise_ids, raise_to)
+    return done
