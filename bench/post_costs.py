@@ -1,7 +1,6 @@
 """What one POST /v1/decisions costs, counted rather than timed (issue 18, "Half the Python").
 
     .venv/bin/python bench/post_costs.py                      # the service as it is
-    .venv/bin/python bench/post_costs.py --outbox-row-by-row  # one outbox INSERT per decision
     .venv/bin/python bench/post_costs.py --otel               # tracing on (serve --otel)
     .venv/bin/python bench/post_costs.py --time --posts 20000 # CPU time instead of counts
 
@@ -164,8 +163,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--posts", type=int, default=3000)
     parser.add_argument("--callers", type=int, default=50)
-    parser.add_argument("--outbox-row-by-row", action="store_true",
-                        help="one outbox row per statement (no write_sqlite_many)")  # fmt: skip
     parser.add_argument("--otel", action="store_true",
                         help="tracing on, as serve --otel (needs the otel extra)")  # fmt: skip
     parser.add_argument("--time", action="store_true",
@@ -173,10 +170,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.otel:
         _start_tracing()
-    if args.outbox_row_by_row:
-        from flowdecision.sinks.outbox import OutboxSink
-
-        del OutboxSink.write_sqlite_many
     import uvloop
 
     if args.time:
