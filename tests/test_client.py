@@ -151,6 +151,9 @@ def test_the_sync_client_has_the_async_clients_calls() -> None:
         "parked",
         "retry_parked",
         "skip_parked",
+        "approve",
+        "reject",
+        "wait",
     }
     for name in calls:
         blocking, awaited = getattr(SyncDecisionClient, name), getattr(DecisionClient, name)

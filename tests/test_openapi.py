@@ -28,7 +28,7 @@ from flowdecision.core.identity import (
     ResultReceipt,
     decision_receipt,
 )
-from flowdecision.ledger.states import Completed, Pending, Tombstoned, Unavailable
+from flowdecision.ledger.states import Completed, Held, Pending, Rejected, Tombstoned, Unavailable
 from flowdecision.service.errors import HTTP_ERRORS, SERVICE_ERRORS
 from flowdecision.service.openapi import openapi_document, openapi_json
 
@@ -101,6 +101,8 @@ def test_the_contract_is_openapi_3_1_that_schemathesis_loads() -> None:
         "POST /v1/actions/forget",
         "POST /v1/actions/outbox-retry",
         "POST /v1/actions/outbox-skip",
+        "POST /v1/actions/approve",
+        "POST /v1/actions/reject",
         "GET /v1/decisions/{decision_id}",
         "GET /v1/outbox",
         "GET /v1/outbox/parked",
@@ -168,7 +170,7 @@ def test_enumerations_follow_the_library() -> None:
     schemas = openapi_document()["components"]["schemas"]
     assert schemas["Receipt"]["properties"]["outcome"]["enum"] == [o.value for o in ResultOutcome]
     assert schemas["DecisionState"]["properties"]["state"]["enum"] == [
-        state.kind for state in (Pending, Completed, Tombstoned, Unavailable)
+        state.kind for state in (Pending, Completed, Tombstoned, Held, Rejected, Unavailable)
     ]
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "DBOSSinkError",
     "DecisionBusyError",
     "DecisionConflictError",
+    "DecisionRejectedError",
     "DecisionTooLargeError",
     "DeliveryError",
     "DispatchError",
@@ -258,6 +259,21 @@ class RunClosedError(DispatchError, code="run_closed"):
             type(self),
             (self.decision_id, self.run_id, self.run_state, self.closed_by, self.closed_at_ms),
         )
+
+
+class DecisionRejectedError(DispatchError, code="decision_rejected"):
+    """The decision was held for approval and rejected (by an operator, or its hold
+    expired at ``rejected_at_ms``): it is never sent (docs/PROTOCOL.md, "Approval holds")."""
+
+    def __init__(self, decision_id: str, rejected_at_ms: int | None = None) -> None:
+        super().__init__(
+            f"Flow decision `{decision_id}` was rejected at {rejected_at_ms}: it is never sent"
+        )
+        self.decision_id = decision_id
+        self.rejected_at_ms = rejected_at_ms
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.decision_id, self.rejected_at_ms))
 
 
 class LeaseLostError(DispatchError, code="lease_lost"):

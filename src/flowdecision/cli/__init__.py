@@ -14,7 +14,7 @@ from .chaos import chaos
 from .common import CleanErrorsGroup
 from .demo import demo
 from .ledger_cmds import inspect_cmd, migrate_cmd, prune_cmd
-from .ops_cmds import audit_cmd, forget_cmd, list_cmd, release_cmd
+from .ops_cmds import approve_cmd, audit_cmd, forget_cmd, list_cmd, reject_cmd, release_cmd
 from .relay import cursors_cmd, outbox_audit_cmd, parked_cmd, relay_cmd, retry_cmd, skip_cmd
 from .serve import outbox, serve_cmd
 from .submit import submit_cmd
@@ -33,6 +33,8 @@ cli.add_command(prune_cmd)
 cli.add_command(list_cmd)
 cli.add_command(release_cmd)
 cli.add_command(forget_cmd)
+cli.add_command(approve_cmd)
+cli.add_command(reject_cmd)
 cli.add_command(audit_cmd)
 cli.add_command(migrate_cmd)
 cli.add_command(demo)

@@ -13,7 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from ..core.defaults import DEFAULT_STORE_URL, LEGACY_LEDGER_URL, default_ledger_url
-from ..errors import ActionRefusedError, FlowDecisionError, StoreMissingError
+from ..errors import ActionRefusedError, FlowDecisionError, RunClosedError, StoreMissingError
 from ..observability.redact import json_safe, printable, redact_text
 from ..store.chain import ChainReport
 
@@ -77,6 +77,8 @@ def fail_for(error: BaseException) -> NoReturn:
         fail(error, EXIT_STORE_MISSING)
     if isinstance(error, ActionRefusedError):  # an unknown decision, or one in another state
         fail(error, EXIT_NOT_FOUND)
+    if isinstance(error, RunClosedError):  # an approval of a decision whose run closed
+        fail(error, EXIT_RUN_CLOSED)
     if isinstance(error, ModuleNotFoundError) and (error.name or "").split(".")[0] in (
         SERVICE_MODULES
     ):

@@ -1,4 +1,5 @@
-"""``list``, ``release``, ``forget`` and ``audit``: finding decisions and acting on them.
+"""``list``, ``release``, ``forget``, ``approve``, ``reject`` and ``audit``: finding
+decisions and acting on them.
 
 The same queries as ``GET /v1/decisions`` (:class:`~flowdecision.ledger.query.DecisionQuery`);
 every action takes an actor and a reason and is written to the ledger's audit
@@ -12,11 +13,12 @@ import dataclasses
 import datetime as _dt
 import getpass
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
 
+from ..core.dispatcher import DEFAULT_LEASE_MS, Dispatcher
 from ..errors import FlowDecisionError, InvalidArgumentError
 from ..ledger import Ledger, open_ledger
 from ..ledger.query import (
@@ -30,6 +32,7 @@ from ..ledger.query import (
 )
 from ..ledger.states import AuditEntry, DecisionState, RunState, RunStatus
 from ..observability.redact import printable
+from ..sinks.loader import close_sink, open_sink
 from ..store.chain import ChainReport
 from .common import (
     EXIT_NOT_FOUND,
@@ -233,6 +236,18 @@ def list_cmd(
         click.echo(f"next page: --cursor {page.next_cursor}")
 
 
+#: One action on one decision, given the open ledger: ``(audit entry, approval)``.
+Action = Callable[[Ledger, str, str, str], Awaitable[tuple[AuditEntry | None, Any]]]
+
+
+async def _ledger_action(name: str, ledger: Ledger, decision_id: str, who: str, why: str) -> Any:
+    if name == "release":
+        return await ledger.operator_release(decision_id, actor=who, reason=why), None
+    if name == "reject":
+        return await ledger.reject(decision_id, actor=who, reason=why), None
+    return await ledger.forget(decision_id, actor=who, reason=why), None
+
+
 def _act(
     name: str,
     ledger_url: str,
@@ -243,8 +258,12 @@ def _act(
     yes: bool,
     as_json: bool,
     allowed: set[DecisionState],
+    action: Action | None = None,
+    cleanup: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Run one action on the given ids, or on every decision a query selects."""
+    """Run one action on the given ids, or on every decision a query selects
+    (``action``: how, given the open ledger; the ledger's own action by default;
+    ``cleanup``: run before the ledger closes)."""
     by_query = any(value is not None for value in filters)
     if decision_ids and by_query:
         fail(
@@ -255,18 +274,24 @@ def _act(
         fail(f"name the decisions to {name}: ids, or query options with --yes", EXIT_USAGE)
     who = actor or default_actor()
     done: list[AuditEntry] = []
+    outcomes: list[Any] = []
     refused: list[dict[str, str]] = []
 
     async def act(ledger: Ledger, decision_id: str) -> None:
         try:
-            if name == "release":
-                done.append(await ledger.operator_release(decision_id, actor=who, reason=reason))
+            if action is None:
+                entry, outcome = await _ledger_action(name, ledger, decision_id, who, reason)
             else:
-                done.append(await ledger.forget(decision_id, actor=who, reason=reason))
+                entry, outcome = await action(ledger, decision_id, who, reason)
         except FlowDecisionError as error:
             if not by_query and len(decision_ids) == 1:
                 raise
             refused.append({"decision_id": decision_id, "error": str(error)})
+            return
+        if entry is not None:
+            done.append(entry)
+        if outcome is not None:
+            outcomes.append(outcome)
 
     async def go() -> int | None:
         ledger = await open_ledger(ledger_url, create=False)
@@ -300,7 +325,11 @@ def _act(
                 if cursor is None:
                     return None
         finally:
-            await ledger.close()
+            try:
+                if cleanup is not None:
+                    await cleanup()
+            finally:
+                await ledger.close()
 
     preview = run(go)
     if preview is not None:
@@ -313,39 +342,66 @@ def _act(
             click.echo(message)
         raise SystemExit(EXIT_USAGE)
     if as_json:
-        emit_json(
-            {"action": name, "audit": [entry.to_dict() for entry in done], "refused": refused}
-        )
+        body: dict[str, Any] = {
+            "action": name,
+            "audit": [entry.to_dict() for entry in done],
+            "refused": refused,
+        }
+        if name == "approve":
+            body["outcomes"] = [outcome.to_dict() for outcome in outcomes]
+        emit_json(body)
         if refused:
             raise SystemExit(EXIT_NOT_FOUND)
         return
-    past = {"release": "released", "forget": "forgot"}[name]
+    past = {
+        "release": "released",
+        "forget": "forgot",
+        "approve": "approved",
+        "reject": "rejected",
+    }[name]
     for entry in done:
         click.echo(
             f"{past} `{printable(entry.decision_id)}` (was {entry.state_before}, attempts "
             f"{entry.attempts}); audit #{entry.seq}"
         )
+    for outcome in outcomes:
+        dispatch = outcome.dispatch
+        if outcome.audit is None:  # an earlier approval delivered it
+            click.echo(
+                f"`{printable(dispatch.decision_id)}` was already approved and delivered "
+                f"(attempt {dispatch.attempt})"
+            )
     for item in refused:
         click.echo(f"not {past} `{printable(item['decision_id'])}`: {item['error']}", err=True)
     if refused:
         raise SystemExit(EXIT_NOT_FOUND)  # refused, as a single id's refusal exits
 
 
+def _action_options(function: Callable[..., Any], reason_help: str) -> Callable[..., Any]:
+    """The options every action command takes (ids or a query, actor, reason, --yes)."""
+    options: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+        ledger_option,
+        click.argument("decision_ids", nargs=-1),
+        query_options,
+        click.option("--actor", help="Who acts, for the audit trail (default: user@host)."),
+        click.option("--reason", required=True, help=reason_help),
+        click.option(
+            "--yes",
+            is_flag=True,
+            help="Act on every decision the query selects (else: count only).",
+        ),
+        json_option,
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
 def _action_command(
     name: str, reason_help: str, allowed: set[DecisionState], doc: str
 ) -> click.Command:
-    """The ``release`` or ``forget`` command: the same options, one operator action."""
+    """The ``release``, ``forget`` or ``reject`` command: the same options, one action."""
 
-    @click.command(name, help=doc)
-    @ledger_option
-    @click.argument("decision_ids", nargs=-1)
-    @query_options
-    @click.option("--actor", help="Who acts, for the audit trail (default: user@host).")
-    @click.option("--reason", required=True, help=reason_help)
-    @click.option(
-        "--yes", is_flag=True, help="Act on every decision the query selects (else: count only)."
-    )
-    @json_option
     def command(
         ledger_url: str,
         decision_ids: tuple[str, ...],
@@ -362,7 +418,7 @@ def _action_command(
         filters = (run_id, state, after, before, by)
         _act(name, ledger_url, decision_ids, filters, actor, reason, yes, as_json, allowed)
 
-    return command
+    return click.command(name, help=doc)(_action_options(command, reason_help))
 
 
 release_cmd = _action_command(
@@ -374,6 +430,82 @@ release_cmd = _action_command(
     Fenced: the attempt count (the fencing token) is bumped, so the old owner
     can never complete. Each release is audited (``flowdecision audit``).
     """,
+)
+
+reject_cmd = _action_command(
+    "reject",
+    "Why, for the audit trail.",
+    {DecisionState.HELD},
+    """Reject held decisions (approval holds): they are never sent, and answered
+    ``rejected`` from then on; if the policy that held one said so, its run closes.
+
+    By query (``--run``, ``--after``...), only held decisions are rejected (the
+    others are listed as refused). Each one is audited.
+    """,
+)
+
+
+def _approve(
+    ledger_url: str,
+    decision_ids: tuple[str, ...],
+    run_id: str | None,
+    state: str | None,
+    after: str | None,
+    before: str | None,
+    by: str | None,
+    actor: str | None,
+    reason: str,
+    yes: bool,
+    as_json: bool,
+    sink_url: str | None,
+    lease_ms: int,
+) -> None:
+    """Approve held decisions (approval holds): each is dispatched to the sink exactly once.
+
+    On the default layout (the outbox in the ledger's store) the approval, the
+    claim and the outbox row are one transaction; with another sink the
+    approval claims the decision (audited), the sink runs, and completion
+    follows, and approving again after a crash takes over once the lease
+    expires. By query (``--run``, ``--after``...), only held decisions are
+    approved. Each approval is audited.
+    """
+    target = sink_url or ledger_url
+    approvers: list[Dispatcher] = []
+
+    async def approve(ledger: Ledger, decision_id: str, who: str, why: str) -> Any:
+        if not approvers:  # one sink and dispatcher for every approval of this command
+            sink = await open_sink(target)
+            approvers.append(Dispatcher("production", sink, ledger, lease_ms=lease_ms))
+        outcome = await approvers[0].approve(decision_id, actor=who, reason=why)
+        return outcome.audit, outcome
+
+    async def cleanup() -> None:
+        for dispatcher in approvers:
+            await close_sink(dispatcher.sink)
+
+    filters = (run_id, state, after, before, by)
+    _act(
+        "approve", ledger_url, decision_ids, filters, actor, reason, yes, as_json,
+        {DecisionState.HELD}, approve, cleanup,
+    )  # fmt: skip
+
+
+approve_cmd = click.command("approve", help=_approve.__doc__)(
+    click.option(
+        "--sink",
+        "sink_url",
+        envvar="FLOWDECISION_SINK",
+        help="Where approved decisions go: a sink URL (default: the ledger's own store, the "
+        "default layout's outbox).",
+    )(
+        click.option(
+            "--lease-ms",
+            type=click.IntRange(min=1),
+            default=DEFAULT_LEASE_MS,
+            show_default=True,
+            help="The lease a non-joint sink runs under.",
+        )(_action_options(_approve, "Why, for the audit trail."))
+    )
 )
 
 forget_cmd = _action_command(

@@ -124,6 +124,27 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
     help="A closed run takes no new decision, and a run has at most one complete/fail "
     "(docs/PROTOCOL.md). Never on a JSON file ledger.  [default: on]",
 )
+@_flag(
+    "--approve-kinds",
+    help="Hold decisions of these kinds for an operator's approval, comma-separated "
+    "(schedule_step, schedule_steps, complete, fail; docs/PROTOCOL.md).  [default: none]",
+)
+@_flag(
+    "--approve-steps",
+    help="Hold decisions scheduling a step whose name matches one of these globs, "
+    "comma-separated (e.g. 'payments.*,deploy').  [default: none]",
+)
+@_flag("--approve-runs", help="Hold every new decision of these runs, comma-separated.")
+@_flag(
+    "--hold-expire-ms",
+    type=int,
+    help="A hold not approved or rejected within this many ms is rejected (audited); "
+    "0: never.  [default: 0]",
+)
+@_flag(
+    "--reject-closes-run/--no-reject-closes-run",
+    help="Rejecting a held decision closes its run.  [default: off]",
+)
 def serve_cmd(config_file: str | None, **flags: Any) -> None:
     """Run the HTTP decision service (POST /v1/decisions, status page at /).
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import math
+import time
 from collections.abc import Mapping
 from typing import Any, Unpack
 
@@ -13,14 +15,18 @@ import httpx
 from ..connections.closing import Closable
 from ..connections.transport import HttpPool, ResponseLike
 from ..core.model import DecisionRequest
+from ..errors import InvalidArgumentError
 from ..ledger.query import AuditPage, DecisionPage
 from ..ledger.states import AuditEntry
 from ..sinks.parking import OutboxAuditEntry, ParkedRow
 from .base import USER_AGENT, BaseClient, send_headers, send_kwargs
 from .protocol import ActionArguments, Send, audit_params, query_params, run_path
-from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
+from .results import ApprovalResult, DecisionState, OutboxPage, ServiceHealth, SubmitResult
 
-__all__ = ["DecisionClient"]
+__all__ = ["MAX_DECISION_WAIT_S", "DecisionClient"]
+
+#: The longest one ``GET /v1/decisions/{id}?wait=N`` waits (the service's cap).
+MAX_DECISION_WAIT_S = 30
 
 
 class DecisionClient(BaseClient[HttpPool | httpx.AsyncClient], Closable):
@@ -137,6 +143,45 @@ class DecisionClient(BaseClient[HttpPool | httpx.AsyncClient], Closable):
     async def forget(self, decision_id: str, **action: Unpack[ActionArguments]) -> AuditEntry:
         """Forget a completed decision or tombstone so its id can be used again; audited."""
         return await self._drive(self._protocol.action("forget", decision_id, **action))
+
+    async def approve(self, decision_id: str, **action: Unpack[ActionArguments]) -> ApprovalResult:
+        """Approve a held decision: the service dispatches it exactly once; audited.
+
+        Needs an admin token, as :meth:`release`. A decision an earlier approval
+        delivered answers ``duplicate`` with ``audit`` None.
+        """
+        return await self._drive(self._protocol.approve(decision_id, **action))
+
+    async def reject(self, decision_id: str, **action: Unpack[ActionArguments]) -> AuditEntry:
+        """Reject a held decision: it is never sent (its POST answers 409
+        ``decision_rejected`` from then on); audited. Needs an admin token."""
+        return await self._drive(self._protocol.action("reject", decision_id, **action))
+
+    async def wait(
+        self,
+        decision_id: str,
+        # The service does the waiting (and the blocking twin has no asyncio.timeout).
+        timeout: float = 30.0,  # noqa: ASYNC109
+        *,
+        request_id: str | None = None,
+    ) -> DecisionState | None:
+        """Wait until ``decision_id`` is no longer ``held`` (approved, rejected, expired), or
+        ``timeout`` seconds pass; its state then (None: the service has no such decision).
+
+        A long-poll (``GET /v1/decisions/{id}?wait=N``, at most 30 s per request, again
+        until the timeout): no busy polling from here.
+        """
+        if not timeout >= 0:
+            raise InvalidArgumentError(f"timeout must be a non-negative number, got {timeout!r}")
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            wait_s = max(0, min(MAX_DECISION_WAIT_S, math.ceil(left)))
+            state = await self._drive(
+                self._protocol.get(decision_id, request_id=request_id, wait_s=wait_s)
+            )
+            if state is None or not state.held or deadline - time.monotonic() <= 0:
+                return state
 
     async def parked(
         self, *, relay: str | None = None, request_id: str | None = None

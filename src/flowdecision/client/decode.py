@@ -10,10 +10,19 @@ from typing import Any, TypeVar
 from ..connections.transport import ResponseLike
 from ..core.identity import ExecutionIdentity, ResultReceipt
 from ..core.model import DecisionRequest
+from ..ledger.states import AuditEntry
 from .errors import unexpected_answer
-from .results import DecisionState, OutboxItem, OutboxPage, Outcome, ServiceHealth, SubmitResult
+from .results import (
+    ApprovalResult,
+    DecisionState,
+    OutboxItem,
+    OutboxPage,
+    Outcome,
+    ServiceHealth,
+    SubmitResult,
+)
 
-__all__ = ["decision_state", "outbox_page", "service_health", "submit_result"]
+__all__ = ["approval_result", "decision_state", "outbox_page", "service_health", "submit_result"]
 
 T = TypeVar("T")
 
@@ -72,7 +81,19 @@ def submit_result(response: ResponseLike, tries: int) -> SubmitResult:
         receipt=_receipt(response, body.get("receipt")),
         request_id=response.headers.get("x-request-id"),
         tries=tries,
+        hold_expires_at_ms=_optional_int(response, body, "hold_expires_at_ms"),
     )
+
+
+def approval_result(response: ResponseLike, tries: int) -> ApprovalResult:
+    """``POST /v1/actions/approve``'s answer: the dispatch's outcome and the audit entry."""
+    body = _json_object(response)
+    audit = body.get("audit")
+    try:
+        entry = None if audit is None else AuditEntry.from_dict(audit)
+    except (KeyError, TypeError, ValueError) as error:
+        raise unexpected_answer(response, f"invalid audit entry: {error}") from error
+    return ApprovalResult(submit_result(response, tries), entry)
 
 
 def decision_state(response: ResponseLike) -> DecisionState:
@@ -92,6 +113,8 @@ def decision_state(response: ResponseLike) -> DecisionState:
         execution_identity=parsed_identity,
         receipt=_receipt(response, body.get("receipt")),
         request_id=response.headers.get("x-request-id"),
+        hold_expires_at_ms=_optional_int(response, body, "hold_expires_at_ms"),
+        rejected_at_ms=_optional_int(response, body, "rejected_at_ms"),
     )
 
 

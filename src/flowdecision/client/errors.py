@@ -17,6 +17,7 @@ from ..connections.transport import ResponseLike
 from ..errors import (
     DecisionBusyError,
     DecisionConflictError,
+    DecisionRejectedError,
     DispatchLedgerError,
     FlowDecisionError,
     LeaseLostError,
@@ -33,6 +34,7 @@ __all__ = [
     "ServiceBusyError",
     "ServiceConflictError",
     "ServiceConnectionError",
+    "ServiceDecisionRejectedError",
     "ServiceError",
     "ServiceInvalidRequestError",
     "ServiceLeaseLostError",
@@ -149,6 +151,18 @@ class ServiceBusyError(DecisionBusyError, ServiceError, code="busy"):
         self.lease_expires_at_ms = expires if isinstance(expires, int) else 0
 
 
+class ServiceDecisionRejectedError(DecisionRejectedError, ServiceError, code="decision_rejected"):
+    """409 ``decision_rejected``: the decision was held for approval and rejected (or its
+    hold expired). Never retried: it is never sent."""
+
+    def __init__(self, answer: ErrorAnswer) -> None:
+        ServiceError.__init__(self, answer)
+        details = answer.details
+        self.decision_id = str(details.get("decision_id", ""))
+        rejected_at = details.get("rejected_at_ms")
+        self.rejected_at_ms = rejected_at if isinstance(rejected_at, int) else None
+
+
 class ServiceRunClosedError(RunClosedError, ServiceError, code="run_closed"):
     """409 ``run_closed``: the decision's run is closed (or, for a ``complete``/``fail``,
     already has its terminal decision). Never retried: the run takes no new decision."""
@@ -243,6 +257,7 @@ _ERRORS_BY_CODE: dict[str, type[ServiceError]] = {
     "sink_conflict": ServiceConflictError,
     "busy": ServiceBusyError,
     "run_closed": ServiceRunClosedError,
+    "decision_rejected": ServiceDecisionRejectedError,
     "invalid_request": ServiceInvalidRequestError,
     "invalid_identifier": ServiceInvalidRequestError,
     "invalid_parameter": ServiceInvalidRequestError,

@@ -27,9 +27,9 @@ from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..ledger.query import AuditPage, DecisionPage
 from ..ledger.states import AuditEntry
 from ..sinks.parking import OutboxAuditEntry, ParkedRow
-from .decode import decision_state, outbox_page, service_health, submit_result
+from .decode import approval_result, decision_state, outbox_page, service_health, submit_result
 from .errors import ServiceConnectionError, ServiceError, connection_error, error_from_response
-from .results import DecisionState, OutboxPage, ServiceHealth, SubmitResult
+from .results import ApprovalResult, DecisionState, OutboxPage, ServiceHealth, SubmitResult
 from .retry import MAYBE_SENT, NOT_SENT, TRANSPORT_ERRORS, OnRetry, RetryEvent, RetryOptions
 
 __all__ = [
@@ -194,13 +194,26 @@ class ServiceProtocol:
             content=body,
             timeout=timeout,
             resend_ok=self.retry.resend_after_ambiguous,
-            accept=lambda r: r.status_code in (200, 201),
+            accept=lambda r: r.status_code in (200, 201, 202),
         )
         return submit_result(response, tries)
 
-    def get(self, decision_id: str, *, request_id: str | None) -> Exchange[DecisionState | None]:
+    def get(
+        self, decision_id: str, *, request_id: str | None, wait_s: int = 0
+    ) -> Exchange[DecisionState | None]:
+        """``GET /v1/decisions/{id}``; ``wait_s``: a long-poll while it is held."""
         if not decision_id:
             raise InvalidArgumentError("decision_id must not be empty")
+        timeout = self.timeout
+        if wait_s:
+            # The service holds the answer up to `wait_s` seconds: read that much longer.
+            read = timeout.read
+            timeout = httpx.Timeout(
+                connect=timeout.connect,
+                read=None if read is None else read + wait_s,
+                write=timeout.write,
+                pool=timeout.pool,
+            )
 
         def missing(response: ResponseLike) -> bool:
             # A 404 only means "no such decision" when the service says so for this
@@ -221,6 +234,8 @@ class ServiceProtocol:
             "GET",
             decision_path(decision_id),
             headers=self.headers(request_id),
+            params={"wait": wait_s} if wait_s else None,
+            timeout=timeout,
             accept=lambda r: r.status_code == 200 or missing(r),
         )
         if response.status_code == 404:
@@ -288,6 +303,20 @@ class ServiceProtocol:
         answer = yield from self._act(name, body, admin_token, request_id)
         return AuditEntry.from_dict(answer)
 
+    def approve(
+        self,
+        decision_id: str,
+        *,
+        actor: str,
+        reason: str,
+        admin_token: str | None = None,
+        request_id: str | None = None,
+    ) -> Exchange[ApprovalResult]:
+        """``POST /v1/actions/approve``: the held decision is dispatched exactly once."""
+        body = {"decision_id": decision_id, "actor": actor, "reason": reason}
+        response, tries = yield from self._act_response("approve", body, admin_token, request_id)
+        return approval_result(response, tries)
+
     def parked_action(
         self,
         name: str,
@@ -307,20 +336,27 @@ class ServiceProtocol:
     def _act(
         self, name: str, body: dict[str, str], admin_token: str | None, request_id: str | None
     ) -> Exchange[Any]:
+        response, _tries = yield from self._act_response(name, body, admin_token, request_id)
+        return response.json()
+
+    def _act_response(
+        self, name: str, body: dict[str, str], admin_token: str | None, request_id: str | None
+    ) -> Generator[Step, ResponseLike | None, tuple[ResponseLike, int]]:
         headers = self.headers(request_id)
         headers["Content-Type"] = "application/json"
         if admin_token is not None:
             headers["Authorization"] = f"Bearer {admin_token.strip()}"
-        response, _tries = yield from self._exchange(
-            "POST",
-            f"/v1/actions/{name}",
-            headers=headers,
-            content=json.dumps(body).encode("utf-8"),
-            # Not idempotent (a release bumps the fencing token): never resent blindly.
-            resend_ok=False,
-            accept=_is_200,
+        return (
+            yield from self._exchange(
+                "POST",
+                f"/v1/actions/{name}",
+                headers=headers,
+                content=json.dumps(body).encode("utf-8"),
+                # Not idempotent (a release bumps the fencing token): never resent blindly.
+                resend_ok=False,
+                accept=_is_200,
+            )
         )
-        return response.json()
 
     def parked(self, relay: str | None, *, request_id: str | None) -> Exchange[list[ParkedRow]]:
         """``GET /v1/outbox/parked``: the rows relays parked, and those held behind them."""

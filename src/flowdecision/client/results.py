@@ -12,9 +12,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from ..core.bodies import (
+    ApprovalBody,
     DecisionStateBody,
     OutboxEntryBody,
     OutboxPageBody,
@@ -23,9 +24,10 @@ from ..core.bodies import (
 )
 from ..core.identity import ExecutionIdentity, ResultReceipt
 from ..core.model import DecisionRequest
-from ..ledger.protocol import decision_state_body
+from ..ledger.states import AuditEntry, decision_state_body
 
 __all__ = [
+    "ApprovalResult",
     "DecisionState",
     "OutboxItem",
     "OutboxPage",
@@ -36,15 +38,17 @@ __all__ = [
 
 
 class Outcome(StrEnum):
-    """What became of a submitted decision. Both mean the decision is in."""
+    """What became of a submitted decision. ``submitted`` and ``duplicate`` mean the
+    decision is in; ``held`` that it waits for an operator's approval (approval holds)."""
 
     SUBMITTED = "submitted"  # this request's dispatch handed it to the sink (201)
     DUPLICATE = "duplicate"  # it was already completed; nothing was submitted again (200)
+    HELD = "held"  # held for approval: recorded, nothing sent yet (202)
 
 
 @dataclass(frozen=True, slots=True)
 class SubmitResult:
-    """The answer to ``submit``: 201 ``submitted`` or 200 ``duplicate``."""
+    """The answer to ``submit``: 201 ``submitted``, 200 ``duplicate`` or 202 ``held``."""
 
     outcome: Outcome
     decision_id: str
@@ -56,6 +60,13 @@ class SubmitResult:
     request_id: str | None
     #: HTTP requests this call made (1 without retries).
     tries: int = 1
+    #: While ``held``: when the hold expires (None: never).
+    hold_expires_at_ms: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """True when the decision waits for an operator's approval (``wait()`` for it)."""
+        return self.outcome is Outcome.HELD
 
     @property
     def submitted(self) -> bool:
@@ -64,12 +75,32 @@ class SubmitResult:
 
     def to_dict(self) -> OutcomeBody:
         """The service's answer body (``DispatchOutcome.to_dict()``'s shape)."""
-        return {
-            "outcome": "submitted" if self.submitted else "duplicate",
+        body: OutcomeBody = {
+            "outcome": self.outcome.value,
             "decision_id": self.decision_id,
             "attempt": self.attempt,
             "receipt": self.receipt.to_dict() if self.receipt else None,
         }
+        if self.held:
+            body["state"] = "held"
+            body["hold_expires_at_ms"] = self.hold_expires_at_ms
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalResult:
+    """The answer to ``approve``: the approved decision's dispatch (``submitted``, or
+    ``duplicate`` when an earlier approval delivered it) and the audit entry written
+    (None then)."""
+
+    decision: SubmitResult
+    audit: AuditEntry | None
+
+    def to_dict(self) -> ApprovalBody:
+        """The service's answer body (``ApprovalOutcome.to_dict()``'s shape)."""
+        body: Any = dict(self.decision.to_dict())
+        body["audit"] = None if self.audit is None else self.audit.to_dict()
+        return cast(ApprovalBody, body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +116,15 @@ class DecisionState:
     execution_identity: ExecutionIdentity | None
     receipt: ResultReceipt | None
     request_id: str | None
+    #: While ``held``: when the hold expires (None: never).
+    hold_expires_at_ms: int | None = None
+    #: Once ``rejected``: when.
+    rejected_at_ms: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """Waiting for an operator's approval (approval holds)."""
+        return self.state == "held"
 
     @property
     def completed(self) -> bool:
@@ -106,6 +146,10 @@ class DecisionState:
             body["lease_expires_at_ms"] = self.lease_expires_at_ms
         if self.completed:
             body["completed_at_ms"] = self.completed_at_ms
+        if self.held:
+            body["hold_expires_at_ms"] = self.hold_expires_at_ms
+        if self.state == "rejected":
+            body["rejected_at_ms"] = self.rejected_at_ms
         return body
 
 

@@ -66,6 +66,9 @@ class SyncDecisionClient(BaseClient[httpx.Client]):
     parked = _blocking(DecisionClient.parked)
     retry_parked = _blocking(DecisionClient.retry_parked)
     skip_parked = _blocking(DecisionClient.skip_parked)
+    approve = _blocking(DecisionClient.approve)
+    reject = _blocking(DecisionClient.reject)
+    wait = _blocking(DecisionClient.wait)
 
     def _new_http(self, max_connections: int) -> httpx.Client:
         return httpx.Client(**HTTP_DEFAULTS, limits=httpx.Limits(max_connections=max_connections))

@@ -15,9 +15,12 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 __all__ = [
     "ActionBody",
+    "ApprovalBody",
+    "ApprovalPolicyBody",
     "AuditEntryBody",
     "AuditPageBody",
     "BranchDetails",
+    "BulkActionBody",
     "BusyDetails",
     "CheckBody",
     "ConflictDetails",
@@ -31,6 +34,7 @@ __all__ = [
     "FieldProblem",
     "HealthChecksBody",
     "HealthExtras",
+    "HoldActionBody",
     "IdentityBody",
     "LimitDetails",
     "NotFoundDetails",
@@ -43,6 +47,8 @@ __all__ = [
     "ParkedPageBody",
     "ParkedRowBody",
     "ReceiptBody",
+    "RefusedBody",
+    "RejectedDetails",
     "RunClosedDetails",
     "RunPageBody",
     "RunStateBody",
@@ -109,18 +115,22 @@ class ReceiptBody(TypedDict):
 
 
 class OutcomeBody(TypedDict):
-    """``POST /v1/decisions`` succeeded: 201 ``submitted`` or 200 ``duplicate``.
+    """``POST /v1/decisions`` succeeded: 201 ``submitted``, 200 ``duplicate`` or 202
+    ``held`` (approval holds: recorded, nothing sent; ``state`` is ``held`` and
+    ``hold_expires_at_ms`` when the hold expires, null for never).
 
     ``receipt_digest`` is present only for a duplicate of a decision pruned to
     a tombstone: ``receipt`` is then null and this is the digest the tombstone
     kept of it.
     """
 
-    outcome: Literal["submitted", "duplicate"]
+    outcome: Literal["submitted", "duplicate", "held"]
     decision_id: str
     attempt: Positive | None
     receipt: ReceiptBody | None
     receipt_digest: NotRequired[Annotated[str, Schema(pattern="^sha256:[0-9a-f]{64}$")]]
+    state: NotRequired[Literal["held"]]
+    hold_expires_at_ms: NotRequired[NonNegative | None]
 
 
 class DecisionStateBody(TypedDict):
@@ -129,16 +139,24 @@ class DecisionStateBody(TypedDict):
     ``lease_expires_at_ms`` is present while ``pending``, ``completed_at_ms``
     once ``completed`` or ``tombstoned`` (null for records written before it was
     kept). ``tombstoned``: completed, then pruned with ``keep_tombstones`` (no
-    identity or receipt is left). ``unavailable`` is the state a custom ledger
+    identity or receipt is left). ``held``: waiting for an operator's approval
+    (``hold_expires_at_ms``: when the hold expires, null for never);
+    ``rejected``: an operator rejected it, or its hold expired
+    (``rejected_at_ms``). ``unavailable`` is the state a custom ledger
     without inspection reports.
     """
 
     decision_id: str
-    state: Annotated[str, Schema(enum=("pending", "completed", "tombstoned", "unavailable"))]
+    state: Annotated[
+        str,
+        Schema(enum=("pending", "completed", "tombstoned", "held", "rejected", "unavailable")),
+    ]
     attempts: NonNegative
     request_hash: RequestHash
     lease_expires_at_ms: NotRequired[int]
     completed_at_ms: NotRequired[int | None]
+    hold_expires_at_ms: NotRequired[int | None]
+    rejected_at_ms: NotRequired[int | None]
     execution_identity: IdentityBody | None
     receipt: ReceiptBody | None
 
@@ -180,14 +198,17 @@ class OutboxPageBody(TypedDict):
     has_more: bool
 
 
-QueryState = Literal["pending_live", "pending_expired", "completed", "tombstoned"]
+QueryState = Literal[
+    "pending_live", "pending_expired", "completed", "tombstoned", "held", "rejected"
+]
 
 
 class DecisionRowBody(TypedDict):
     """One listed decision (``GET /v1/decisions``, ``GET /v1/runs/{run_id}``): never the owner.
 
     ``created_at_ms`` is when it was first claimed (the page order);
-    ``lease_expires_at_ms`` is set while pending; ``receipt_digest`` for tombstones.
+    ``lease_expires_at_ms`` is set while pending; ``receipt_digest`` for tombstones;
+    ``hold_expires_at_ms`` while held (null: the hold never expires).
     """
 
     decision_id: str
@@ -200,6 +221,7 @@ class DecisionRowBody(TypedDict):
     run_id: str | None
     causation_event_id: str | None
     receipt_digest: str | None
+    hold_expires_at_ms: NotRequired[NonNegative | None]
 
 
 class DecisionPageBody(TypedDict):
@@ -246,6 +268,14 @@ class RunClosedDetails(TypedDict):
     closed_at_ms: NonNegative | None
 
 
+class RejectedDetails(TypedDict):
+    """``decision_rejected``: the decision was held for approval and rejected (by an
+    operator, or its hold expired) at ``rejected_at_ms``; it is never sent."""
+
+    decision_id: str
+    rejected_at_ms: NonNegative | None
+
+
 #: A link of an audit trail's hash chain (null on rows from before the chain).
 ChainHash = Annotated[str, Schema(pattern="^sha256:[0-9a-f]{64}$")] | None
 
@@ -260,7 +290,7 @@ class AuditEntryBody(TypedDict):
 
     seq: Positive
     at_ms: NonNegative
-    action: Literal["release", "forget"]
+    action: Literal["release", "forget", "approve", "reject", "expire"]
     decision_id: str
     actor: str
     reason: str
@@ -275,6 +305,54 @@ class AuditPageBody(TypedDict):
 
     entries: list[AuditEntryBody]
     next_cursor: str | None
+
+
+class ApprovalBody(OutcomeBody):
+    """``POST /v1/actions/approve``: the approved decision's dispatch (``submitted``, or
+    ``duplicate`` when an earlier approval delivered it) and the audit entry written
+    (null when nothing was done)."""
+
+    audit: AuditEntryBody | None
+
+
+class ApprovalPolicyBody(TypedDict):
+    """The approval policy in force (``ApprovalPolicy.to_dict()``): which decisions are
+    held for approval, and what becomes of holds."""
+
+    kinds: list[str]
+    steps: list[str]
+    runs: list[str]
+    predicate: str | None
+    expire_ms: NonNegative | None
+    reject_closes_run: bool
+
+
+class HoldActionBody(TypedDict):
+    """``POST /v1/actions/approve`` and ``/v1/actions/reject``: one held decision
+    (``decision_id``) or every held decision of a run (``run_id``), who acts, and why."""
+
+    decision_id: NotRequired[str]
+    run_id: NotRequired[str]
+    actor: Annotated[str, Schema(minLength=1, maxLength=200)]
+    reason: Annotated[str, Schema(minLength=1, maxLength=2000)]
+
+
+class RefusedBody(TypedDict):
+    """One decision a bulk action did not act on, and why."""
+
+    decision_id: str
+    error: str
+
+
+class BulkActionBody(TypedDict):
+    """A bulk action's answer (``run_id``; ``flowdecision approve|reject --run --json``
+    too): the audit entries written, the decisions refused, and for ``approve`` each
+    approved decision's dispatch (``outcomes``)."""
+
+    action: Literal["approve", "reject", "release", "forget"]
+    audit: list[AuditEntryBody]
+    refused: list[RefusedBody]
+    outcomes: NotRequired[list[ApprovalBody]]
 
 
 class ActionBody(TypedDict):

@@ -32,8 +32,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from ..errors import (
+    ActionRefusedError,
     DecisionBusyError,
     DecisionConflictError,
+    DecisionRejectedError,
     DispatchError,
     DispatchLedgerError,
     DispatchStoreFullError,
@@ -46,13 +48,18 @@ from ..errors import (
     SinkContentConflictError,
     SinkError,
     UnauthorizedBranchError,
+    UnknownDecisionError,
     classify,
 )
 from ..ledger.base import Ledger
-from ..ledger.machine import DecisionOrigin
+from ..ledger.machine import ClaimStatus, DecisionOrigin, HoldTerms
 from ..ledger.memory import MemoryLedger
 from ..ledger.states import (
+    Acted,
     AlreadyCompleted,
+    AlreadyRejected,
+    AuditEntry,
+    AwaitingApproval,
     Busy,
     Claimed,
     ClaimKey,
@@ -64,7 +71,8 @@ from ..observability import tracing as _tracing
 from ..observability.health import HealthMetrics, HealthSnapshot
 from ..observability.outage import Outage
 from ..sinks.base import JointSink, Sink, check_sink, is_joint
-from .bodies import OutcomeBody
+from .approvals import ApprovalPolicy
+from .bodies import ApprovalBody, OutcomeBody
 from .defaults import LEASE_MS
 from .identity import ExecutionIdentity, ResultReceipt, decision_receipt
 from .jsonwire import Fragment, encode_json
@@ -74,6 +82,7 @@ from .model import Complete, DecisionRequest, Fail, request_hash
 __all__ = [
     "DEFAULT_LEASE_MS",
     "ERROR_CLASSES",
+    "ApprovalOutcome",
     "DispatchOutcome",
     "Dispatcher",
     "ErrorClass",
@@ -109,18 +118,26 @@ class DispatchOutcome:
     receipt: ResultReceipt | None
     #: Set for a duplicate of a decision pruned to a tombstone (``receipt`` is None).
     receipt_digest: str | None = None
+    #: Approval holds: the decision is held for an operator's approval (recorded,
+    #: nothing sent; ``submitted`` is False, ``attempt`` and ``receipt`` None).
+    held: bool = False
+    #: When the hold expires (None: never, or not held).
+    hold_expires_at_ms: int | None = None
 
     def __bool__(self) -> bool:
         return self.submitted
 
     @property
-    def outcome(self) -> Literal["submitted", "duplicate"]:
-        """``"submitted"`` or ``"duplicate"``, as the service reports it."""
+    def outcome(self) -> Literal["submitted", "duplicate", "held"]:
+        """``"submitted"``, ``"duplicate"`` or ``"held"``, as the service reports it."""
+        if self.held:
+            return "held"
         return "submitted" if self.submitted else "duplicate"
 
     def to_dict(self) -> OutcomeBody:
         """The service's JSON body: ``outcome``, ``decision_id``, ``attempt``, ``receipt``
-        (and ``receipt_digest`` for a tombstone's duplicate)."""
+        (and ``receipt_digest`` for a tombstone's duplicate; ``state`` and
+        ``hold_expires_at_ms`` for a held decision)."""
         body: OutcomeBody = {
             "outcome": self.outcome,
             "decision_id": self.decision_id,
@@ -129,6 +146,9 @@ class DispatchOutcome:
         }
         if self.receipt_digest is not None:
             body["receipt_digest"] = self.receipt_digest
+        if self.held:
+            body["state"] = "held"
+            body["hold_expires_at_ms"] = self.hold_expires_at_ms
         return body
 
     def to_json(self) -> bytes:
@@ -142,7 +162,25 @@ class DispatchOutcome:
         }
         if self.receipt_digest is not None:
             body["receipt_digest"] = self.receipt_digest
+        if self.held:
+            body["state"] = "held"
+            body["hold_expires_at_ms"] = self.hold_expires_at_ms
         return encode_json(body)
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalOutcome:
+    """What :meth:`Dispatcher.approve` did: the approved decision's dispatch and the
+    audit entry written (None when an earlier approval had already delivered it)."""
+
+    dispatch: DispatchOutcome
+    audit: AuditEntry | None
+
+    def to_dict(self) -> ApprovalBody:
+        """``POST /v1/actions/approve``'s body: the dispatch's shape plus ``audit``."""
+        body: Any = dict(self.dispatch.to_dict())
+        body["audit"] = None if self.audit is None else self.audit.to_dict()
+        return cast(ApprovalBody, body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +205,8 @@ ERROR_CLASSES: dict[str, ErrorClass] = {
     "conflict": ErrorClass("conflicts", failure=False),
     # The run is over: the request is refused, like a forked branch's.
     "run_closed": ErrorClass("rejected", failure=False),
+    # An operator rejected the held decision (or its hold expired).
+    "decision_rejected": ErrorClass("rejected", failure=False),
     "forbidden_branch": ErrorClass("rejected", failure=False),
     "invalid_request": ErrorClass("rejected", failure=False),
     "invalid_identifier": ErrorClass("rejected", failure=False),
@@ -204,7 +244,9 @@ RETRY_MAX_S = 1.0
 #: Dispatch errors that mean the ledger's store is down (unreachable, or its disk full).
 _OUTAGES = frozenset({DispatchLedgerError, DispatchStoreFullError})
 #: Refusals that mean the ledger answered (so it is reachable again).
-_LEDGER_ANSWERS = frozenset({DecisionBusyError, DecisionConflictError, RunClosedError})
+_LEDGER_ANSWERS = frozenset(
+    {DecisionBusyError, DecisionConflictError, RunClosedError, DecisionRejectedError}
+)
 #: The decision types that end a run (``DecisionOrigin.terminal``), by class.
 _TERMINAL = {Complete: "complete", Fail: "fail"}
 
@@ -354,6 +396,12 @@ class Dispatcher:
     ``sink.submit`` must be a coroutine function (:class:`InvalidSinkError`
     otherwise); ``production_branch_id`` and ``owner_id`` must be valid
     identifiers (:class:`InvalidIdentifierError` otherwise).
+
+    ``approvals``: an :class:`~flowdecision.core.approvals.ApprovalPolicy`; a new
+    decision it names is held (recorded, answered ``held``, nothing sent) until
+    :meth:`approve` (docs/PROTOCOL.md, "Approval holds"). The ledger must keep
+    holds (SQLite, PostgreSQL, memory; not the JSON file ledger:
+    :class:`InvalidArgumentError`).
     """
 
     def __init__(
@@ -364,6 +412,7 @@ class Dispatcher:
         *,
         lease_ms: int = DEFAULT_LEASE_MS,
         owner_id: str | None = None,
+        approvals: ApprovalPolicy | None = None,
     ) -> None:
         if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 1:
             raise InvalidArgumentError(f"lease_ms must be a positive integer, got {lease_ms!r}")
@@ -388,6 +437,18 @@ class Dispatcher:
         self._run_invariants = bool(getattr(self.ledger, "run_invariants", False))
         #: Tracing: the span's ``ledger.backend`` and ``sink.kind`` (set at the first span).
         self._span_labels: tuple[str, str] | None = None
+        if approvals is not None and not isinstance(approvals, ApprovalPolicy):
+            raise InvalidArgumentError(
+                f"approvals must be an ApprovalPolicy, got {type(approvals).__name__}"
+            )
+        if approvals is not None and approvals.enabled and not self.ledger.holds_supported:
+            raise InvalidArgumentError(
+                f"approval holds need a ledger that keeps them (SQLite, PostgreSQL, memory); "
+                f"{type(self.ledger).__name__} cannot (the JSON file ledger is shared with "
+                "Rust hosts, which know no held state)"
+            )
+        #: The approval policy (None, or one that holds nothing: no holds).
+        self.approvals = approvals if approvals is not None and approvals.enabled else None
 
     @property
     def heartbeat_s(self) -> float:
@@ -566,6 +627,13 @@ class Dispatcher:
         finally:
             self._pass_on(decision_id)
 
+    async def _take_turn(self, decision_id: str) -> None:
+        """Wait for ``decision_id``'s gate (see :meth:`_dispatch`); :meth:`_pass_on` frees it."""
+        if decision_id in self._gates:
+            await self._wait_turn(decision_id)
+        else:
+            self._gates[decision_id] = None
+
     async def _wait_turn(self, decision_id: str) -> None:
         """Wait until the dispatch holding ``decision_id`` (and those queued before) is done."""
         waiters = self._gates[decision_id]
@@ -604,31 +672,49 @@ class Dispatcher:
         # The dispatch span's context is stored with the completion (ledger side data):
         # a later duplicate links to it.
         trace = _tracing.traceparent_of(_tracing.current_span()) if traced else None
+        # Approval holds: only a hold goes to the ledger (wrappers that know none see nothing).
+        hold = None if self.approvals is None else self.approvals.hold_of(request)
+        holding: dict[str, Any] = {} if hold is None else {"hold": hold}
         if self.joint:
-            return await self._joint_commit(request, hash_, identity, receipt, trace)
+            return await self._joint_commit(request, hash_, identity, receipt, trace, hold)
         step = _tracing.SpanScope if traced else _untraced
         decision_id = request.decision_id
-        ledger = self.ledger
-        origin = decision_origin(request)
-        # Only a ledger keeping the run invariants takes the origin at completion
-        # (the terminal decision's closes its run); older wrappers never see it.
-        closing: dict[str, Any] = {"origin": origin} if self._run_invariants else {}
         try:
             with step("flowdecision.claim"):
-                outcome = await ledger.claim(
+                outcome = await self.ledger.claim(
                     decision_id,
                     hash_,
                     self.owner_id,
                     lease_ms=self.lease_ms,
                     identity=identity,
-                    origin=origin,
+                    origin=decision_origin(request),
+                    **holding,
                 )
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
         if not isinstance(outcome, Claimed):
             return await self._not_claimed(decision_id, outcome)
         self._count_claim(outcome, traced)
+        return await self._deliver(request, hash_, identity, receipt, outcome, trace)
 
+    async def _deliver(
+        self,
+        request: DecisionRequest,
+        hash_: str,
+        identity: ExecutionIdentity,
+        receipt: ResultReceipt,
+        outcome: Claimed,
+        trace: str | None,
+    ) -> DispatchOutcome:
+        """Submit a claimed decision to the sink under the lease, then complete it."""
+        step = _tracing.SpanScope if _tracing.active() else _untraced
+        decision_id = request.decision_id
+        ledger = self.ledger
+        # Only a ledger keeping the run invariants takes the origin at completion
+        # (the terminal decision's closes its run); older wrappers never see it.
+        closing: dict[str, Any] = (
+            {"origin": decision_origin(request)} if self._run_invariants else {}
+        )
         with step("flowdecision.sink.submit", attributes={"flowdecision.attempt": outcome.attempt}):
             await self._submit(request, outcome.attempt, ClaimKey(decision_id, hash_, identity))
 
@@ -658,6 +744,7 @@ class Dispatcher:
         identity: ExecutionIdentity,
         receipt: ResultReceipt,
         trace: str | None,
+        hold: HoldTerms | None = None,
     ) -> DispatchOutcome:
         """The joint path: claim, the sink's row and completion in one commit.
 
@@ -679,6 +766,7 @@ class Dispatcher:
                 row=row,
                 traceparent=trace,
                 origin=decision_origin(request),
+                **({} if hold is None else {"hold": hold}),
             )
         except LedgerError as error:
             raise DispatchLedgerError.wrap(error) from error
@@ -691,6 +779,114 @@ class Dispatcher:
         if done.inserted:
             sink.committed(row)  # e.g. the outbox wakes the relays waiting for rows
         return DispatchOutcome(True, decision_id, outcome.attempt, receipt)
+
+    async def approve(
+        self,
+        decision_id: str,
+        *,
+        actor: str,
+        reason: str,
+        deadline_s: float = 30.0,
+    ) -> ApprovalOutcome:
+        """An operator approves a held decision: it is dispatched exactly once.
+
+        On the joint path (an outbox in the ledger's store) the approval, the
+        claim, the sink's row and the completion are ONE transaction with the
+        ``approve`` audit entry. Otherwise the approval claims the decision
+        (audited, in one transaction) under the usual lease, the sink runs under
+        the heartbeat, and the completion follows; if this process dies on the
+        way, approving again takes the decision over once its lease expires
+        (waiting up to ``deadline_s`` for it) and delivers it again under the
+        next attempt (the sink deduplicates on the decision id).
+
+        A decision an earlier approval already delivered answers as a duplicate
+        (``audit`` None). Raises :class:`UnknownDecisionError` for an unknown id,
+        :class:`ActionRefusedError` for one not held (a rejected one included;
+        an expired hold is rejected here, audited as ``expire``),
+        :class:`RunClosedError` when its run closed meanwhile, and the
+        dispatch errors of the sink and the ledger.
+        """
+        ledger = self.ledger
+        record = await ledger.read_record(decision_id)
+        if record is None:
+            raise UnknownDecisionError(f"decision `{decision_id}` has no record")
+        if record.request is None:
+            if record.status in (ClaimStatus.COMPLETED, ClaimStatus.TOMBSTONE):
+                done = AlreadyCompleted(record.attempts, record.result_receipt)
+                return ApprovalOutcome(await self._duplicate(decision_id, done), None)
+            raise ActionRefusedError(
+                f"decision `{decision_id}` is {record.status.value}: only a held decision "
+                "can be approved"
+            )
+        request = DecisionRequest.parse(record.request.encode("utf-8"))
+        hash_ = request_hash(request)
+        identity, receipt = decision_receipt(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
+        delay = RETRY_BASE_S
+        while True:
+            await self._take_turn(decision_id)
+            try:
+                acted = await self._approve_once(
+                    request, hash_, identity, receipt, actor=actor, reason=reason
+                )
+            finally:
+                self._pass_on(decision_id)
+            if not isinstance(acted, Busy):
+                return acted
+            # An earlier approval's dispatch (a crashed process?) holds the lease.
+            left = deadline - loop.time()
+            if left <= 0:
+                raise DecisionBusyError(acted.lease_expires_at_ms)
+            until_expiry = (acted.lease_expires_at_ms - ledger.now_ms()) / 1000
+            await asyncio.sleep(min(delay, left, max(until_expiry, 0.0) + 0.005))
+            delay = min(delay * RETRY_FACTOR, RETRY_MAX_S)
+
+    async def _approve_once(
+        self,
+        request: DecisionRequest,
+        hash_: str,
+        identity: ExecutionIdentity,
+        receipt: ResultReceipt,
+        *,
+        actor: str,
+        reason: str,
+    ) -> ApprovalOutcome | Busy:
+        decision_id = request.decision_id
+        row = None
+        if self.joint:
+            row = await cast(JointSink, self.sink).prepare(request)
+        acted: Acted = await self.ledger.approve(
+            decision_id,
+            hash_,
+            self.owner_id,
+            lease_ms=self.lease_ms,
+            actor=actor,
+            reason=reason,
+            identity=identity,
+            origin=decision_origin(request),
+            receipt=receipt,
+            row=row,
+        )
+        outcome = acted.outcome
+        if acted.expired:
+            raise ActionRefusedError(
+                f"decision `{decision_id}`'s hold expired: it is rejected now, not approved"
+            )
+        if isinstance(outcome, Busy):
+            return outcome
+        if not isinstance(outcome, Claimed):
+            assert outcome is not None
+            return ApprovalOutcome(await self._not_claimed(decision_id, outcome), None)
+        self._count_claim(outcome, False)
+        if row is not None:
+            if acted.inserted:
+                cast(JointSink, self.sink).committed(row)
+            return ApprovalOutcome(
+                DispatchOutcome(True, decision_id, outcome.attempt, receipt), acted.entry
+            )
+        dispatched = await self._deliver(request, hash_, identity, receipt, outcome, None)
+        return ApprovalOutcome(dispatched, acted.entry)
 
     def _count_claim(self, claimed: Claimed, traced: bool) -> None:
         self.metrics.claimed += 1
@@ -709,6 +905,12 @@ class Dispatcher:
             )
         if isinstance(outcome, AlreadyCompleted):
             return await self._duplicate(decision_id, outcome)
+        if isinstance(outcome, AwaitingApproval):
+            return DispatchOutcome(
+                False, decision_id, None, None, held=True, hold_expires_at_ms=outcome.expires_at_ms
+            )
+        if isinstance(outcome, AlreadyRejected):
+            raise DecisionRejectedError(decision_id, outcome.rejected_at_ms)
         if isinstance(outcome, Busy):
             raise DecisionBusyError(outcome.lease_expires_at_ms)
         if isinstance(outcome, RunClosed):

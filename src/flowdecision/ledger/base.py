@@ -31,6 +31,7 @@ forwards every public call.
 from __future__ import annotations
 
 import abc
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,11 +41,19 @@ from typing import Any, Generic, TypeVar
 from ..connections.closing import Closable
 from ..core.identity import ExecutionIdentity, ResultReceipt
 from ..core.limits import IDENTIFIER_FIELDS, check_identifier, plain_identifiers
-from ..errors import LedgerError
+from ..errors import ActionRefusedError, LedgerError
 from ..store.chain import ChainReport, verify_rows
 from ..store.joint import JointRow, StoreKey
 from . import machine
-from .machine import TERMINAL_KINDS, ClaimRecord, DecisionOrigin, Transition, check_u64
+from .machine import (
+    TERMINAL_KINDS,
+    ClaimRecord,
+    ClaimStatus,
+    DecisionOrigin,
+    HoldTerms,
+    Transition,
+    check_u64,
+)
 from .query import (
     MAX_PAGE_LIMIT,
     AuditPage,
@@ -57,10 +66,12 @@ from .query import (
     scan_page,
 )
 from .states import (
+    Acted,
     AuditEntry,
     ClaimKey,
     ClaimOutcome,
     ClaimState,
+    DecisionState,
     JointOutcome,
     LedgerEntry,
     RunState,
@@ -68,6 +79,8 @@ from .states import (
 )
 
 __all__ = [
+    "EXPIRY_ACTOR",
+    "HoldOperation",
     "JointOperation",
     "Ledger",
     "LedgerEntry",
@@ -140,6 +153,29 @@ class JointOperation:
     run_id: str | None = None
     #: As :attr:`RunBound.closes`.
     closes: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HoldOperation:
+    """An operator's action on a held decision, for a backend's ``_act_on_hold``.
+
+    In ONE transaction, on one clock value: ``rule(record, run, clock)`` (with
+    ``run_id``, the run's record is loaded and locked as for :class:`RunBound`;
+    else ``run`` is None); when its :class:`~.states.Acted` outcome is
+    ``Claimed`` and ``row`` is set (the joint path), the joint row with that
+    attempt, then ``complete`` on the claimed record; the resulting record and
+    run stored; the rule's audit entry (if any) appended to the chained audit
+    trail. A refused row or a rule failure stores nothing.
+    """
+
+    rule: RunOperation[Acted]
+    run_id: str | None = None
+    row: JointRow | None = None
+    complete: RunOperation[bool] | None = None
+
+
+#: Who an automatic expiry of a hold is audited as.
+EXPIRY_ACTOR = "flowdecision"
 
 
 class PruneMode(Enum):
@@ -273,6 +309,13 @@ class Ledger(Closable, abc.ABC):
         file ledger, shared with Rust hosts, cannot)."""
         return False
 
+    @property
+    def holds_supported(self) -> bool:
+        """Whether this kind of ledger can hold decisions for approval: the ledgers
+        that keep runs (their records are this project's own; the JSON file ledger's
+        are the seed's, shared live with Rust hosts, which know no held state)."""
+        return self.runs_supported
+
     # -- storage primitives -------------------------------------------------
 
     @abc.abstractmethod
@@ -316,6 +359,12 @@ class Ledger(Closable, abc.ABC):
     async def _audit(self, query: AuditQuery) -> AuditPage:
         """A page of the audit trail."""
 
+    async def _act_on_hold(self, decision_id: str, op: HoldOperation) -> Acted:
+        """Atomically apply an operator's action on a held decision (:class:`HoldOperation`);
+        the returned :class:`Acted` carries the appended entry (its ``seq``) and, on the
+        joint path, ``inserted``."""
+        raise LedgerError(f"{type(self).__name__} cannot hold decisions for approval")
+
     async def _apply_joint(self, decision_id: str, joint: JointOperation) -> JointOutcome:
         """Atomically claim, write the joint row and complete (see :class:`JointOperation`).
 
@@ -347,6 +396,7 @@ class Ledger(Closable, abc.ABC):
         now_ms: int | None = None,
         identity: ExecutionIdentity | None = None,
         origin: DecisionOrigin | None = None,
+        hold: HoldTerms | None = None,
     ) -> ClaimOutcome:
         """Claim the decision for ``owner_id`` for ``lease_ms``.
 
@@ -355,25 +405,59 @@ class Ledger(Closable, abc.ABC):
         ``Busy(lease_expires_at_ms)`` or ``Conflict()`` (different request hash
         or identity). A legacy record without identity takes ``identity``.
         ``origin`` (run and causing event) is kept beside a new record, for
-        :meth:`list_decisions`.
+        :meth:`list_decisions`. ``hold`` (approval holds: the policy holds this
+        decision): a new decision is recorded held instead, answered
+        ``AwaitingApproval``; a held or rejected one answers so whatever
+        ``hold`` is (docs/PROTOCOL.md, "Approval holds").
         """
         if origin is not None:
             _check_origin(origin)
+        self._check_hold(hold)
         key = new_claim_key((decision_id, request_hash, identity))
         run_id = self._run_of(origin)
         if run_id is None:
-            return await self._leased(machine.claim, key, owner_id, lease_ms, now_ms, origin)
+            if hold is None:
+                return await self._leased(machine.claim, key, owner_id, lease_ms, now_ms, origin)
+            fixed_at = _lease_args(key, owner_id, lease_ms, now_ms)
+            return await self._apply(
+                decision_id,
+                lambda record, clock: machine.claim(
+                    record,
+                    key,
+                    owner_id,
+                    clock if fixed_at is None else fixed_at,
+                    lease_ms,
+                    origin,
+                    hold,
+                ),
+            )
         assert origin is not None
         fixed = _lease_args(key, owner_id, lease_ms, now_ms)
         bound = origin
 
         def rule(record: ClaimRecord | None, run: RunState | None, clock: int) -> Transition[Any]:
             at = clock if fixed is None else fixed
-            return machine.run_claim(record, run, key, owner_id, at, lease_ms, bound)
+            return machine.run_claim(record, run, key, owner_id, at, lease_ms, bound, hold)
 
         closes = origin.terminal is not None
         result: ClaimOutcome = await self._apply(decision_id, RunBound(run_id, rule, closes))
         return result
+
+    def _check_hold(self, hold: HoldTerms | None) -> None:
+        """Refuse a malformed ``hold``, or any hold on a ledger that cannot keep one."""
+        if hold is None:
+            return
+        if not isinstance(hold, HoldTerms):
+            raise LedgerError(f"`hold` must be a HoldTerms, got {type(hold).__name__}")
+        if not self.holds_supported:
+            raise LedgerError(
+                f"{type(self).__name__} cannot hold decisions for approval (the JSON file "
+                "ledger is shared with Rust hosts, which know no held state): use a SQLite, "
+                "PostgreSQL or memory ledger"
+            )
+        _check_texts(request=hold.request)
+        if hold.expire_ms is not None:
+            check_u64("hold.expire_ms", hold.expire_ms)
 
     def _run_of(self, origin: DecisionOrigin | None) -> str | None:
         """The run whose invariants a call keeps: its origin's, when this ledger keeps them."""
@@ -479,6 +563,7 @@ class Ledger(Closable, abc.ABC):
         row: JointRow,
         traceparent: str | None = None,
         origin: DecisionOrigin | None = None,
+        hold: HoldTerms | None = None,
     ) -> JointOutcome:
         """Claim, write ``row`` and complete, in ONE transaction (a joint commit).
 
@@ -496,7 +581,8 @@ class Ledger(Closable, abc.ABC):
 
         Only ledgers whose :meth:`store_key` is not None support it.
         ``traceparent`` is side data kept with the completion, as for
-        :meth:`complete`.
+        :meth:`complete`. ``hold``: as :meth:`claim`'s (a held decision writes
+        no row).
         """
         _check_owned(decision_id, request_hash, owner_id)
         if origin is not None:
@@ -504,6 +590,34 @@ class Ledger(Closable, abc.ABC):
         check_u64("lease_ms", lease_ms)
         _check_identity(identity)
         _check_receipt(identity, receipt)
+        self._check_hold(hold)
+        self._check_joint_row(decision_id, row)
+
+        key = new_claim_key((decision_id, request_hash, identity))
+        trace = _check_traceparent(traceparent)
+        run_id = self._run_of(origin)
+        complete = _completion_rule(key, owner_id, receipt, trace, run_id is not None)
+        if run_id is not None:
+            assert origin is not None
+            bound = origin
+
+            def run_claim(
+                record: ClaimRecord | None, run: RunState | None, clock: int
+            ) -> Transition[ClaimOutcome]:
+                return machine.run_claim(record, run, key, owner_id, clock, lease_ms, bound, hold)
+
+            joint = JointOperation(run_claim, complete, row, run_id, bound.terminal is not None)
+            return await self._apply_joint(decision_id, joint)
+
+        def claim(
+            record: ClaimRecord | None, _run: RunState | None, clock: int
+        ) -> Transition[ClaimOutcome]:
+            return machine.claim(record, key, owner_id, clock, lease_ms, origin, hold)
+
+        return await self._apply_joint(decision_id, JointOperation(claim, complete, row))
+
+    def _check_joint_row(self, decision_id: str, row: JointRow) -> None:
+        """Refuse a joint row for another store or another decision."""
         store = self.store_key()
         if store is None or (row.store is not store and row.store != store):
             where = "no shared store" if store is None else f"{store.kind} store {store.where}"
@@ -516,37 +630,110 @@ class Ledger(Closable, abc.ABC):
                 f"joint row for decision `{row.decision_id}` offered with `{decision_id}`"
             )
 
+    # -- approval holds (docs/PROTOCOL.md, "Approval holds") -----------------------
+
+    async def approve(
+        self,
+        decision_id: str,
+        request_hash: str,
+        owner_id: str,
+        *,
+        lease_ms: int,
+        actor: str,
+        reason: str,
+        identity: ExecutionIdentity | None = None,
+        origin: DecisionOrigin | None = None,
+        receipt: ResultReceipt | None = None,
+        row: JointRow | None = None,
+        traceparent: str | None = None,
+    ) -> Acted:
+        """An operator approves a held decision: ONE transaction claims it for
+        ``owner_id`` (attempt 1, under the claim and, with ``origin``, the run
+        rules) and appends an ``approve`` entry to the audit trail.
+
+        With ``row`` (a joint sink's row: the joint path) the same transaction
+        also writes the row and completes the decision with ``receipt``, so the
+        approval, the claim and the row commit together or not at all. Without,
+        the caller now owns a claim to submit and complete (``Dispatcher.approve``
+        does both). See :func:`machine.approve` for the other answers
+        (``AlreadyCompleted``, ``Busy``, ``RunClosed``; an expired hold is
+        rejected instead, audited ``expire``) and refusals.
+        """
+        entry = _action_entry("approve", decision_id, actor, reason)
+        _check_owned(decision_id, request_hash, owner_id)
+        check_u64("lease_ms", lease_ms)
+        _check_identity(identity)
+        if origin is not None:
+            _check_origin(origin)
         key = new_claim_key((decision_id, request_hash, identity))
-        trace = _check_traceparent(traceparent)
         run_id = self._run_of(origin)
-        if run_id is not None:
-            assert origin is not None
-            bound = origin
+        runs = run_id is not None
 
-            def run_claim(
-                record: ClaimRecord | None, run: RunState | None, clock: int
-            ) -> Transition[ClaimOutcome]:
-                return machine.run_claim(record, run, key, owner_id, clock, lease_ms, bound)
+        def rule(record: ClaimRecord | None, run: RunState | None, clock: int) -> Transition[Acted]:
+            at = _at(entry, clock)
+            return machine.approve(record, run, key, owner_id, clock, lease_ms, origin, at, runs)
 
-            def run_complete(
-                record: ClaimRecord | None, run: RunState | None, clock: int
-            ) -> Transition[bool]:
-                return machine.run_complete(record, run, key, owner_id, receipt, clock, trace)
+        complete = None
+        if row is not None:
+            if identity is None or receipt is None:
+                raise LedgerError("a joint approval needs the decision's identity and receipt")
+            _check_receipt(identity, receipt)
+            self._check_joint_row(decision_id, row)
+            trace = _check_traceparent(traceparent)
+            complete = _completion_rule(key, owner_id, receipt, trace, runs)
+        return await self._act_on_hold(decision_id, HoldOperation(rule, run_id, row, complete))
 
-            joint = JointOperation(run_claim, run_complete, row, run_id, bound.terminal is not None)
-            return await self._apply_joint(decision_id, joint)
+    async def reject(self, decision_id: str, *, actor: str, reason: str) -> AuditEntry:
+        """An operator rejects a held decision, audited: it is answered ``rejected`` from
+        then on and never sent. If the policy that held it said so, its run closes
+        (run invariants on). Refuses anything but a held decision."""
+        return await self._end_hold("reject", decision_id, actor, reason)
 
-        def claim(
-            record: ClaimRecord | None, _run: RunState | None, clock: int
-        ) -> Transition[ClaimOutcome]:
-            return machine.claim(record, key, owner_id, clock, lease_ms, origin)
+    async def expire_hold(
+        self, decision_id: str, *, actor: str = EXPIRY_ACTOR, reason: str = "the hold expired"
+    ) -> AuditEntry:
+        """Reject a held decision whose hold has expired, audited as ``expire``; refuses
+        one whose hold has not (or that is no longer held)."""
+        return await self._end_hold("expire", decision_id, actor, reason)
 
-        def complete(
-            record: ClaimRecord | None, _run: RunState | None, clock: int
-        ) -> Transition[bool]:
-            return machine.complete(record, key, owner_id, receipt, clock, trace)
+    async def _end_hold(self, action: str, decision_id: str, actor: str, reason: str) -> AuditEntry:
+        entry = _action_entry("reject", decision_id, actor, reason)
+        record = await self._read(decision_id)
+        run_id = self._run_of(_origin_of_hold(record))
+        expiring = action == "expire"
 
-        return await self._apply_joint(decision_id, JointOperation(claim, complete, row))
+        def rule(record: ClaimRecord | None, run: RunState | None, clock: int) -> Transition[Acted]:
+            return machine.reject(record, run, run_id, _at(entry, clock), clock, expiring)
+
+        acted = await self._act_on_hold(decision_id, HoldOperation(rule, run_id))
+        assert acted.entry is not None
+        return acted.entry
+
+    async def expire_holds(self, *, now_ms: int | None = None) -> list[AuditEntry]:
+        """Reject every held decision whose hold has expired by ``now_ms`` (the
+        ledger's clock by default), each audited as ``expire``; returns the entries.
+
+        Safe to run from several processes at once: a hold another one expired
+        (or an operator acted on) meanwhile is skipped.
+        """
+        now = await self._query_clock() if now_ms is None else check_u64("now_ms", now_ms)
+        due: list[str] = []
+        query: DecisionQuery | None = DecisionQuery(state=DecisionState.HELD, limit=MAX_PAGE_LIMIT)
+        while query is not None:
+            page = await self.list_decisions(query, now_ms=now)
+            due += [
+                row.decision_id
+                for row in page.decisions
+                if row.hold_expires_at_ms is not None and row.hold_expires_at_ms <= now
+            ]
+            query = None if page.next_cursor is None else query.next_page(page.next_cursor)
+        done: list[AuditEntry] = []
+        for decision_id in due:
+            try:
+                done.append(await self.expire_hold(decision_id))
+            except ActionRefusedError:
+                continue  # approved, rejected or expired by someone else meanwhile
+        return done
 
     async def release(
         self,
@@ -730,6 +917,41 @@ class ScanningLedger(Ledger):
 
     async def _audit(self, query: AuditQuery) -> AuditPage:
         return scan_audit(await self._trail(), query)
+
+
+def _completion_rule(
+    key: ClaimKey,
+    owner_id: str,
+    receipt: ResultReceipt | None,
+    trace: str | None,
+    runs: bool,
+) -> RunOperation[bool]:
+    """The completion rules of a joint commit or approval: :func:`machine.run_complete`
+    under the run invariants (``runs``), else :func:`machine.complete`."""
+    if runs:
+
+        def run_complete(
+            record: ClaimRecord | None, run: RunState | None, clock: int
+        ) -> Transition[bool]:
+            return machine.run_complete(record, run, key, owner_id, receipt, clock, trace)
+
+        return run_complete
+
+    def complete(record: ClaimRecord | None, _run: RunState | None, clock: int) -> Transition[bool]:
+        return machine.complete(record, key, owner_id, receipt, clock, trace)
+
+    return complete
+
+
+def _origin_of_hold(record: ClaimRecord | None) -> DecisionOrigin | None:
+    """The run of a held decision, read from its stored request (None for anything else)."""
+    if record is None or record.status is not ClaimStatus.HELD or record.request is None:
+        return None
+    try:
+        run_id = json.loads(record.request).get("run_id")
+    except (ValueError, AttributeError):
+        return None
+    return DecisionOrigin(run_id) if isinstance(run_id, str) else None
 
 
 def _lease_args(key: ClaimKey, owner_id: str, lease_ms: int, now_ms: int | None) -> int | None:

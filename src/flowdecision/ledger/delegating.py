@@ -18,6 +18,7 @@ from .base import Ledger, LedgerEntry, PruneProgress
 from .machine import ClaimRecord
 from .query import AuditPage, AuditQuery, DecisionPage, DecisionQuery
 from .states import (
+    Acted,
     AuditEntry,
     ClaimOutcome,
     ClaimState,
@@ -127,6 +128,21 @@ class DelegatingLedger(Ledger):
         return await self.intercept(
             "forget", self.inner.forget(decision_id, actor=actor, reason=reason)
         )
+
+    async def approve(self, decision_id: str, *args: Any, **kwargs: Any) -> Acted:
+        call = self.inner.approve(decision_id, *args, **kwargs)
+        return await self.around("approve", decision_id, call)
+
+    async def reject(self, decision_id: str, *, actor: str, reason: str) -> AuditEntry:
+        return await self.intercept(
+            "reject", self.inner.reject(decision_id, actor=actor, reason=reason)
+        )
+
+    async def expire_hold(self, decision_id: str, **kwargs: Any) -> AuditEntry:
+        return await self.intercept("expire_hold", self.inner.expire_hold(decision_id, **kwargs))
+
+    async def expire_holds(self, *, now_ms: int | None = None) -> list[AuditEntry]:
+        return await self.inner.expire_holds(now_ms=now_ms)
 
     async def audit(self, query: AuditQuery) -> AuditPage:
         return await self.inner.audit(query)

@@ -24,8 +24,11 @@ from ..core.jsonwire import Fragment, encode_json_text
 from ..core.limits import U32_MAX, U64_MAX
 from ..errors import ActionRefusedError, LedgerCorruptError, LedgerError, UnknownDecisionError
 from .states import (
+    Acted,
     AlreadyCompleted,
+    AlreadyRejected,
     AuditEntry,
+    AwaitingApproval,
     Busy,
     Claimed,
     ClaimKey,
@@ -34,8 +37,10 @@ from .states import (
     Completed,
     Conflict,
     DecisionState,
+    Held,
     Missing,
     Pending,
+    Rejected,
     RunClosed,
     RunState,
     Tombstoned,
@@ -43,6 +48,7 @@ from .states import (
 
 __all__ = [
     "RECEIPT_DIGEST_DOMAIN",
+    "REJECTED_KIND",
     "TERMINAL_KINDS",
     "U32_MAX",
     "U64_MAX",
@@ -50,7 +56,9 @@ __all__ = [
     "ClaimStatus",
     "Creation",
     "DecisionOrigin",
+    "HoldTerms",
     "Transition",
+    "approve",
     "check_u32",
     "check_u64",
     "claim",
@@ -63,6 +71,7 @@ __all__ = [
     "lookup_state",
     "operator_release",
     "receipt_digest",
+    "reject",
     "release",
     "renew",
     "run_claim",
@@ -72,6 +81,9 @@ __all__ = [
 
 #: The decision types that end a run (:attr:`DecisionOrigin.terminal`).
 TERMINAL_KINDS = frozenset({"complete", "fail"})
+
+#: A run's ``terminal_kind`` when a rejection closed it (``HoldTerms.reject_closes_run``).
+REJECTED_KIND = "rejected"
 
 #: Domain of a tombstone's receipt digest (:func:`receipt_digest`).
 RECEIPT_DIGEST_DOMAIN = "a3s.code.flow-decision.receipt-digest.v1"
@@ -87,6 +99,11 @@ class ClaimStatus(StrEnum):
     #: Not in the seed: a pruned completed record kept for dedup (never written
     #: to the seed's JSON file; the JSON ledger keeps tombstones beside it).
     TOMBSTONE = "tombstone"
+    #: Not in the seed (approval holds; never in the JSON file ledger): recorded with
+    #: its request, waiting for an operator's approval; nothing reached the sink.
+    HELD = "held"
+    #: Not in the seed: rejected by an operator, or its hold expired. Terminal.
+    REJECTED = "rejected"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +121,12 @@ class ClaimRecord:
 
     A tombstone (``status`` TOMBSTONE, see :func:`tombstone_of`) keeps only the
     request hash, attempts, completion time and ``receipt_digest``.
+
+    Approval holds (not in the seed): a ``HELD`` record keeps the decision's
+    ``request`` (its wire JSON text, what an approval dispatches; kept through
+    the approval's claim until completion drops it), ``hold_expires_at_ms`` and
+    ``reject_closes_run``; a ``REJECTED`` record keeps its rejection time in
+    ``completed_at_ms``.
     """
 
     request_hash: str
@@ -116,6 +139,9 @@ class ClaimRecord:
     result_receipt: ResultReceipt | None = None
     traceparent: str | None = field(default=None, compare=False)
     receipt_digest: str | None = None
+    request: str | None = None
+    hold_expires_at_ms: int | None = None
+    reject_closes_run: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The seed's serde form: declaration order, absent options omitted."""
@@ -132,7 +158,17 @@ class ClaimRecord:
             out["result_receipt"] = self.result_receipt.to_dict()
         if self.receipt_digest is not None:
             out["receipt_digest"] = self.receipt_digest
+        self._hold_fields(out)
         return out
+
+    def _hold_fields(self, out: dict[str, Any]) -> None:
+        """The approval-hold fields, present only when set (a seed record has none)."""
+        if self.request is not None:
+            out["request"] = self.request
+        if self.hold_expires_at_ms is not None:
+            out["hold_expires_at_ms"] = self.hold_expires_at_ms
+        if self.reject_closes_run:
+            out["reject_closes_run"] = True
 
     def json_text(self) -> str:
         """:meth:`to_dict` as compact JSON text (every stored claim and completion
@@ -151,6 +187,7 @@ class ClaimRecord:
             out["result_receipt"] = Fragment(self.result_receipt.json_text())
         if self.receipt_digest is not None:
             out["receipt_digest"] = self.receipt_digest
+        self._hold_fields(out)
         return encode_json_text(out)
 
     @classmethod
@@ -188,7 +225,7 @@ class ClaimRecord:
         except ValueError:
             raise LedgerCorruptError(
                 f"decision `{decision_id}` record: unknown status `{status_text}`, "
-                "expected `pending`, `completed` or `tombstone`"
+                "expected `pending`, `completed`, `tombstone`, `held` or `rejected`"
             ) from None
         lease = field("lease_expires_at_ms", int)
         attempts = field("attempts", int)
@@ -233,6 +270,18 @@ class ClaimRecord:
             raise LedgerCorruptError(
                 f"decision `{decision_id}` record: only a tombstone has a `receipt_digest`"
             )
+        request = field("request", str, optional=True)
+        if request is not None and status not in (ClaimStatus.HELD, ClaimStatus.PENDING):
+            raise LedgerCorruptError(
+                f"decision `{decision_id}` record: only a held or pending decision keeps "
+                "its `request`"
+            )
+        if status is ClaimStatus.HELD and request is None:
+            raise LedgerCorruptError(f"decision `{decision_id}` record: held without its `request`")
+        expires = field("hold_expires_at_ms", int, optional=True)
+        if expires is not None:
+            _range(decision_id, "hold_expires_at_ms", expires, U64_MAX)
+        closes = field("reject_closes_run", bool, optional=True)
         return cls(
             request_hash=field("request_hash", str),
             status=status,
@@ -243,6 +292,9 @@ class ClaimRecord:
             completed_at_ms=completed_at,
             result_receipt=receipt,
             receipt_digest=digest,
+            request=request,
+            hold_expires_at_ms=expires,
+            reject_closes_run=bool(closes),
         )
 
 
@@ -266,6 +318,21 @@ class DecisionOrigin:
     #: The decision's type when it ends its run (``complete`` or ``fail``), else
     #: None: what the run invariants (:func:`run_claim`) go by. Not stored.
     terminal: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HoldTerms:
+    """A new decision the approval policy holds (``flowdecision.core.approvals``):
+    what its ``HELD`` record keeps until an operator acts.
+
+    ``request``: the decision's wire JSON text (what an approval dispatches);
+    ``expire_ms``: how long the hold lasts (None: until an operator acts);
+    ``reject_closes_run``: whether rejecting it closes its run.
+    """
+
+    request: str
+    expire_ms: int | None = None
+    reject_closes_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,14 +397,35 @@ def claim(
     now_ms: int,
     lease_ms: int,
     origin: DecisionOrigin | None = None,
+    hold: HoldTerms | None = None,
 ) -> Transition[ClaimOutcome]:
     """``claim_record``: take a missing, released or expired claim; report the rest.
 
     A tombstone answers like the completed record it was: the same request
     hash is ``AlreadyCompleted`` (with the receipt's digest), another one is a
     ``Conflict``; it binds no identity (it keeps none).
+
+    Approval holds: with ``hold``, a new decision is recorded ``HELD`` (not
+    claimed) and answered ``AwaitingApproval``. A held record answers
+    ``AwaitingApproval`` to every claim, a rejected one ``AlreadyRejected``
+    (with or without ``hold``: only an approval, :func:`approve`, takes a held
+    decision); a different request hash is a ``Conflict`` as always.
     """
     request_hash, identity = key.request_hash, key.identity
+    if record is None and hold is not None:
+        expires = None if hold.expire_ms is None else min(now_ms + hold.expire_ms, U64_MAX)
+        held = ClaimRecord(
+            request_hash=request_hash,
+            status=ClaimStatus.HELD,
+            owner_id="",
+            lease_expires_at_ms=0,
+            attempts=0,
+            execution_identity=identity,
+            request=hold.request,
+            hold_expires_at_ms=expires,
+            reject_closes_run=hold.reject_closes_run,
+        )
+        return Transition(held, AwaitingApproval(expires), True, Creation(now_ms, origin))
     lease_expires_at_ms = _lease_expiry(now_ms, lease_ms)
     if record is None:
         created = ClaimRecord(
@@ -356,6 +444,10 @@ def claim(
         return Transition(record, done, False)
     if record.request_hash != request_hash or _identity_conflicts(record, identity):
         return Transition(record, Conflict(record.traceparent), False)
+    if record.status is ClaimStatus.HELD:
+        return Transition(record, AwaitingApproval(record.hold_expires_at_ms), False)
+    if record.status is ClaimStatus.REJECTED:
+        return Transition(record, AlreadyRejected(record.completed_at_ms), False)
     if record.status is ClaimStatus.COMPLETED:
         done = AlreadyCompleted(record.attempts, record.result_receipt, record.traceparent)
         if record.execution_identity is None and identity is not None:
@@ -425,6 +517,10 @@ def complete(
         return Transition(record, False, False)
     if _identity_conflicts(record, identity):
         raise LedgerError(f"decision `{decision_id}` execution identity conflicts with its claim")
+    if record.status in _NEVER_CLAIMED:
+        raise LedgerError(
+            f"decision `{decision_id}` is {record.status.value}: it was never claimed"
+        )
     if record.status is ClaimStatus.COMPLETED:
         updated = record
         if receipt is not None:
@@ -493,6 +589,10 @@ def state_of(record: ClaimRecord | None) -> ClaimState:
         return Missing()
     if record.status is ClaimStatus.PENDING:
         return Pending(record.lease_expires_at_ms, record.attempts)
+    if record.status is ClaimStatus.HELD:
+        return Held(record.hold_expires_at_ms)
+    if record.status is ClaimStatus.REJECTED:
+        return Rejected(record.completed_at_ms)
     return Completed(record.completed_at_ms)  # a tombstone too: it was completed
 
 
@@ -510,6 +610,10 @@ def decision_state(record: ClaimRecord, now_ms: int) -> DecisionState:
         return DecisionState.COMPLETED
     if record.status is ClaimStatus.TOMBSTONE:
         return DecisionState.TOMBSTONED
+    if record.status is ClaimStatus.HELD:
+        return DecisionState.HELD
+    if record.status is ClaimStatus.REJECTED:
+        return DecisionState.REJECTED
     if record.lease_expires_at_ms > now_ms:
         return DecisionState.PENDING_LIVE
     return DecisionState.PENDING_EXPIRED
@@ -577,21 +681,28 @@ def operator_release(
 
 
 def forget(record: ClaimRecord | None, entry: AuditEntry, now_ms: int) -> Transition[AuditEntry]:
-    """An operator deletes a completed decision or a tombstone, so its id can be used again.
+    """An operator deletes a completed or rejected decision or a tombstone, so its id
+    can be used again.
 
-    Raises :class:`ActionRefusedError` for a pending claim (release it first).
+    Raises :class:`ActionRefusedError` for a pending claim (release it first) or
+    a held decision (reject it first).
     """
     if record is None:
         raise _missing(entry.decision_id)
     state = decision_state(record, now_ms)
-    if record.status is ClaimStatus.PENDING:
+    if record.status in (ClaimStatus.PENDING, ClaimStatus.HELD):
         raise ActionRefusedError(
-            f"decision `{entry.decision_id}` is {state.value}: only a completed decision or a "
-            "tombstone can be forgotten (release a pending claim first)"
+            f"decision `{entry.decision_id}` is {state.value}: only a completed or rejected "
+            "decision or a tombstone can be forgotten (release a pending claim, or reject a "
+            "held decision, first)"
         )
     return Transition(
         None, replace(entry, state_before=state.value, attempts=record.attempts), True
     )
+
+
+#: States no claim ever took: a completion of them is refused.
+_NEVER_CLAIMED = (ClaimStatus.HELD, ClaimStatus.REJECTED)
 
 
 def is_prunable(record: ClaimRecord, before_ms: int) -> bool:
@@ -614,6 +725,7 @@ def run_claim(
     now_ms: int,
     lease_ms: int,
     origin: DecisionOrigin,
+    hold: HoldTerms | None = None,
 ) -> Transition[ClaimOutcome]:
     """:func:`claim` under its run's invariants; ``run`` is the run's stored record.
 
@@ -625,11 +737,21 @@ def run_claim(
     terminal decision (at most one per run). A granted terminal claim reserves
     the run's terminal slot: the run goes ``closing``, and the completion of
     that decision (:func:`run_complete`) closes it.
+
+    A new hold (``hold``) is refused the same way, before it is recorded; it
+    reserves nothing: its approval's claim does.
     """
-    claimed = claim(record, key, owner_id, now_ms, lease_ms, origin)
+    claimed = claim(record, key, owner_id, now_ms, lease_ms, origin, hold)
+    decision_id = key.decision_id
+    if type(claimed.result) is AwaitingApproval and claimed.created is not None:
+        if run is not None and (
+            run.closed_at_ms is not None
+            or (origin.terminal is not None and run.terminal_decision_id != decision_id)
+        ):
+            return Transition(record, RunClosed(run), False)
+        return claimed
     if type(claimed.result) is not Claimed:
         return claimed
-    decision_id = key.decision_id
     if run is not None and (
         run.closed_at_ms is not None
         or (origin.terminal is not None and run.terminal_decision_id != decision_id)
@@ -671,3 +793,114 @@ def run_complete(
         return done
     closed = replace(run, closed_at_ms=completed_at_ms)
     return Transition(done.record, done.result, True, done.created, closed)
+
+
+# -- approval holds ------------------------------------------------------------------
+
+
+def approve(
+    record: ClaimRecord | None,
+    run: RunState | None,
+    key: ClaimKey,
+    owner_id: str,
+    now_ms: int,
+    lease_ms: int,
+    origin: DecisionOrigin | None,
+    entry: AuditEntry,
+    runs: bool = False,
+) -> Transition[Acted]:
+    """An operator approves a held decision: it is claimed for ``owner_id`` under the
+    claim rules (and, with ``runs``, the run rules: :func:`run_claim`), as a released
+    claim would be (attempt 1), and the approval is audited (``entry``).
+
+    Answers without storing anything: ``AlreadyCompleted`` (an earlier approval
+    delivered it: no second audit entry), ``Busy`` (an earlier approval's
+    dispatch holds a live lease; after it expires, an approval takes over, as a
+    claim does) and ``RunClosed``. A hold past its expiry is rejected instead,
+    audited as ``expire`` (:attr:`Acted.expired`). Raises
+    :class:`ActionRefusedError` for a rejected decision or one never held,
+    :class:`UnknownDecisionError` for an unknown id.
+    """
+    if record is None:
+        raise _missing(entry.decision_id)
+    if record.request_hash != key.request_hash or _identity_conflicts(record, key.identity):
+        raise LedgerError(f"decision `{key.decision_id}` request hash conflicts with its hold")
+    state = decision_state(record, now_ms)
+    if record.status in (ClaimStatus.COMPLETED, ClaimStatus.TOMBSTONE):
+        done = AlreadyCompleted(
+            record.attempts, record.result_receipt, record.traceparent, record.receipt_digest
+        )
+        return Transition(record, Acted(done, None), False)
+    if record.status is ClaimStatus.REJECTED or record.request is None:
+        raise ActionRefusedError(
+            f"decision `{entry.decision_id}` is {state.value}: only a held decision can be approved"
+        )
+    if _expired(record, now_ms):
+        return reject(record, run, origin.run_id if runs and origin else None, entry, now_ms, True)
+    base = record
+    if record.status is ClaimStatus.HELD:
+        # Approved: from here on it is a released claim, taken under the claim rules.
+        base = replace(
+            record, status=ClaimStatus.PENDING, hold_expires_at_ms=None, reject_closes_run=False
+        )
+    if runs:
+        assert origin is not None
+        claimed = run_claim(base, run, key, owner_id, now_ms, lease_ms, origin)
+    else:
+        claimed = claim(base, key, owner_id, now_ms, lease_ms, origin)
+    outcome = claimed.result
+    if not isinstance(outcome, Claimed):
+        return Transition(record, Acted(outcome, None), False)
+    audited = replace(entry, state_before=state.value, attempts=outcome.attempt)
+    return Transition(claimed.record, Acted(outcome, audited), True, None, claimed.run)
+
+
+def _expired(record: ClaimRecord, now_ms: int) -> bool:
+    return (
+        record.status is ClaimStatus.HELD
+        and record.hold_expires_at_ms is not None
+        and record.hold_expires_at_ms <= now_ms
+    )
+
+
+def reject(
+    record: ClaimRecord | None,
+    run: RunState | None,
+    run_id: str | None,
+    entry: AuditEntry,
+    now_ms: int,
+    expiring: bool = False,
+) -> Transition[Acted]:
+    """An operator rejects a held decision (``expiring``: its hold expired): it is
+    ``REJECTED`` from now on, audited (``entry``; an expiry's action is ``expire``).
+
+    When its hold says so (``reject_closes_run``) and ``run_id`` is given (the
+    ledger keeps the run invariants), the run closes with it (``terminal_kind``
+    ``rejected``), unless another terminal decision already holds the run.
+    Raises :class:`ActionRefusedError` for anything but a held decision (and,
+    ``expiring``, one whose hold has not expired).
+    """
+    if record is None:
+        raise _missing(entry.decision_id)
+    state = decision_state(record, now_ms)
+    if record.status is not ClaimStatus.HELD:
+        raise ActionRefusedError(
+            f"decision `{entry.decision_id}` is {state.value}: only a held decision can be rejected"
+        )
+    if expiring and not _expired(record, now_ms):
+        raise ActionRefusedError(f"decision `{entry.decision_id}`'s hold has not expired")
+    rejected = ClaimRecord(
+        request_hash=record.request_hash,
+        status=ClaimStatus.REJECTED,
+        owner_id="",
+        lease_expires_at_ms=0,
+        attempts=record.attempts,
+        execution_identity=record.execution_identity,
+        completed_at_ms=now_ms,
+    )
+    closed = None
+    if record.reject_closes_run and run_id is not None and run is None:
+        closed = RunState(run_id, entry.decision_id, REJECTED_KIND, now_ms, now_ms)
+    action = "expire" if expiring else entry.action
+    audited = replace(entry, action=action, state_before=state.value, attempts=record.attempts)
+    return Transition(rejected, Acted(None, audited, expiring), True, None, closed)

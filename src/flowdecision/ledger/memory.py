@@ -9,10 +9,11 @@ import dataclasses
 import threading
 from typing import TypeVar
 
-from .base import Operation, PruneMode, PruneProgress, RunBound, ScanningLedger
+from ..errors import LedgerError
+from .base import HoldOperation, Operation, PruneMode, PruneProgress, RunBound, ScanningLedger
 from .machine import ClaimRecord, Creation, tombstone_of
 from .query import StoredDecision
-from .states import AuditEntry, RunState
+from .states import Acted, AuditEntry, RunState
 
 __all__ = ["MemoryLedger"]
 
@@ -84,11 +85,30 @@ class MemoryLedger(ScanningLedger):
                 self._created.pop(decision_id, None)
             else:
                 self._records[decision_id] = transition.record
-            trail = self._audit_trail
-            last = trail[-1].row_hash if trail else None
-            entry = dataclasses.replace(transition.result.chained(last), seq=len(trail) + 1)
-            self._audit_trail.append(entry)
-            return entry
+            return self._append(transition.result)
+
+    def _append(self, entry: AuditEntry) -> AuditEntry:
+        """Chain ``entry`` to the trail and append it (the lock is held)."""
+        trail = self._audit_trail
+        last = trail[-1].row_hash if trail else None
+        chained = dataclasses.replace(entry.chained(last), seq=len(trail) + 1)
+        trail.append(chained)
+        return chained
+
+    async def _act_on_hold(self, decision_id: str, op: HoldOperation) -> Acted:
+        if op.row is not None:  # never: no store to join (store_key() is None)
+            raise LedgerError("the memory ledger cannot write other rows in its transactions")
+        with self._lock:
+            run = None if op.run_id is None else self._runs.get(op.run_id)
+            transition = op.rule(self._records.get(decision_id), run, self.now_ms())
+            acted = transition.result
+            if transition.changed and transition.record is not None:
+                self._records[decision_id] = transition.record
+            if transition.run is not None:
+                self._runs[transition.run.run_id] = transition.run
+            if acted.entry is None:
+                return acted
+            return dataclasses.replace(acted, entry=self._append(acted.entry))
 
     async def _scanned(self) -> list[StoredDecision]:
         with self._lock:

@@ -76,6 +76,7 @@ from ..store.chain import LEDGER_AUDIT_LOCK, pg_audit_lock_sql
 from ..store.joint import JointRow, StoreKey, pg_insert_rows, postgres_key
 from ..store.postgres import CLOCK_SQL, PgPool, retryable
 from .base import (
+    HoldOperation,
     JointOperation,
     Operation,
     PruneMode,
@@ -100,7 +101,7 @@ from .rows import (
     run_values,
 )
 from .sqlgen import SqlLedger
-from .states import AuditEntry, Claimed, JointOutcome, RunState
+from .states import Acted, AuditEntry, Claimed, JointOutcome, RunState
 
 __all__ = ["SCHEMA_VERSION", "PostgresLedger", "describe_dsn"]
 
@@ -694,7 +695,8 @@ class PostgresLedger(SqlLedger):
                 if not isinstance(outcome, Claimed):
                     item.result = JointOutcome(outcome)
                     if claimed.changed and claimed.record is not None:
-                        rows.append((item, claimed.record, None))
+                        # (a new held decision is stored, with its creation)
+                        rows.append((item, claimed.record, claimed.created))
                     continue
                 completed = joint.complete(claimed.record, claimed.run or run, clock)
             except Exception as error:  # a rule failure: this caller only
@@ -860,11 +862,42 @@ class PostgresLedger(SqlLedger):
             else:
                 values = encode_row(decision_id, transition.record, index_max=None)
                 await conn.execute(_UPDATE_SQL, *values)
-            # Appends chain one after the other: the lock is held to the commit.
-            await conn.execute(pg_audit_lock_sql(LEDGER_AUDIT_LOCK))
-            entry = transition.result.chained(await conn.fetchval(LAST_AUDIT_HASH_SQL))
-            seq = await conn.fetchval(_AUDIT_INSERT_SQL, *audit_values(entry))
-            return dataclasses.replace(entry, seq=int(seq))
+            return await _append_audit(conn, transition.result)
+
+        return await self._locked(decision_id, attempt)
+
+    async def _act_on_hold(self, decision_id: str, op: HoldOperation) -> Acted:
+        async def attempt(conn: Any) -> Acted:
+            record, clock = await self._load_locked(conn, decision_id)
+            run = None
+            if op.run_id is not None:
+                # The run's lock after the row's, then the clock (as the joint path).
+                await conn.fetchval(_RUN_LOCK_SQL, [op.run_id])
+                found = await conn.fetch(_RUN_READ_SQL, [op.run_id])
+                clock = int(found[0][0])
+                if found[0][1] is not None:
+                    run = run_of(tuple(found[0])[1:])
+            self._clock_offset_ms = clock - wall_clock_ms()
+            transition = op.rule(record, run, clock)
+            acted, stored, closed = transition.result, transition.record, transition.run
+            outcome = acted.outcome
+            if op.row is not None and isinstance(outcome, Claimed):
+                # The joint path: the approval's claim, the row and the completion commit
+                # together (a refused row raises: the transaction rolls back).
+                assert op.complete is not None
+                completed = op.complete(stored, closed or run, clock)
+                (done,) = await pg_insert_rows(conn, [(op.row, outcome.attempt)])
+                if isinstance(done, BaseException):
+                    raise done
+                stored, closed = completed.record, completed.run or closed
+                acted = dataclasses.replace(acted, inserted=done)
+            if transition.changed and stored is not None:
+                await conn.execute(_UPDATE_SQL, *encode_row(decision_id, stored, index_max=None))
+            if closed is not None:
+                await conn.execute(_RUN_WRITE_SQL, *[[value] for value in run_values(closed)])
+            if acted.entry is not None:
+                acted = dataclasses.replace(acted, entry=await _append_audit(conn, acted.entry))
+            return acted
 
         return await self._locked(decision_id, attempt)
 
@@ -877,6 +910,17 @@ class PostgresLedger(SqlLedger):
         except Exception as error:
             raise self._pg.translate(error) from error
         return [convert(row) for row in found]
+
+
+async def _append_audit(conn: Any, entry: AuditEntry) -> AuditEntry:
+    """Chain ``entry`` to the audit trail and append it, in the caller's transaction.
+
+    Appends chain one after the other: the trail's lock is held to the commit.
+    """
+    await conn.execute(pg_audit_lock_sql(LEDGER_AUDIT_LOCK))
+    chained = entry.chained(await conn.fetchval(LAST_AUDIT_HASH_SQL))
+    seq = await conn.fetchval(_AUDIT_INSERT_SQL, *audit_values(chained))
+    return dataclasses.replace(chained, seq=int(seq))
 
 
 class _LostInsert(Exception):

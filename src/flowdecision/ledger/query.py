@@ -125,7 +125,8 @@ class TimeField(StrEnum):
     COMPLETED = "completed"
 
 
-_PENDING = (DecisionState.PENDING_LIVE, DecisionState.PENDING_EXPIRED)
+#: States without a completion time (a ``by=completed`` query refuses them).
+_UNFINISHED = (DecisionState.PENDING_LIVE, DecisionState.PENDING_EXPIRED, DecisionState.HELD)
 
 
 def _choice(name: str, value: Any, kind: type[StrEnum]) -> Any:
@@ -171,7 +172,7 @@ class DecisionQuery:
             problem = identifier_problem(self.run_id)
             if problem is not None:  # no decision can have it: a 1 MB filter is a mistake
                 raise InvalidArgumentError(f"`run_id` {problem}")
-        if self.by is TimeField.COMPLETED and self.state in _PENDING:
+        if self.by is TimeField.COMPLETED and self.state in _UNFINISHED:
             assert self.state is not None
             raise InvalidArgumentError(
                 f"`by` completed lists completed and tombstoned decisions only; "
@@ -237,6 +238,8 @@ class DecisionRow:
     run_id: str | None
     causation_event_id: str | None
     receipt_digest: str | None
+    #: While held: when the hold expires (None: never, or not held).
+    hold_expires_at_ms: int | None = None
 
     @classmethod
     def of(cls, stored: StoredDecision, now_ms: int) -> DecisionRow:
@@ -257,11 +260,12 @@ class DecisionRow:
             run_id=None if origin is None else origin.run_id,
             causation_event_id=None if origin is None else origin.causation_event_id,
             receipt_digest=record.receipt_digest,
+            hold_expires_at_ms=record.hold_expires_at_ms,
         )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape (``GET /v1/decisions``, ``flowdecision list --json``)."""
-        return {
+        body = {
             "decision_id": self.decision_id,
             "state": self.state.value,
             "request_hash": self.request_hash,
@@ -273,6 +277,9 @@ class DecisionRow:
             "causation_event_id": self.causation_event_id,
             "receipt_digest": self.receipt_digest,
         }
+        if self.state is DecisionState.HELD:
+            body["hold_expires_at_ms"] = self.hold_expires_at_ms
+        return body
 
     @classmethod
     def from_dict(cls, obj: Any) -> DecisionRow:
@@ -288,6 +295,7 @@ class DecisionRow:
             run_id=obj.get("run_id"),
             causation_event_id=obj.get("causation_event_id"),
             receipt_digest=obj.get("receipt_digest"),
+            hold_expires_at_ms=obj.get("hold_expires_at_ms"),
         )
 
 

@@ -56,6 +56,8 @@ _STATUS = {
     DecisionState.TOMBSTONED: "tombstone",
     DecisionState.PENDING_LIVE: "pending",
     DecisionState.PENDING_EXPIRED: "pending",
+    DecisionState.HELD: "held",
+    DecisionState.REJECTED: "rejected",
 }
 
 

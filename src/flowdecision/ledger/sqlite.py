@@ -50,7 +50,7 @@ from ..store.migrations import sqlite_schema_version
 from ..store.sqlite import SqliteOpener
 from ..store.sqlite_thread import Job, SqliteThread
 from ..store.transactions import sqlite_transaction
-from .base import JointOperation, Operation, PruneMode, PruneProgress, RunBound
+from .base import HoldOperation, JointOperation, Operation, PruneMode, PruneProgress, RunBound
 from .machine import ClaimRecord, Creation, Transition, tombstone_of
 from .rows import (
     AUDIT_INSERTED,
@@ -69,7 +69,7 @@ from .rows import (
     run_values,
 )
 from .sqlgen import SqlLedger
-from .states import AuditEntry, Claimed, JointOutcome, RunState
+from .states import Acted, AuditEntry, Claimed, JointOutcome, RunState
 
 __all__ = [
     "DEFAULT_SQLITE_PATH",
@@ -444,15 +444,42 @@ class SqliteLedger(SqlLedger):
                         _ACT_UPDATE_SQL,
                         (*encode_row(decision_id, transition.record)[1:4], decision_id),
                     )
-                # Under the write lock: the last row is the one this entry follows.
-                last = conn.execute(LAST_AUDIT_HASH_SQL).fetchone()
-                entry = transition.result.chained(None if last is None else last[0])
-                seq = conn.execute(
-                    f"INSERT INTO {AUDIT_TABLE} ({AUDIT_INSERTED}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
-                    audit_values(entry),
-                ).fetchone()[0]
-            return dataclasses.replace(entry, seq=int(seq))
+                return _append_audit(conn, transition.result)
+
+        return await self._thread.run(work)
+
+    async def _act_on_hold(self, decision_id: str, op: HoldOperation) -> Acted:
+        def work(conn: sqlite3.Connection) -> Acted:
+            with sqlite_transaction(conn):
+                row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
+                record = None if row is None else self._decoded.decode(decision_id, *row)
+                run = None
+                if op.run_id is not None:
+                    found = conn.execute(_RUN_SELECT_SQL, (op.run_id,)).fetchone()
+                    run = None if found is None else run_of(found)
+                clock = self.now_ms()
+                transition = op.rule(record, run, clock)
+                acted, stored, closed = transition.result, transition.record, transition.run
+                outcome = acted.outcome
+                if op.row is not None and isinstance(outcome, Claimed):
+                    # The joint path: the approval's claim, the row and the completion commit
+                    # together (a refused row raises: the transaction rolls back).
+                    assert op.complete is not None
+                    completed = op.complete(stored, closed or run, clock)
+                    (done,) = sqlite_insert_rows(conn, [(op.row, outcome.attempt)])
+                    if isinstance(done, BaseException):
+                        raise done
+                    stored, closed = completed.record, completed.run or closed
+                    acted = dataclasses.replace(acted, inserted=done)
+                if transition.changed and stored is not None:
+                    conn.execute(
+                        _ACT_UPDATE_SQL, (*encode_row(decision_id, stored)[1:4], decision_id)
+                    )
+                if closed is not None:
+                    conn.execute(_RUN_UPSERT_SQL, run_values(closed))
+                if acted.entry is not None:
+                    acted = dataclasses.replace(acted, entry=_append_audit(conn, acted.entry))
+            return acted
 
         return await self._thread.run(work)
 
@@ -580,6 +607,19 @@ class SqliteLedger(SqlLedger):
         return slots, runs
 
 
+def _append_audit(conn: sqlite3.Connection, entry: AuditEntry) -> AuditEntry:
+    """Chain ``entry`` to the audit trail and append it, in the caller's transaction
+    (under the write lock: the last row is the one this entry follows)."""
+    last = conn.execute(LAST_AUDIT_HASH_SQL).fetchone()
+    chained = entry.chained(None if last is None else last[0])
+    seq = conn.execute(
+        f"INSERT INTO {AUDIT_TABLE} ({AUDIT_INSERTED}) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+        audit_values(chained),
+    ).fetchone()[0]
+    return dataclasses.replace(chained, seq=int(seq))
+
+
 def _claim_and_complete(
     joint: JointOperation, record: ClaimRecord | None, run: RunState | None, clock: int
 ) -> tuple[Transition[Any], Claimed | None]:
@@ -593,7 +633,9 @@ def _claim_and_complete(
     outcome = claimed.result
     if not isinstance(outcome, Claimed):
         # Busy / Conflict / AlreadyCompleted / RunClosed: no row, as claim() answers.
-        return Transition(claimed.record, JointOutcome(outcome), claimed.changed), None
+        # (A new held decision is stored, with its creation.)
+        result = JointOutcome(outcome)
+        return Transition(claimed.record, result, claimed.changed, claimed.created), None
     completed = joint.complete(claimed.record, claimed.run or run, clock)
     closed = completed.run or claimed.run
     return Transition(completed.record, None, True, claimed.created, closed), outcome

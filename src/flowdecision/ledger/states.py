@@ -18,8 +18,11 @@ from ..core.limits import I64_MAX
 from ..store.chain import chained
 
 __all__ = [
+    "Acted",
     "AlreadyCompleted",
+    "AlreadyRejected",
     "AuditEntry",
+    "AwaitingApproval",
     "Busy",
     "ClaimKey",
     "ClaimOutcome",
@@ -28,10 +31,12 @@ __all__ = [
     "Completed",
     "Conflict",
     "DecisionState",
+    "Held",
     "JointOutcome",
     "LedgerEntry",
     "Missing",
     "Pending",
+    "Rejected",
     "RunClosed",
     "RunState",
     "RunStatus",
@@ -167,7 +172,26 @@ class RunClosed:
     run: RunState
 
 
-ClaimOutcome = Claimed | AlreadyCompleted | Busy | Conflict | RunClosed
+@dataclass(frozen=True, slots=True)
+class AwaitingApproval:
+    """The decision is held for an operator's approval (approval holds): recorded,
+    nothing sent to the sink. ``expires_at_ms``: when the hold expires (becomes
+    rejected), None for never."""
+
+    expires_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyRejected:
+    """An operator rejected the held decision (or its hold expired) at
+    ``rejected_at_ms``: it is never sent to the sink."""
+
+    rejected_at_ms: int | None = None
+
+
+ClaimOutcome = (
+    Claimed | AlreadyCompleted | Busy | Conflict | RunClosed | AwaitingApproval | AlreadyRejected
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +220,10 @@ class DecisionState(StrEnum):
     PENDING_EXPIRED = "pending_expired"
     COMPLETED = "completed"
     TOMBSTONED = "tombstoned"
+    #: Waiting for an operator's approval (approval holds): nothing sent yet.
+    HELD = "held"
+    #: Rejected by an operator, or its hold expired: never sent (terminal).
+    REJECTED = "rejected"
 
 
 class _StateBase:
@@ -259,13 +287,35 @@ class Tombstoned(Completed):
 
 
 @dataclass(frozen=True, slots=True)
+class Held(_StateBase):
+    """Held for an operator's approval; ``expires_at_ms`` None: the hold never expires."""
+
+    expires_at_ms: int | None
+    kind: ClassVar[str] = "held"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.kind, "hold_expires_at_ms": self.expires_at_ms}
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected(_StateBase):
+    """Rejected by an operator (or its hold expired) at ``rejected_at_ms``: terminal."""
+
+    rejected_at_ms: int | None
+    kind: ClassVar[str] = "rejected"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.kind, "rejected_at_ms": self.rejected_at_ms}
+
+
+@dataclass(frozen=True, slots=True)
 class Unavailable(_StateBase):
     """The ledger does not expose inspection (custom host ledgers)."""
 
     kind: ClassVar[str] = "unavailable"
 
 
-ClaimState = Missing | Pending | Completed | Tombstoned | Unavailable
+ClaimState = Missing | Pending | Completed | Tombstoned | Held | Rejected | Unavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +324,8 @@ class AuditEntry:
 
     ``seq`` orders the trail (assigned by the store when the entry is written,
     in the same transaction as the action); ``at_ms`` is the ledger's clock;
-    ``action`` is ``release`` or ``forget``; ``state_before`` is the
+    ``action`` is ``release``, ``forget``, ``approve``, ``reject`` or ``expire``;
+    ``state_before`` is the
     :class:`DecisionState` the action found and ``attempts`` the record's
     attempts after it (a release bumps them: the fencing token).
     ``prev_hash`` and ``row_hash`` chain the trail (:mod:`flowdecision.store.chain`):
@@ -344,6 +395,26 @@ class AuditEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class Acted:
+    """What an operator's action on a held decision did (``Ledger.approve``,
+    ``reject``, ``expire_hold``), in one transaction.
+
+    ``outcome``: an approval's claim outcome (``Claimed``: this caller now owns
+    the decision; ``AlreadyCompleted``: approved and delivered before; ``Busy``:
+    an earlier approval's dispatch still holds it; ``RunClosed``), None for a
+    rejection. ``entry``: the audit entry appended (None when nothing changed).
+    ``expired``: the hold had expired; the decision was rejected instead (the
+    entry's action is ``expire``). ``inserted``: on the joint path, whether the
+    sink's row was new (as :attr:`JointOutcome.inserted`).
+    """
+
+    outcome: ClaimOutcome | None
+    entry: AuditEntry | None
+    expired: bool = False
+    inserted: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerEntry:
     """A redacted view of one record, looked up by decision id alone (no owner)."""
 
@@ -371,6 +442,10 @@ class LedgerEntry:
             body["lease_expires_at_ms"] = state.lease_expires_at_ms
         if isinstance(state, Completed):
             body["completed_at_ms"] = state.completed_at_ms
+        if isinstance(state, Held):
+            body["hold_expires_at_ms"] = state.expires_at_ms
+        if isinstance(state, Rejected):
+            body["rejected_at_ms"] = state.rejected_at_ms
         return body
 
 

@@ -57,6 +57,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Pipelin
         if current is None:
             current = context.service = await Service.start(settings)
         current.start_relay()  # `relay_to`: drain the outbox inside the service
+        current.start_expiry()  # `hold_expire_ms`: reject holds past their time
         # Readiness: the ledger is checked before the first request, so a corrupt
         # or unreachable ledger shows in /healthz (503, with its code) from the start.
         health = await current.check_health()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..core.approvals import ApprovalPolicy
 from ..core.defaults import (
     DEFAULT_STORE_URL,
     LEGACY_LEDGER_URL,
@@ -142,6 +143,18 @@ class Settings:
     #: The run invariants (docs/PROTOCOL.md, "Runs") on ledgers that keep them
     #: (SQLite, PostgreSQL, memory); the JSON file ledger never does.
     run_invariants: bool = True
+    # -- approval holds (docs/PROTOCOL.md, "Approval holds") ------------------------
+    #: Decision kinds held for an operator's approval (schedule_step, schedule_steps,
+    #: complete, fail).
+    approve_kinds: tuple[str, ...] = ()
+    #: Step-name globs (fnmatch): a decision scheduling a matching step is held.
+    approve_steps: tuple[str, ...] = ()
+    #: Run ids whose every new decision is held.
+    approve_runs: tuple[str, ...] = ()
+    #: A hold not acted on within this many ms is rejected (audited); 0: never.
+    hold_expire_ms: int = 0
+    #: Rejecting a hold closes its run (with the run invariants on).
+    reject_closes_run: bool = False
 
     # -- derived -----------------------------------------------------------------
 
@@ -187,6 +200,11 @@ class Settings:
         if problem is not None:
             raise ConfigError(f"production_branch {problem}")
         self._validate_relay()
+        if self.hold_expire_ms < 0:
+            raise ConfigError(
+                f"hold_expire_ms must be 0 (never) or more, got {self.hold_expire_ms}"
+            )
+        self.approval_policy()
         if self.log_level.lower() not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
         tokens = self.tokens()
@@ -212,6 +230,20 @@ class Settings:
                     "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
                 )
         return self
+
+    def approval_policy(self) -> ApprovalPolicy | None:
+        """The approval policy these settings describe (None: nothing is held)."""
+        try:
+            policy = ApprovalPolicy(
+                kinds=self.approve_kinds,
+                steps=self.approve_steps,
+                runs=self.approve_runs,
+                expire_ms=self.hold_expire_ms or None,
+                reject_closes_run=self.reject_closes_run,
+            )
+        except FlowDecisionError as error:
+            raise ConfigError(str(error)) from None
+        return policy if policy.enabled else None
 
     def stream_limit(self) -> int:
         """Streams open at once: ``max_streams``, at most half of ``max_connections``."""
@@ -380,6 +412,11 @@ _TYPES: dict[str, type] = {
     "admin_token_file": str,
     "keep_tombstones": bool,
     "run_invariants": bool,
+    "approve_kinds": tuple,
+    "approve_steps": tuple,
+    "approve_runs": tuple,
+    "hold_expire_ms": int,
+    "reject_closes_run": bool,
 }
 assert set(_TYPES) == set(_FIELDS)
 

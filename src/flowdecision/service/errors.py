@@ -31,6 +31,7 @@ from ..core.bodies import (
     LimitDetails,
     NotFoundDetails,
     ParameterDetails,
+    RejectedDetails,
     RunClosedDetails,
     TooLargeDetails,
     ValuesLimitDetails,
@@ -146,6 +147,10 @@ def _run_closed(error: Any, _ctx: ErrorContext) -> RunClosedDetails:
     }
 
 
+def _rejected(error: Any, _ctx: ErrorContext) -> RejectedDetails:
+    return {"decision_id": error.decision_id, "rejected_at_ms": error.rejected_at_ms}
+
+
 #: Error code -> HTTP answer. The codes are the error classes' ``code`` (see
 #: ``flowdecision/errors.py``); docs/SERVICE.md lists the same table.
 HTTP_ERRORS: dict[str, HttpAnswer] = {
@@ -155,6 +160,8 @@ HTTP_ERRORS: dict[str, HttpAnswer] = {
     "busy": HttpAnswer(409, None, RetryAfter.HEARTBEAT, _busy),
     # The run is over (or, for a terminal decision, has its terminal one): permanent.
     "run_closed": HttpAnswer(409, None, details=_run_closed),
+    # Held for approval and rejected (or its hold expired): permanent.
+    "decision_rejected": HttpAnswer(409, None, details=_rejected),
     "decision_too_large": HttpAnswer(413, None, details=_too_large),
     "invalid_request": HttpAnswer(422, None, details=_fields),
     "invalid_identifier": HttpAnswer(422, None, details=_fields),

@@ -28,7 +28,7 @@ from ..core.limits import I64_MAX, RESULT_RECEIPT_MAX_BYTES
 from ..core.model import DecisionRequest, InvalidRequestError
 from ..errors import DispatchError, LedgerError
 from ..ledger.query import DecisionQuery
-from ..ledger.states import DecisionState
+from ..ledger.states import DecisionState, Held
 from ..observability.health import HealthStatus
 from ..observability.outage import OUTAGE_CODES
 from .config import Settings
@@ -377,19 +377,54 @@ async def _dispatch(
         return response_for_error(error, service.error_context()), code, None
     finally:
         tracked.discard(task)
-    status = 201 if outcome.submitted else 200
+    status = 201 if outcome.submitted else 202 if outcome.held else 200
     return _Encoded(outcome.to_json(), status), outcome.outcome, outcome.attempt
 
 
 # -- reads ------------------------------------------------------------------------
 
 
+#: How often a waiting ``GET /v1/decisions/{id}?wait=N`` reads the decision again
+#: (an approval may come from another process: a CLI, another replica).
+DECISION_WAIT_POLL_S = 0.1
+
+
 async def get_decision(request: Request) -> Response:
-    """The claim record of one decision, by id alone (never the owner)."""
-    _ctx, service = _context(request)
+    """The claim record of one decision, by id alone (never the owner).
+
+    ``wait=N`` (seconds, at most :data:`MAX_WAIT_S`): while the decision is
+    ``held``, answer only once it leaves that state or ``N`` seconds pass (a
+    long-poll: the client's ``wait``), then its state as it is.
+    """
+    context, service = _context(request)
     decision_id = request.path_params["decision_id"]
     try:
+        wait_s = _int_param(request, "wait", 0, 0, MAX_WAIT_S)
+    except BadParamError as bad:
+        return bad_param(bad)
+    if wait_s and not context.streams.enter():
+        return context.streams.refusal()
+    try:
+        return await _decision_answer(service, decision_id, wait_s)
+    finally:
+        if wait_s:
+            context.streams.leave()
+
+
+async def _decision_answer(service: Service, decision_id: str, wait_s: int) -> Response:
+    loop = asyncio.get_running_loop()
+    until = loop.time() + wait_s
+    try:
         entry = await service.ledger.lookup(decision_id)
+        while (
+            entry is not None
+            and isinstance(entry.state, Held)
+            and loop.time() < until
+            and not service.closing.is_set()
+        ):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(service.closing.wait(), DECISION_WAIT_POLL_S)
+            entry = await service.ledger.lookup(decision_id)
     except LedgerError as error:
         code = error_code_for(error)
         if code in OUTAGE_CODES:

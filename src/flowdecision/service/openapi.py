@@ -526,6 +526,35 @@ def _operation_paths(schemas: _Schemas, paths: dict[str, Any]) -> None:
         ),
     ):
         paths[f"/v1/actions/{name}"] = _action(operation_id, summary, **kind)
+    bulk = schemas.of(bodies.BulkActionBody)
+    for name, operation_id, summary, one in (
+        (
+            "approve",
+            "approveDecision",
+            "Approve a held decision (or a run's): it is dispatched exactly once",
+            schemas.of(bodies.ApprovalBody),
+        ),
+        (
+            "reject",
+            "rejectDecision",
+            "Reject a held decision (or a run's): it is never sent",
+            entry,
+        ),
+    ):
+        paths[f"/v1/actions/{name}"] = _action(
+            operation_id,
+            summary,
+            "Approval holds (docs/PROTOCOL.md). Needs an admin token, as the other actions. "
+            "With `decision_id`: that held decision (409 `action_refused` unless held; an "
+            "approved decision an earlier approval delivered answers `duplicate` with a null "
+            "`audit`). With `run_id`: every held decision of the run, each in its own "
+            "transaction; the answer lists what was done and what was refused. Audited in "
+            "the action's transaction (on the default layout an approval's claim, outbox row "
+            "and audit entry are one transaction).",
+            schemas.of(bodies.HoldActionBody),
+            _json_answer("One decision's answer, or a run's (bulk).", {"oneOf": [one, bulk]}),
+            store=[*ledger_codes, "run_closed", "decision_rejected", "busy", "sink_failed"],
+        )
     paths["/v1/outbox/parked"] = {
         "get": {
             "operationId": "listParkedRows",
@@ -615,6 +644,15 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                     {
                         "201": {**_json_answer("`submitted`", outcome), "links": link},
                         "200": {**_json_answer("`duplicate`", outcome), "links": link},
+                        "202": {
+                            **_json_answer(
+                                "`held`: the approval policy holds it for an operator "
+                                "(recorded, nothing sent); the same POST again answers the "
+                                "same until an operator acts.",
+                                outcome,
+                            ),
+                            "links": link,
+                        },
                     },
                     extra_headers=preference,
                 ),
@@ -634,10 +672,26 @@ def _paths(schemas: _Schemas) -> dict[str, Any]:
                         "rules of the request body apply (422 `invalid_identifier`).",
                         "schema": {**_identifier(False), "minLength": 1},
                     },
+                    {
+                        "name": "wait",
+                        "in": "query",
+                        "required": False,
+                        "description": "Seconds (at most 30) to wait while the decision is "
+                        "`held`: the answer comes once it leaves that state (approved, "
+                        "rejected, expired) or the time passes (a long-poll; counted in "
+                        "`max_streams`, past it 503 `too_many_streams`).",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": 30},
+                    },
                     {"$ref": "#/components/parameters/X-Request-Id"},
                 ],
                 "responses": _responses(
-                    [*_common(True), "not_found", *ledger_codes],
+                    [
+                        *_common(True),
+                        "not_found",
+                        "invalid_parameter",
+                        "too_many_streams",
+                        *ledger_codes,
+                    ],
                     {"200": _json_answer("The claim record (never the owner).", state)},
                 ),
             }

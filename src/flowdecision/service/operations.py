@@ -10,6 +10,9 @@
 * ``POST /v1/actions/release`` and ``POST /v1/actions/forget`` with
   ``{"decision_id", "actor", "reason"}``: need an **admin token** (never the
   submit token); a service configured without one refuses them (403).
+* ``POST /v1/actions/approve`` and ``POST /v1/actions/reject`` (approval holds)
+  with ``{"decision_id" | "run_id", "actor", "reason"}``: one held decision, or
+  every held decision of a run (bulk); admin token, as the other actions.
 
 Reads take the service's ordinary token or an admin token (:func:`admin_may`: the
 admin token opens nothing else).
@@ -28,6 +31,7 @@ from starlette.responses import JSONResponse, Response
 from ..core.limits import U64_MAX
 from ..errors import (
     ActionRefusedError,
+    DispatchError,
     FlowDecisionError,
     InvalidArgumentError,
     LedgerError,
@@ -40,6 +44,7 @@ from ..ledger.query import (
     DecisionQuery,
     TimeField,
 )
+from ..ledger.states import AuditEntry, DecisionState
 from ..sinks.cursor import check_cursor_name
 from ..sinks.outbox import OutboxSink
 from ..sinks.relay import DEFAULT_RELAY_NAME
@@ -58,6 +63,8 @@ ADMIN_ROUTES = (
     "/v1/actions/forget",
     "/v1/actions/outbox-retry",
     "/v1/actions/outbox-skip",
+    "/v1/actions/approve",
+    "/v1/actions/reject",
 )
 #: Paths (and prefixes) of the reads an admin token may make: the operator's queries,
 #: and one decision by id (what an operator looks at before acting on it).
@@ -283,10 +290,14 @@ async def _outbox_action(request: Request, action: str) -> Response:
     return JSONResponse(entry.to_dict())
 
 
-async def _action_body(request: Request, optional: tuple[str, ...]) -> dict[str, Any] | Response:
+async def _action_body(
+    request: Request,
+    optional: tuple[str, ...],
+    fields: tuple[str, ...] = ("decision_id", "actor", "reason"),
+) -> dict[str, Any] | Response:
     """An action's body: admin token checked, size bounded, JSON with
-    ``decision_id``, ``actor`` and ``reason`` (and the ``optional`` text fields), or the
-    answer refusing it."""
+    ``fields`` (``decision_id``, ``actor`` and ``reason``) and the ``optional`` text
+    fields, or the answer refusing it."""
     refusal = _admin_refusal(request)
     if refusal is not None:
         return refusal
@@ -300,7 +311,6 @@ async def _action_body(request: Request, optional: tuple[str, ...]) -> dict[str,
         return error_response(422, "invalid_action", f"field `{repeated.key}` is given twice")
     except (ValueError, UnicodeDecodeError) as error:
         return error_response(422, "invalid_action", f"the body is not JSON: {error}")
-    fields = ("decision_id", "actor", "reason")
     if (
         not isinstance(body, dict)
         or any(not isinstance(body.get(f), str) for f in fields)
@@ -313,6 +323,93 @@ async def _action_body(request: Request, optional: tuple[str, ...]) -> dict[str,
     if unknown:
         return error_response(422, "invalid_action", f"unknown field `{unknown[0]}`")
     return body
+
+
+async def _hold_action(request: Request, name: str) -> Response:
+    """Approve or reject one held decision (``decision_id``), or every held decision of
+    a run (``run_id``: the answer lists what was done and what was refused)."""
+    body = await _action_body(request, ("decision_id", "run_id"), ("actor", "reason"))
+    if isinstance(body, Response):
+        return body
+    if ("decision_id" in body) == ("run_id" in body):
+        return error_response(
+            422, "invalid_action", "name one held decision (`decision_id`) or a run (`run_id`)"
+        )
+    service = _service(request)
+    actor, reason = body["actor"], body["reason"]
+    decision_id = body.get("decision_id")
+    if decision_id is not None:
+        try:
+            done = await _act_on_hold(service, name, decision_id, actor, reason)
+        except UnknownDecisionError as error:
+            return error_response(404, "not_found", str(error), decision_id=decision_id)
+        except ActionRefusedError as error:
+            return error_response(409, "action_refused", str(error), decision_id=decision_id)
+        except (DispatchError, LedgerError) as error:
+            if type(error) is LedgerError:  # a bad actor or reason (empty, too long)
+                return error_response(422, "invalid_action", str(error))
+            return response_for_error(error, service.error_context())
+        return JSONResponse(done)
+    try:
+        query = DecisionQuery(run_id=body["run_id"], state=DecisionState.HELD, limit=MAX_PAGE_LIMIT)
+    except InvalidArgumentError as error:
+        return error_response(422, "invalid_action", str(error))
+    audit: list[Any] = []
+    outcomes: list[Any] = []
+    refused: list[dict[str, str]] = []
+    try:
+        due = [row.decision_id async for row in _rows(service, query)]
+    except LedgerError as error:
+        return response_for_error(error, service.error_context())
+    for held in due:
+        try:
+            done = await _act_on_hold(service, name, held, actor, reason)
+        except (DispatchError, LedgerError) as error:
+            refused.append({"decision_id": held, "error": str(error)})
+            continue
+        if name == "approve":
+            outcomes.append(done)
+            if done["audit"] is not None:
+                audit.append(done["audit"])
+        else:
+            audit.append(done)
+    answer: dict[str, Any] = {"action": name, "audit": audit, "refused": refused}
+    if name == "approve":
+        answer["outcomes"] = outcomes
+    return JSONResponse(answer)
+
+
+async def _rows(service: Service, query: DecisionQuery) -> Any:
+    """Every row ``query`` selects, page after page."""
+    cursor = None
+    while True:
+        page = await service.ledger.list_decisions(query.next_page(cursor))
+        for row in page.decisions:
+            yield row
+        cursor = page.next_cursor
+        if cursor is None:
+            return
+
+
+async def _act_on_hold(
+    service: Service, name: str, decision_id: str, actor: str, reason: str
+) -> dict[str, Any]:
+    """Approve (dispatching it, tracked like a POST's dispatch) or reject one decision."""
+    if name == "reject":
+        entry: AuditEntry = await service.ledger.reject(decision_id, actor=actor, reason=reason)
+        return entry.to_dict()
+    outcome = await service.approve(decision_id, actor=actor, reason=reason)
+    return dict(outcome.to_dict())
+
+
+async def post_approve(request: Request) -> Response:
+    """Approve a held decision (or a run's): it is dispatched exactly once; audited."""
+    return await _hold_action(request, "approve")
+
+
+async def post_reject(request: Request) -> Response:
+    """Reject a held decision (or a run's): it is never sent; audited."""
+    return await _hold_action(request, "reject")
 
 
 async def post_release(request: Request) -> Response:
@@ -424,5 +521,7 @@ def operation_routes() -> list[Route]:
         Route(ADMIN_ROUTES[1], post_forget, methods=["POST"]),
         Route(ADMIN_ROUTES[2], post_outbox_retry, methods=["POST"]),
         Route(ADMIN_ROUTES[3], post_outbox_skip, methods=["POST"]),
+        Route(ADMIN_ROUTES[4], post_approve, methods=["POST"]),
+        Route(ADMIN_ROUTES[5], post_reject, methods=["POST"]),
         Route("/v1/outbox/parked", get_parked, methods=["GET"]),
     ]

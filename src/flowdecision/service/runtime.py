@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..core.dispatcher import Dispatcher
+from ..core.dispatcher import ApprovalOutcome, Dispatcher
 from ..core.limits import I64_MAX
-from ..errors import FlowDecisionError
+from ..errors import FlowDecisionError, LedgerUnavailableError
 from ..ledger.base import Ledger
 from ..ledger.opening import open_ledger
 from ..observability.health import ErrorRate, HealthSnapshot
@@ -213,8 +213,19 @@ class Service:
             ledger.keep_tombstones = True  # every prune of this ledger keeps tombstones
         if ledger.runs_supported:  # before the dispatcher, which reads it once
             ledger.run_invariants = settings.run_invariants
+        approvals = settings.approval_policy()
+        if approvals is not None and not ledger.holds_supported:
+            raise ConfigError(
+                "approval holds (approve_kinds, approve_steps, approve_runs) need a ledger "
+                "that keeps them (sqlite:///, postgresql://, memory:); a JSON file ledger is "
+                "shared with Rust hosts, which know no held state"
+            )
         self.dispatcher = Dispatcher(
-            settings.production_branch, sink, ledger, lease_ms=settings.lease_ms
+            settings.production_branch,
+            sink,
+            ledger,
+            lease_ms=settings.lease_ms,
+            approvals=approvals,
         )
         self.dispatcher.ledger_outage.summary_s = settings.outage_summary_s
         self.recent: deque[RecentDecision] = deque(maxlen=settings.recent_limit)
@@ -233,6 +244,8 @@ class Service:
         #: The relay ``relay_to`` asks for (see :meth:`start_relay`), and its task.
         self.relay: OutboxRelay | None = None
         self._relay_task: asyncio.Task[None] | None = None
+        #: Expires holds past their time (``hold_expire_ms``; see :meth:`start_expiry`).
+        self._expiry_task: asyncio.Task[None] | None = None
         self._cursors: tuple[float, list[CursorState]] = (-CURSORS_TTL_S, [])
 
     @classmethod
@@ -254,6 +267,42 @@ class Service:
         return cls(settings, ledger, sink)
 
     # -- the relay and the outbox's cursors -------------------------------------------
+
+    async def approve(self, decision_id: str, *, actor: str, reason: str) -> ApprovalOutcome:
+        """Approve a held decision through the dispatcher (exactly once), tracked like a
+        POST's dispatch: the shutdown grace period waits for it."""
+        if self.closed:
+            raise LedgerUnavailableError("the service is shutting down")
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        try:
+            return await self.dispatcher.approve(decision_id, actor=actor, reason=reason)
+        finally:
+            self.tasks.discard(task)
+
+    def start_expiry(self) -> None:
+        """Start rejecting expired holds (``hold_expire_ms``), about 4 times per expiry
+        time and at least once a second (once; a no-op without an expiry)."""
+        policy = self.dispatcher.approvals
+        if policy is None or policy.expire_ms is None or self._expiry_task is not None:
+            return
+        period_s = min(max(policy.expire_ms / 4000, 0.05), 1.0)
+        self._expiry_task = asyncio.ensure_future(self._expire_holds(period_s))
+
+    async def _expire_holds(self, period_s: float) -> None:
+        while not self.closed:
+            try:
+                expired = await self.ledger.expire_holds()
+            except FlowDecisionError as error:
+                log.warning("expiring holds failed", extra={"cause": describe_cause(error)})
+            else:
+                for entry in expired:
+                    log.info("hold expired", extra={"decision_id": entry.decision_id})
+            try:
+                await asyncio.wait_for(self.closing.wait(), period_s)
+            except TimeoutError:
+                continue
 
     def start_relay(self) -> None:
         """Start the relay ``relay_to`` names, draining the outbox sink (once; no-op without)."""
@@ -463,6 +512,9 @@ class Service:
                 task.cancel()
         if self._probing is not None:
             self._probing.cancel()
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+            await asyncio.gather(self._expiry_task, return_exceptions=True)
         await self._stop_relay()
         self.stopped = True
         try:
