@@ -99,6 +99,7 @@ def _exit_code(error: Exception) -> int:
         ServiceAuthError,
         ServiceBranchError,
         ServiceConflictError,
+        ServiceDecisionRejectedError,
         ServiceInvalidRequestError,
         ServiceRunClosedError,
         ServiceTooLargeError,
@@ -106,7 +107,7 @@ def _exit_code(error: Exception) -> int:
 
     if isinstance(error, ServiceRunClosedError):
         return EXIT_RUN_CLOSED
-    if isinstance(error, ServiceConflictError | ServiceBranchError):
+    if isinstance(error, ServiceConflictError | ServiceBranchError | ServiceDecisionRejectedError):
         return EXIT_REFUSED
     if isinstance(error, ServiceInvalidRequestError | ServiceTooLargeError | ServiceAuthError):
         return EXIT_USAGE
@@ -220,11 +221,13 @@ def submit_cmd(
     """Submit one decision (a JSON file) or a JSON-lines stream (FILE, or - for stdin).
 
     Prints one line per result: `submitted` or `duplicate` (both mean the
-    decision is in), the decision id and the attempt; --json prints JSON lines
-    with the receipt. Stops at the first failure that is not a duplicate.
+    decision is in), or `held` (it waits for an operator's approval), the
+    decision id and the attempt; --json prints JSON lines with the receipt.
+    Stops at the first failure that is not a duplicate.
 
-    Exit codes: 0 every decision is in; 1 the service failed or could not be
-    reached; 2 bad input, usage or token; 3 refused (conflict or forked branch).
+    Exit codes: 0 every decision is in (or held); 1 the service failed or could
+    not be reached; 2 bad input, usage or token; 3 refused (conflict, forked
+    branch, or a rejected decision); 6 its run is closed.
     """
     with contextlib.ExitStack() as tracing_on:
         if trace:

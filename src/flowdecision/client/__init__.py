@@ -4,9 +4,12 @@
 contract of ``docs/SERVICE.md``: they read only the status and ``error.code`` of
 an answer and ignore members they do not know, so a newer service keeps working.
 
-Results are frozen dataclasses: :class:`SubmitResult` (``submitted`` or
-``duplicate``, the attempt, the parsed :class:`~flowdecision.ResultReceipt`),
-:class:`DecisionState`, :class:`ServiceHealth`, :class:`OutboxPage`.
+Results are frozen dataclasses: :class:`SubmitResult` (``submitted``,
+``duplicate`` or ``held``, the attempt, the parsed :class:`~flowdecision.ResultReceipt`),
+:class:`DecisionState`, :class:`ServiceHealth`, :class:`OutboxPage`,
+:class:`ApprovalResult`. Approval holds: ``approve``, ``reject`` (admin token)
+and ``wait(decision_id, timeout)``, a long-poll until a held decision is approved,
+rejected or expired.
 
 Errors mirror the library's :class:`~flowdecision.DispatchError` family: each
 error answer becomes a subclass of the exception the library would raise for
@@ -21,6 +24,7 @@ for the service alike:
 ``conflict`` (409)           :class:`ServiceConflictError`          ``DecisionConflictError``
 ``busy`` (409)               :class:`ServiceBusyError`              ``DecisionBusyError``
 ``run_closed`` (409)         :class:`ServiceRunClosedError`         ``RunClosedError``
+``decision_rejected`` (409)  :class:`ServiceDecisionRejectedError`  ``DecisionRejectedError``
 ``sink_failed`` (502)        :class:`ServiceSinkError`              ``SinkError``
 ``lease_lost`` (503)         :class:`ServiceLeaseLostError`         ``LeaseLostError``
 ``ledger_*`` (503)           :class:`ServiceLedgerError`            ``DispatchLedgerError``
@@ -89,6 +93,7 @@ from .errors import (
     ServiceBusyError,
     ServiceConflictError,
     ServiceConnectionError,
+    ServiceDecisionRejectedError,
     ServiceError,
     ServiceInvalidRequestError,
     ServiceLeaseLostError,
@@ -100,13 +105,22 @@ from .errors import (
     UnexpectedResponseError,
     error_from_response,
 )
-from .results import DecisionState, OutboxItem, OutboxPage, Outcome, ServiceHealth, SubmitResult
+from .results import (
+    ApprovalResult,
+    DecisionState,
+    OutboxItem,
+    OutboxPage,
+    Outcome,
+    ServiceHealth,
+    SubmitResult,
+)
 from .retry import RetryEvent, RetryOptions
 from .sync_client import SyncDecisionClient
 
 __all__ = [
     "DEFAULT_URL",
     "PERMANENT_CODES",
+    "ApprovalResult",
     "DecisionClient",
     "DecisionState",
     "ErrorAnswer",
@@ -120,6 +134,7 @@ __all__ = [
     "ServiceBusyError",
     "ServiceConflictError",
     "ServiceConnectionError",
+    "ServiceDecisionRejectedError",
     "ServiceError",
     "ServiceHealth",
     "ServiceInvalidRequestError",
