@@ -486,6 +486,28 @@ async def _hold_many(ledger: Ledger, sink: Any, run: str, count: int) -> list[st
     return ids
 
 
+def _hold_in_default_layout(store: Path, run: str, count: int) -> list[str]:
+    """``count`` held decisions of ``run`` in a SQLite file holding ledger and outbox."""
+
+    async def seed() -> list[str]:
+        async with await SqliteLedger.open(store) as ledger:
+            outbox = await OutboxSink(f"sqlite:///{store}").open()
+            try:
+                return await _hold_many(ledger, outbox, run, count)
+            finally:
+                await outbox.close()
+
+    return asyncio.run(seed())
+
+
+async def _outbox_rows(url: str) -> list[Any]:
+    outbox = await OutboxSink(url).open()
+    try:
+        return await outbox.fetch(after=0, limit=1000)
+    finally:
+        await outbox.close()
+
+
 def _race(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
     procs = [
         subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -506,15 +528,7 @@ def test_two_processes_approving_at_once_deliver_each_decision_once_into_the_out
     store = tmp_path / "flowdecision.db"
     url = f"sqlite:///{store}"
 
-    async def seed() -> list[str]:
-        async with await SqliteLedger.open(store) as ledger:
-            outbox = await OutboxSink(url).open()
-            try:
-                return await _hold_many(ledger, outbox, "run-race", 40)
-            finally:
-                await outbox.close()
-
-    ids = asyncio.run(seed())
+    ids = _hold_in_default_layout(store, "run-race", 40)
     bulk = ["approve", "--ledger", url, "--run", "run-race", "--yes", "--reason", "race", "--json"]
     one = ["approve", "--ledger", url, ids[7], "--reason", "race", "--json"]
     results = _race([_cli(*bulk, "--actor", "ops-a"), _cli(*bulk, "--actor", "ops-b"), _cli(*one)])
@@ -524,11 +538,7 @@ def test_two_processes_approving_at_once_deliver_each_decision_once_into_the_out
     assert sorted(entry["decision_id"] for entry in approved) == sorted(ids)  # once each
 
     async def check() -> None:
-        outbox = await OutboxSink(url).open()
-        try:
-            rows = await outbox.fetch(after=0, limit=1000)
-        finally:
-            await outbox.close()
+        rows = await _outbox_rows(url)
         assert sorted(row.decision_id for row in rows) == sorted(ids)
         assert all(row.first_attempt == row.highest_attempt == 1 for row in rows)
         async with await SqliteLedger.open(store) as ledger:
@@ -577,15 +587,7 @@ def test_an_approval_racing_sigkill_delivers_once_into_the_outbox(tmp_path: Path
     store = tmp_path / "flowdecision.db"
     url = f"sqlite:///{store}"
 
-    async def seed() -> list[str]:
-        async with await SqliteLedger.open(store) as ledger:
-            outbox = await OutboxSink(url).open()
-            try:
-                return await _hold_many(ledger, outbox, "run-kill", 150)
-            finally:
-                await outbox.close()
-
-    ids = asyncio.run(seed())
+    ids = _hold_in_default_layout(store, "run-kill", 150)
     args = ["approve", "--ledger", url, "--run", "run-kill", "--yes", "--reason", "kill"]
     victim = subprocess.Popen(
         _cli(*args), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -612,11 +614,7 @@ def test_an_approval_racing_sigkill_delivers_once_into_the_outbox(tmp_path: Path
     assert again.returncode in (0, 3), again.stderr
 
     async def check() -> None:
-        outbox = await OutboxSink(url).open()
-        try:
-            rows = await outbox.fetch(after=0, limit=1000)
-        finally:
-            await outbox.close()
+        rows = await _outbox_rows(url)
         assert sorted(row.decision_id for row in rows) == sorted(ids)  # once each
         async with await SqliteLedger.open(store) as ledger:
             entries = []
@@ -855,15 +853,7 @@ def test_the_cli_approves_and_rejects_by_id_and_by_run(tmp_path: Path) -> None:
     store = tmp_path / "flowdecision.db"
     url = f"sqlite:///{store}"
 
-    async def seed() -> list[str]:
-        async with await SqliteLedger.open(store) as ledger:
-            outbox = await OutboxSink(url).open()
-            try:
-                return await _hold_many(ledger, outbox, "run-cli", 4)
-            finally:
-                await outbox.close()
-
-    ids = asyncio.run(seed())
+    ids = _hold_in_default_layout(store, "run-cli", 4)
     base = ["--ledger", url, "--reason", "cli"]
     one = subprocess.run(
         _cli("approve", ids[0], *base, "--actor", "me"), env=_env(), capture_output=True,
@@ -888,3 +878,33 @@ def test_the_cli_approves_and_rejects_by_id_and_by_run(tmp_path: Path) -> None:
         _cli("approve", ids[1], *base), env=_env(), capture_output=True, text=True, timeout=120
     )
     assert again.returncode == 3 and "rejected" in again.stderr
+
+
+def test_the_service_expires_holds_by_itself(tmp_path: Path) -> None:
+    from flowdecision.client import SyncDecisionClient
+
+    with (
+        ServiceProcess(
+            tmp_path, "--approve-kinds", "complete", "--hold-expire-ms", "300", token=TOKEN
+        ) as proc,
+        SyncDecisionClient(proc.url, token=TOKEN) as client,
+    ):
+        held = client.submit(_end("exp-1", "run-exp"))
+        assert held.held and held.hold_expires_at_ms is not None
+        state = client.wait("exp-1", timeout=20)
+        assert state is not None and state.state == "rejected", state
+        page = client.audit(decision_id="exp-1")
+        assert [(e.action, e.actor) for e in page.entries] == [("expire", "flowdecision")]
+        health = client.health().snapshot
+        assert health["duplicates"] == 0  # a held answer is no duplicate
+
+
+def test_a_json_file_ledger_with_an_approval_setting_is_refused_at_start(tmp_path: Path) -> None:
+    done = subprocess.run(
+        _cli("serve", "--port", "0", "--ledger", str(tmp_path / "files"),
+             "--sink", f"sqlite:///{tmp_path / 'outbox.db'}",
+             "--approve-kinds", "fail"),
+        env=_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "JSON file ledger" in done.stderr and "approve_kinds" in done.stderr, done.stderr

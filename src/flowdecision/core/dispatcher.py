@@ -526,7 +526,10 @@ class Dispatcher:
             metrics.record_failure()
             raise
         else:
-            metrics.record_success(duplicate=not outcome.submitted)
+            if outcome.held:  # neither delivered nor a duplicate: it waits for an operator
+                metrics.record_refusal()
+            else:
+                metrics.record_success(duplicate=not outcome.submitted)
             if self.ledger_outage.active:
                 self.ledger_outage.succeeded(wrote=outcome.submitted, began=began)
             return outcome

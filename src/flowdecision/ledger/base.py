@@ -68,6 +68,7 @@ from .query import (
 from .states import (
     Acted,
     AuditEntry,
+    Claimed,
     ClaimKey,
     ClaimOutcome,
     ClaimState,
@@ -172,6 +173,33 @@ class HoldOperation:
     run_id: str | None = None
     row: JointRow | None = None
     complete: RunOperation[bool] | None = None
+
+    def apply(self, record: ClaimRecord | None, run: RunState | None, clock: int) -> HoldApplied:
+        """The pure part, the same on every backend: the rule and, on the joint path,
+        the completion rules on the claimed record; the backend then writes the row
+        (with :attr:`HoldApplied.row_attempt`), the record, the run and the entry."""
+        transition = self.rule(record, run, clock)
+        acted, stored, closed = transition.result, transition.record, transition.run
+        outcome = acted.outcome
+        attempt = None
+        if self.row is not None and isinstance(outcome, Claimed):
+            assert self.complete is not None
+            completed = self.complete(stored, closed or run, clock)
+            stored, closed = completed.record, completed.run or closed
+            attempt = outcome.attempt
+        return HoldApplied(acted, stored if transition.changed else None, closed, attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class HoldApplied:
+    """What :meth:`HoldOperation.apply` decided: the result, the record to store (None:
+    none changed), the run to store (None: unchanged) and, on the joint path, the
+    attempt to write the joint row with (None: no row)."""
+
+    acted: Acted
+    record: ClaimRecord | None
+    run: RunState | None
+    row_attempt: int | None
 
 
 #: Who an automatic expiry of a hold is audited as.

@@ -100,12 +100,12 @@ class MemoryLedger(ScanningLedger):
             raise LedgerError("the memory ledger cannot write other rows in its transactions")
         with self._lock:
             run = None if op.run_id is None else self._runs.get(op.run_id)
-            transition = op.rule(self._records.get(decision_id), run, self.now_ms())
-            acted = transition.result
-            if transition.changed and transition.record is not None:
-                self._records[decision_id] = transition.record
-            if transition.run is not None:
-                self._runs[transition.run.run_id] = transition.run
+            applied = op.apply(self._records.get(decision_id), run, self.now_ms())
+            acted = applied.acted
+            if applied.record is not None:
+                self._records[decision_id] = applied.record
+            if applied.run is not None:
+                self._runs[applied.run.run_id] = applied.run
             if acted.entry is None:
                 return acted
             return dataclasses.replace(acted, entry=self._append(acted.entry))

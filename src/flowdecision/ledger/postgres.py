@@ -878,23 +878,20 @@ class PostgresLedger(SqlLedger):
                 if found[0][1] is not None:
                     run = run_of(tuple(found[0])[1:])
             self._clock_offset_ms = clock - wall_clock_ms()
-            transition = op.rule(record, run, clock)
-            acted, stored, closed = transition.result, transition.record, transition.run
-            outcome = acted.outcome
-            if op.row is not None and isinstance(outcome, Claimed):
+            applied = op.apply(record, run, clock)
+            acted = applied.acted
+            if op.row is not None and applied.row_attempt is not None:
                 # The joint path: the approval's claim, the row and the completion commit
                 # together (a refused row raises: the transaction rolls back).
-                assert op.complete is not None
-                completed = op.complete(stored, closed or run, clock)
-                (done,) = await pg_insert_rows(conn, [(op.row, outcome.attempt)])
+                (done,) = await pg_insert_rows(conn, [(op.row, applied.row_attempt)])
                 if isinstance(done, BaseException):
                     raise done
-                stored, closed = completed.record, completed.run or closed
                 acted = dataclasses.replace(acted, inserted=done)
-            if transition.changed and stored is not None:
-                await conn.execute(_UPDATE_SQL, *encode_row(decision_id, stored, index_max=None))
-            if closed is not None:
-                await conn.execute(_RUN_WRITE_SQL, *[[value] for value in run_values(closed)])
+            if applied.record is not None:
+                values = encode_row(decision_id, applied.record, index_max=None)
+                await conn.execute(_UPDATE_SQL, *values)
+            if applied.run is not None:
+                await conn.execute(_RUN_WRITE_SQL, *[[value] for value in run_values(applied.run)])
             if acted.entry is not None:
                 acted = dataclasses.replace(acted, entry=await _append_audit(conn, acted.entry))
             return acted

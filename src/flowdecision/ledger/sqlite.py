@@ -457,26 +457,20 @@ class SqliteLedger(SqlLedger):
                 if op.run_id is not None:
                     found = conn.execute(_RUN_SELECT_SQL, (op.run_id,)).fetchone()
                     run = None if found is None else run_of(found)
-                clock = self.now_ms()
-                transition = op.rule(record, run, clock)
-                acted, stored, closed = transition.result, transition.record, transition.run
-                outcome = acted.outcome
-                if op.row is not None and isinstance(outcome, Claimed):
+                applied = op.apply(record, run, self.now_ms())
+                acted = applied.acted
+                if op.row is not None and applied.row_attempt is not None:
                     # The joint path: the approval's claim, the row and the completion commit
                     # together (a refused row raises: the transaction rolls back).
-                    assert op.complete is not None
-                    completed = op.complete(stored, closed or run, clock)
-                    (done,) = sqlite_insert_rows(conn, [(op.row, outcome.attempt)])
+                    (done,) = sqlite_insert_rows(conn, [(op.row, applied.row_attempt)])
                     if isinstance(done, BaseException):
                         raise done
-                    stored, closed = completed.record, completed.run or closed
                     acted = dataclasses.replace(acted, inserted=done)
-                if transition.changed and stored is not None:
-                    conn.execute(
-                        _ACT_UPDATE_SQL, (*encode_row(decision_id, stored)[1:4], decision_id)
-                    )
-                if closed is not None:
-                    conn.execute(_RUN_UPSERT_SQL, run_values(closed))
+                if applied.record is not None:
+                    values = encode_row(decision_id, applied.record)
+                    conn.execute(_ACT_UPDATE_SQL, (*values[1:4], decision_id))
+                if applied.run is not None:
+                    conn.execute(_RUN_UPSERT_SQL, run_values(applied.run))
                 if acted.entry is not None:
                     acted = dataclasses.replace(acted, entry=_append_audit(conn, acted.entry))
             return acted
