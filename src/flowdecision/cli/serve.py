@@ -145,6 +145,11 @@ def _flag(*names: str, **kwargs: Any) -> Callable[[Any], Any]:
     "--reject-closes-run/--no-reject-closes-run",
     help="Rejecting a held decision closes its run.  [default: off]",
 )
+@_flag(
+    "--hold-notify-url",
+    help="An http(s) URL told of each new hold by a JSON POST (its bearer token: "
+    "FLOWDECISION_HOLD_NOTIFY_TOKEN).  [default: none]",
+)
 def serve_cmd(config_file: str | None, **flags: Any) -> None:
     """Run the HTTP decision service (POST /v1/decisions, status page at /).
 

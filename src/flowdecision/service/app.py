@@ -49,6 +49,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Pipelin
         healthy=lambda: context.service is None or context.service.cached_health().healthy,
         cursors=lambda: context.service.cursor_states() if context.service is not None else (),
         own_relay=lambda: context.service.relay_status() if context.service is not None else None,
+        holds=lambda: context.service.hold_figures() if context.service is not None else None,
     )
 
     @contextlib.asynccontextmanager
@@ -56,6 +57,9 @@ def create_app(settings: Settings, *, service: Service | None = None) -> Pipelin
         current = context.service
         if current is None:
             current = context.service = await Service.start(settings)
+        if current.notifier is not None:
+            notifications = metrics.hold_notifications
+            current.notifier.on_result = lambda result: notifications.labels(result).inc()
         current.start_relay()  # `relay_to`: drain the outbox inside the service
         current.start_expiry()  # `hold_expire_ms`: reject holds past their time
         # Readiness: the ledger is checked before the first request, so a corrupt

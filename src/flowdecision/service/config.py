@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..connections.urls import redact_url
 from ..core.approvals import ApprovalPolicy
 from ..core.defaults import (
     DEFAULT_STORE_URL,
@@ -155,6 +156,10 @@ class Settings:
     hold_expire_ms: int = 0
     #: Rejecting a hold closes its run (with the run invariants on).
     reject_closes_run: bool = False
+    #: An http(s) URL told of each new hold (a JSON POST; service/holds.py).
+    hold_notify_url: str | None = None
+    #: Sent as ``Authorization: Bearer`` to ``hold_notify_url``.
+    hold_notify_token: str | None = field(default=None, repr=False)
 
     # -- derived -----------------------------------------------------------------
 
@@ -205,6 +210,13 @@ class Settings:
                 f"hold_expire_ms must be 0 (never) or more, got {self.hold_expire_ms}"
             )
         self.approval_policy()
+        if self.hold_notify_url is not None:
+            scheme = urlsplit(self.hold_notify_url).scheme.lower()
+            if scheme not in ("http", "https"):
+                raise ConfigError(
+                    f"hold_notify_url must be an http(s) URL, got "
+                    f"`{redact_url(self.hold_notify_url)}`"
+                )
         if self.log_level.lower() not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
         tokens = self.tokens()
@@ -417,6 +429,8 @@ _TYPES: dict[str, type] = {
     "approve_runs": tuple,
     "hold_expire_ms": int,
     "reject_closes_run": bool,
+    "hold_notify_url": str,
+    "hold_notify_token": str,
 }
 assert set(_TYPES) == set(_FIELDS)
 

@@ -40,6 +40,7 @@ from .errors import (
     static_error,
 )
 from .head import RequestHead
+from .holds import read_holds
 from .inputs import (
     BadParamError,
     bad_param,
@@ -377,7 +378,10 @@ async def _dispatch(
         return response_for_error(error, service.error_context()), code, None
     finally:
         tracked.discard(task)
-    status = 201 if outcome.submitted else 202 if outcome.held else 200
+    if outcome.held:
+        service.announce_hold(decision, outcome.hold_expires_at_ms)
+        return _Encoded(outcome.to_json(), 202), outcome.outcome, outcome.attempt
+    status = 201 if outcome.submitted else 200
     return _Encoded(outcome.to_json(), status), outcome.outcome, outcome.attempt
 
 
@@ -636,6 +640,7 @@ async def metrics_endpoint(request: Request) -> Response:
     context: AppContext = request.app.state.context
     if context.service is not None:
         await context.service.refresh_cursors()  # the relays' lag, read once a second at most
+        await context.service.refresh_holds()  # the held decisions, likewise
     return Response(context.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -651,6 +656,7 @@ async def status_page(request: Request) -> Response:
     html = render_status_page(
         attention=await _attention(service),
         actions=await recent_actions(service),
+        holds=await read_holds(service.ledger) if service.ledger.holds_supported else None,
         finder=await status_finder(service, request),
         health=snapshot,
         recent=list(service.recent),

@@ -12,6 +12,11 @@
   read from the outbox's store at scrape time (at most once a second), so
   relays running elsewhere show too;
 * ``flowdecision_relay_state{relay,state}``: the in-service relay's state;
+* approval holds: ``flowdecision_held_decisions`` and
+  ``flowdecision_held_oldest_seconds``, read from the ledger at scrape time
+  (at most once a second, like the cursors), and
+  ``flowdecision_hold_notifications_total{result}`` (``sent``, ``failed``,
+  ``dropped``: the webhook told of new holds, ``hold_notify_url``);
 * ``flowdecision_http_requests_total{method,route,status}``; a client that
   disconnected before its answer is counted with status ``499``.
 
@@ -47,7 +52,9 @@ from ..sinks.relay import RelayStatus
 __all__ = [
     "CONTENT_TYPE_LATEST",
     "HEALTH_COUNTERS",
+    "HOLD_GAUGES",
     "MULTIPROC_ENV",
+    "HoldFigures",
     "ServiceMetrics",
     "multiprocess_dir",
 ]
@@ -239,6 +246,30 @@ RELAY_STATES = (
 )
 
 
+#: Approval holds, read from the ledger: key -> (metric name, help).
+HOLD_GAUGES: dict[str, tuple[str, str]] = {
+    "count": ("flowdecision_held_decisions", "Decisions held for an operator's approval."),
+    "oldest": (
+        "flowdecision_held_oldest_seconds",
+        "How long the oldest held decision has waited for approval (0 when none is).",
+    ),
+}
+#: ``(held decisions, the oldest one's wait in seconds)``, or None before the first read.
+HoldFigures = tuple[int, float]
+
+
+class _HoldsCollector(Collector):
+    def __init__(self, holds: Callable[[], HoldFigures | None]) -> None:
+        self._holds = holds
+
+    def collect(self) -> Iterator[Metric]:
+        figures = self._holds()
+        if figures is None:
+            return
+        for (name, help_text), value in zip(HOLD_GAUGES.values(), figures, strict=True):
+            yield GaugeMetricFamily(name, help_text, value=value)
+
+
 def _relay_values(state: CursorState) -> dict[str, float]:
     return {
         "lag_rows": state.lag_rows,
@@ -291,6 +322,7 @@ class ServiceMetrics:
         healthy: Callable[[], bool] = lambda: True,
         cursors: Callable[[], Sequence[CursorState]] = lambda: (),
         own_relay: Callable[[], RelayStatus | None] = lambda: None,
+        holds: Callable[[], HoldFigures | None] = lambda: None,
     ) -> None:
         #: The shared directory in multiprocess mode (several workers), else None.
         self.shared_dir = multiprocess_dir()
@@ -298,11 +330,14 @@ class ServiceMetrics:
         self._shared_health: _SharedHealth | None = None
         self._cursors = cursors
         self._own_relay = own_relay
+        self._holds = holds
         self._relay_gauges: dict[str, Gauge] = {}
         self._relay_state: Gauge | None = None
+        self._hold_gauges: dict[str, Gauge] = {}
         if self.shared_dir is None:
             self.registry.register(_HealthCollector(snapshot, healthy))
             self.registry.register(_RelayCollector(cursors, own_relay))
+            self.registry.register(_HoldsCollector(holds))
         else:
             # Metrics write to the shared files whatever registry holds them; a
             # scrape reads every worker's files instead of this process's values.
@@ -318,6 +353,11 @@ class ServiceMetrics:
             self._relay_state = Gauge(
                 *RELAY_STATE, ["relay", "state"], registry=own, multiprocess_mode="max"
             )
+            # Every worker reads the same ledger: the freshest (largest) value wins too.
+            self._hold_gauges = {
+                key: Gauge(name, help_text, registry=own, multiprocess_mode="max")
+                for key, (name, help_text) in HOLD_GAUGES.items()
+            }
         self.dispatch_seconds = Histogram(
             "flowdecision_dispatch_duration_seconds",
             "Latency of POST /v1/decisions dispatches, by outcome.",
@@ -329,6 +369,13 @@ class ServiceMetrics:
             "flowdecision_http_requests",
             "HTTP requests served, by method, route template and status.",
             ["method", "route", "status"],
+            registry=own,
+        )
+        self.hold_notifications = Counter(
+            "flowdecision_hold_notifications",
+            "Notifications of new approval holds to hold_notify_url, by result: sent, "
+            "failed (after the webhook retries) or dropped (the queue was full).",
+            ["result"],
             registry=own,
         )
         self._request_children: dict[tuple[str, str, int], Counter] = {}
@@ -361,6 +408,10 @@ class ServiceMetrics:
             if self._relay_state is not None:
                 for relay, relay_state, value in _state_values(self._own_relay()):
                     self._relay_state.labels(relay, relay_state).set(value)
+            figures = self._holds()
+            if figures is not None:
+                for gauge, value in zip(self._hold_gauges.values(), figures, strict=True):
+                    gauge.set(value)
 
     def exposition(self) -> bytes:
         self.publish()  # this worker's share is exact; the others' at most a second old

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from ..core.dispatcher import ApprovalOutcome, Dispatcher
 from ..core.limits import I64_MAX
+from ..core.model import DecisionRequest
 from ..errors import FlowDecisionError, LedgerUnavailableError
 from ..ledger.base import Ledger
 from ..ledger.opening import open_ledger
@@ -37,6 +38,7 @@ from ..sinks.parking import ParkedRow
 from ..sinks.relay import OutboxRelay, RelayStatus
 from .config import ConfigError, Settings
 from .errors import ErrorContext
+from .holds import HoldNotifier, HoldsView, read_holds
 from .logs import describe_cause
 from .status import RecentDecision
 
@@ -247,6 +249,16 @@ class Service:
         #: Expires holds past their time (``hold_expire_ms``; see :meth:`start_expiry`).
         self._expiry_task: asyncio.Task[None] | None = None
         self._cursors: tuple[float, list[CursorState]] = (-CURSORS_TTL_S, [])
+        #: The ledger's held decisions as last counted (:meth:`refresh_holds`).
+        self._holds: tuple[float, HoldsView | None] = (-CURSORS_TTL_S, None)
+        #: Tells ``hold_notify_url`` of each new hold (None without one).
+        self.notifier: HoldNotifier | None = None
+        if settings.hold_notify_url is not None:
+            self.notifier = HoldNotifier(
+                settings.hold_notify_url,
+                token=settings.hold_notify_token,
+                max_attempts=settings.webhook_max_attempts,
+            )
 
     @classmethod
     async def start(cls, settings: Settings) -> Service:
@@ -280,6 +292,31 @@ class Service:
             return await self.dispatcher.approve(decision_id, actor=actor, reason=reason)
         finally:
             self.tasks.discard(task)
+
+    def announce_hold(self, request: DecisionRequest, hold_expires_at_ms: int | None) -> None:
+        """A POST of ``request`` was answered held: tell ``hold_notify_url`` (queued, off
+        the request's path; a no-op without one)."""
+        if self.notifier is not None and not self.closed:
+            self.notifier.start()
+            self.notifier.held(request, hold_expires_at_ms)
+
+    def hold_figures(self) -> tuple[int, float] | None:
+        """``(held decisions, the oldest one's wait in s)`` as last read (no I/O; None
+        before the first read, or on a ledger that keeps no holds)."""
+        view = self._holds[1]
+        if view is None or view.error is not None:
+            return None
+        return view.count, view.oldest_age_s(time.time_ns() // 1_000_000)
+
+    async def refresh_holds(self) -> HoldsView | None:
+        """Count the ledger's held decisions (reused for :data:`CURSORS_TTL_S`; None on
+        a ledger that keeps no holds)."""
+        if not self.ledger.holds_supported or self.stopped:
+            return None
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._holds[0] >= CURSORS_TTL_S:
+            self._holds = (loop.time(), await read_holds(self.ledger, shown=0))
+        return self._holds[1]
 
     def start_expiry(self) -> None:
         """Start rejecting expired holds (``hold_expire_ms``), about 4 times per expiry
@@ -515,6 +552,8 @@ class Service:
         if self._expiry_task is not None:
             self._expiry_task.cancel()
             await asyncio.gather(self._expiry_task, return_exceptions=True)
+        if self.notifier is not None:
+            await self.notifier.close()
         await self._stop_relay()
         self.stopped = True
         try:

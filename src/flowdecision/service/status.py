@@ -15,6 +15,7 @@ from ..observability.redact import printable
 from ..sinks.cursor import CursorState
 from ..sinks.parking import ParkedRow
 from ..sinks.relay import RelayStatus
+from .holds import HoldsView
 from .metrics import HEALTH_COUNTERS
 
 __all__ = [
@@ -126,6 +127,44 @@ def _attention_html(attention: Attention | None) -> str:
         )
     else:
         parts.append('<p id="failures">No recent sink failure or conflict.</p>')
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _holds_html(holds: HoldsView | None, now_ms: int) -> str:
+    """The "Awaiting approval" section: held decisions, oldest first, with their
+    content (escaped, every line made printable) and how to act on them."""
+    if holds is None:
+        return ""
+    parts = _section("Awaiting approval", "holds", holds.error, "The ledger could not be queried")
+    if holds.error is None and holds.count:
+        parts.append(
+            f'<p id="held-count">{holds.count} decision(s) held for approval; the oldest '
+            f"has waited {holds.oldest_age_s(now_ms):.0f} s.</p>"
+        )
+        for item in holds.shown:
+            row = item.row
+            decision = escape(shown_text(row.decision_id))
+            content = (
+                "(its content could not be read)"
+                if item.content is None
+                else "\n".join(printable(line) for line in item.content.split("\n"))
+            )
+            expires = "never" if row.hold_expires_at_ms is None else _ms(row.hold_expires_at_ms)
+            parts.append(
+                f'<div class="held"><h3><code>{decision}</code></h3>'
+                f'<p class="meta">run <code>{escape(shown_text(row.run_id or "-"))}</code> · '
+                f"held since {escape(_ms(row.created_at_ms))} · expires {escape(expires)}</p>"
+                f"<pre>{escape(content)}</pre>"
+                f'<p class="meta">Approve: <code>flowdecision approve {decision} --reason '
+                f"...</code> · reject: <code>flowdecision reject {decision} --reason ...</code> "
+                "(or <code>POST /v1/actions/approve</code> and <code>/reject</code> with the "
+                "admin token)</p></div>"
+            )
+        if holds.count > len(holds.shown):
+            parts.append('<p class="meta">More: <code>flowdecision list --state held</code>.</p>')
+    elif holds.error is None:
+        parts.append('<p id="held-count">No decision is held for approval.</p>')
     parts.append("</section>")
     return "".join(parts)
 
@@ -279,6 +318,8 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .fate-submitted, .fate-duplicate { color: var(--ok); }
 .fate-sink_failed, .fate-ledger_unavailable, .fate-lease_lost { color: var(--bad); }
 code { font-size: .9em; }
+.held pre { white-space: pre-wrap; overflow-wrap: anywhere; max-height: 16rem; overflow: auto;
+            border: 1px solid #8884; border-radius: .4rem; padding: .4rem .6rem; }
 """
 
 
@@ -383,7 +424,12 @@ def render_status_page(
     attention: Attention | None = None,
     finder: Finder | None = None,
     actions: RecentActions | None = None,
+    holds: HoldsView | None = None,
+    now_ms: int | None = None,
 ) -> str:
+    """The page's HTML. ``holds``: the "Awaiting approval" section (None: not shown);
+    ``now_ms`` judges the holds' ages (now, unless given)."""
+    now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     healthy = health.status is HealthStatus.HEALTHY
     status_class = "healthy" if healthy else "degraded"
     counters = "".join(
@@ -437,7 +483,8 @@ ledger <code>{escape(ledger)}</code> · sink <code>{escape(sink)}</code></p>
 <main>
 <h2>Counters</h2>
 <section class="counters">{counters}</section>
-{_attention_html(attention)}{_actions_html(actions)}{_finder_html(finder)}
+{_attention_html(attention)}{_holds_html(holds, now_ms)}{_actions_html(actions)}
+{_finder_html(finder)}
 {relays_html}{_parked_html(parked)}<h2>Recent decisions</h2>
 <section id="recent">{recent_html}</section>
 </main>
