@@ -6,7 +6,8 @@ and hosts at most one live owner submits a decision, a completed decision is
 never submitted again, and a stale owner can never record completion.
 """
 
-from .core.dispatcher import DEFAULT_LEASE_MS, Dispatcher, DispatchOutcome
+from .core.approvals import ApprovalPolicy
+from .core.dispatcher import DEFAULT_LEASE_MS, ApprovalOutcome, Dispatcher, DispatchOutcome
 from .core.identity import (
     DecisionTooLargeError,
     ExecutionContractError,
@@ -34,6 +35,7 @@ from .core.model import (
 from .errors import (
     DecisionBusyError,
     DecisionConflictError,
+    DecisionRejectedError,
     DispatchError,
     DispatchLedgerCorruptError,
     DispatchLedgerError,
@@ -58,12 +60,15 @@ from .errors import (
 )
 from .ledger import (
     AlreadyCompleted,
+    AlreadyRejected,
+    AwaitingApproval,
     Busy,
     Claimed,
     ClaimOutcome,
     ClaimState,
     Completed,
     Conflict,
+    Held,
     JsonFileLedger,
     Ledger,
     LedgerEntry,
@@ -71,6 +76,7 @@ from .ledger import (
     Missing,
     Pending,
     PostgresLedger,
+    Rejected,
     RunClosed,
     RunState,
     SqliteLedger,
@@ -93,6 +99,10 @@ from .sinks import (
 __all__ = [
     "DEFAULT_LEASE_MS",
     "AlreadyCompleted",
+    "AlreadyRejected",
+    "ApprovalOutcome",
+    "ApprovalPolicy",
+    "AwaitingApproval",
     "Busy",
     "ClaimOutcome",
     "ClaimState",
@@ -103,6 +113,7 @@ __all__ = [
     "Decision",
     "DecisionBusyError",
     "DecisionConflictError",
+    "DecisionRejectedError",
     "DecisionRequest",
     "DecisionStep",
     "DecisionTooLargeError",
@@ -121,6 +132,7 @@ __all__ = [
     "HarnessError",
     "HealthSnapshot",
     "HealthStatus",
+    "Held",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "InvalidIdentifierError",
@@ -145,6 +157,7 @@ __all__ = [
     "OutboxSink",
     "Pending",
     "PostgresLedger",
+    "Rejected",
     "RelayStatus",
     "ResultOutcome",
     "ResultReceipt",

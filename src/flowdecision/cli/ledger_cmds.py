@@ -10,7 +10,7 @@ import click
 
 from ..connections.urls import parse_ledger_url, redact_url
 from ..errors import FlowDecisionError, StoreMissingError
-from ..ledger import Completed, Ledger, Missing, Pending, open_ledger
+from ..ledger import Completed, Held, Ledger, Missing, Pending, Rejected, open_ledger
 from ..ledger.base import LedgerEntry
 from ..observability.redact import printable
 from .common import (
@@ -71,6 +71,10 @@ def inspect_cmd(ledger_url: str, decision_id: str, request_hash: str | None, as_
         rows.append(("lease_expires_at_ms", state.lease_expires_at_ms))
     if isinstance(state, Completed):
         rows.append(("completed_at_ms", state.completed_at_ms))
+    if isinstance(state, Held):
+        rows.append(("hold_expires_at_ms", state.expires_at_ms or "never"))
+    if isinstance(state, Rejected):
+        rows.append(("rejected_at_ms", state.rejected_at_ms))
     if entry.execution_identity is not None:
         rows.append(("identity", entry.execution_identity.digest))
     if entry.result_receipt is not None:

@@ -153,6 +153,8 @@ def _rows_table(rows: tuple[DecisionRow, ...]) -> str:
     def when(row: DecisionRow) -> object:
         if row.lease_expires_at_ms is not None:
             return f"lease {row.lease_expires_at_ms}"
+        if row.state is DecisionState.HELD:
+            return f"hold until {row.hold_expires_at_ms or 'acted on'}"
         return "" if row.completed_at_ms is None else f"done {row.completed_at_ms}"
 
     return table(

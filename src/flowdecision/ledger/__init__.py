@@ -11,6 +11,8 @@ from .postgres import PostgresLedger
 from .sqlite import SqliteLedger
 from .states import (
     AlreadyCompleted,
+    AlreadyRejected,
+    AwaitingApproval,
     Busy,
     Claimed,
     ClaimKey,
@@ -18,8 +20,10 @@ from .states import (
     ClaimState,
     Completed,
     Conflict,
+    Held,
     Missing,
     Pending,
+    Rejected,
     RunClosed,
     RunState,
     RunStatus,
@@ -28,6 +32,8 @@ from .states import (
 
 __all__ = [
     "AlreadyCompleted",
+    "AlreadyRejected",
+    "AwaitingApproval",
     "Busy",
     "ClaimKey",
     "ClaimOutcome",
@@ -38,6 +44,7 @@ __all__ = [
     "Completed",
     "Conflict",
     "DelegatingLedger",
+    "Held",
     "JsonFileLedger",
     "Ledger",
     "LedgerEntry",
@@ -46,6 +53,7 @@ __all__ = [
     "Pending",
     "PostgresLedger",
     "PruneProgress",
+    "Rejected",
     "RunClosed",
     "RunState",
     "RunStatus",
