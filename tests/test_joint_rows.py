@@ -234,3 +234,34 @@ async def test_a_database_error_after_the_row_fails_the_batch_and_leaves_neither
         await _doom(store_url, False)  # the PostgreSQL database outlives the test
         await outbox.close()
         await ledger.close()
+
+
+class _WatchedOutbox(OutboxSink):
+    """The outbox, recording what the dispatcher tells it committed."""
+
+    told: list[str]
+
+    def committed(self, row: JointRow) -> None:
+        self.told.append(row.decision_id)
+        super().committed(row)
+
+
+async def test_the_sink_is_told_once_per_new_row_after_its_commit(store_url: str) -> None:
+    """``JointSink.committed``: a new row, not a replay of an identical row already
+    there, nor a duplicate (no row written), nor a refused row."""
+    ledger = await open_ledger(store_url)
+    outbox = _WatchedOutbox(store_url)
+    outbox.told = []
+    await outbox.open()
+    try:
+        await outbox.deliver(step_request("replayed"), 1)
+        await outbox.deliver(step_request("old", "earlier content"), 1)
+        dispatcher = Dispatcher(BRANCH, outbox, ledger, owner_id="owner-a")
+        for key in ("new", "replayed", "new"):
+            assert (await dispatcher.dispatch(step_request(key))).attempt == 1
+        with pytest.raises(SinkError):
+            await dispatcher.dispatch(step_request("old"))
+        assert outbox.told == ["new"]
+    finally:
+        await outbox.close()
+        await ledger.close()
