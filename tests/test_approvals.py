@@ -908,3 +908,69 @@ def test_a_json_file_ledger_with_an_approval_setting_is_refused_at_start(tmp_pat
     )  # fmt: skip
     assert done.returncode != 0
     assert "JSON file ledger" in done.stderr and "approve_kinds" in done.stderr, done.stderr
+
+
+def test_the_service_approves_a_run_in_bulk_into_a_webhook(tmp_path: Path) -> None:
+    """``serve`` with a webhook sink: held decisions reach the receiver only when approved
+    (the approval claims under the lease, the sink runs, completion follows), once each."""
+    run = f"run-{_uid()}"
+    with (
+        WebhookReceiver() as receiver,
+        ServiceProcess(
+            tmp_path,
+            "--ledger",
+            f"sqlite:///{tmp_path / 'ledger.db'}",
+            "--sink",
+            receiver.url,
+            "--approve-runs",
+            run,
+            token=TOKEN,
+            env={"FLOWDECISION_ADMIN_TOKEN": ADMIN},
+        ) as proc,
+    ):
+        ids = [f"{run}-{index}" for index in range(5)]
+        for decision_id in ids:
+            assert _post(proc, _step(decision_id, run, "fetch")).status_code == 202
+        other = _post(proc, _step(f"other-{_uid()}", f"run-{_uid()}", "fetch"))
+        assert other.status_code == 201  # not in the policy's runs
+        assert len(receiver.requests) == 1
+        answer = _admin(proc, "approve", {"run_id": run, "actor": "ops", "reason": "bulk"})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["refused"] == [] and body["action"] == "approve"
+        assert sorted(item["decision_id"] for item in body["outcomes"]) == sorted(ids)
+        assert {item["outcome"] for item in body["outcomes"]} == {"submitted"}
+        assert sorted(entry["decision_id"] for entry in body["audit"]) == sorted(ids)
+        again = _admin(proc, "approve", {"run_id": run, "actor": "ops", "reason": "again"})
+        assert again.json()["outcomes"] == []  # nothing is held any more
+        keys = [headers.get("Idempotency-Key") for _p, headers, _b in receiver.requests[1:]]
+    assert sorted(keys) == sorted(ids)
+
+
+def test_both_clients_act_on_a_run_in_bulk(service: ServiceProcess) -> None:
+    from flowdecision.client import BulkActionResult, DecisionClient, SyncDecisionClient
+
+    approved_run, rejected_run = f"run-{_uid()}", f"run-{_uid()}"
+    with SyncDecisionClient(service.url, token=TOKEN) as client:
+        for index in range(3):
+            assert client.submit(_step(f"{approved_run}-{index}", approved_run)).held
+            assert client.submit(_step(f"{rejected_run}-{index}", rejected_run)).held
+        done = client.approve_run(approved_run, actor="ops", reason="ok", admin_token=ADMIN)
+    assert isinstance(done, BulkActionResult) and done.action == "approve"
+    assert sorted(o.decision.decision_id for o in done.outcomes) == [
+        f"{approved_run}-{index}" for index in range(3)
+    ]
+    assert all(o.decision.submitted and o.audit is not None for o in done.outcomes)
+    assert done.refused == () and len(done.audit) == 3
+    assert done.to_dict()["outcomes"][0]["audit"] == done.outcomes[0].audit.to_dict()  # type: ignore[union-attr]
+
+    async def reject() -> BulkActionResult:
+        async with DecisionClient(service.url, token=TOKEN) as client:
+            return await client.reject_run(
+                rejected_run, actor="ops", reason="no", admin_token=ADMIN
+            )
+
+    rejected = asyncio.run(reject())
+    assert (rejected.action, rejected.outcomes, len(rejected.audit)) == ("reject", (), 3)
+    assert {entry.action for entry in rejected.audit} == {"reject"}
+    assert "outcomes" not in rejected.to_dict()

@@ -153,6 +153,8 @@ def test_the_sync_client_has_the_async_clients_calls() -> None:
         "skip_parked",
         "approve",
         "reject",
+        "approve_run",
+        "reject_run",
         "wait",
     }
     for name in calls:

@@ -107,6 +107,7 @@ from .errors import (
 )
 from .results import (
     ApprovalResult,
+    BulkActionResult,
     DecisionState,
     OutboxItem,
     OutboxPage,
@@ -121,6 +122,7 @@ __all__ = [
     "DEFAULT_URL",
     "PERMANENT_CODES",
     "ApprovalResult",
+    "BulkActionResult",
     "DecisionClient",
     "DecisionState",
     "ErrorAnswer",

@@ -21,7 +21,14 @@ from ..ledger.states import AuditEntry
 from ..sinks.parking import OutboxAuditEntry, ParkedRow
 from .base import USER_AGENT, BaseClient, send_headers, send_kwargs
 from .protocol import ActionArguments, Send, audit_params, query_params, run_path
-from .results import ApprovalResult, DecisionState, OutboxPage, ServiceHealth, SubmitResult
+from .results import (
+    ApprovalResult,
+    BulkActionResult,
+    DecisionState,
+    OutboxPage,
+    ServiceHealth,
+    SubmitResult,
+)
 
 __all__ = ["MAX_DECISION_WAIT_S", "DecisionClient"]
 
@@ -156,6 +163,15 @@ class DecisionClient(BaseClient[HttpPool | httpx.AsyncClient], Closable):
         """Reject a held decision: it is never sent (its POST answers 409
         ``decision_rejected`` from then on); audited. Needs an admin token."""
         return await self._drive(self._protocol.action("reject", decision_id, **action))
+
+    async def approve_run(self, run_id: str, **action: Unpack[ActionArguments]) -> BulkActionResult:
+        """Approve every held decision of ``run_id`` (each dispatched exactly once, in its
+        own transaction); needs an admin token."""
+        return await self._drive(self._protocol.bulk("approve", run_id, **action))
+
+    async def reject_run(self, run_id: str, **action: Unpack[ActionArguments]) -> BulkActionResult:
+        """Reject every held decision of ``run_id``; needs an admin token."""
+        return await self._drive(self._protocol.bulk("reject", run_id, **action))
 
     async def wait(
         self,

@@ -14,6 +14,7 @@ from ..ledger.states import AuditEntry
 from .errors import unexpected_answer
 from .results import (
     ApprovalResult,
+    BulkActionResult,
     DecisionState,
     OutboxItem,
     OutboxPage,
@@ -22,7 +23,14 @@ from .results import (
     SubmitResult,
 )
 
-__all__ = ["approval_result", "decision_state", "outbox_page", "service_health", "submit_result"]
+__all__ = [
+    "approval_result",
+    "bulk_result",
+    "decision_state",
+    "outbox_page",
+    "service_health",
+    "submit_result",
+]
 
 T = TypeVar("T")
 
@@ -68,7 +76,11 @@ def _receipt(response: ResponseLike, value: object) -> ResultReceipt | None:
 
 
 def submit_result(response: ResponseLike, tries: int) -> SubmitResult:
-    body = _json_object(response)
+    return _submitted(response, _json_object(response), tries)
+
+
+def _submitted(response: ResponseLike, body: Mapping[str, Any], tries: int) -> SubmitResult:
+    """A :class:`SubmitResult` from an outcome body (a POST's answer, or an approval's)."""
     raw = _member(response, body, "outcome", str)
     try:
         outcome = Outcome(raw)
@@ -87,13 +99,39 @@ def submit_result(response: ResponseLike, tries: int) -> SubmitResult:
 
 def approval_result(response: ResponseLike, tries: int) -> ApprovalResult:
     """``POST /v1/actions/approve``'s answer: the dispatch's outcome and the audit entry."""
-    body = _json_object(response)
+    return _approval(response, _json_object(response), tries)
+
+
+def _approval(response: ResponseLike, body: Mapping[str, Any], tries: int) -> ApprovalResult:
     audit = body.get("audit")
+    return ApprovalResult(
+        _submitted(response, body, tries), None if audit is None else _entry(response, audit)
+    )
+
+
+def _entry(response: ResponseLike, value: object) -> AuditEntry:
     try:
-        entry = None if audit is None else AuditEntry.from_dict(audit)
+        return AuditEntry.from_dict(value)
     except (KeyError, TypeError, ValueError) as error:
         raise unexpected_answer(response, f"invalid audit entry: {error}") from error
-    return ApprovalResult(submit_result(response, tries), entry)
+
+
+def bulk_result(response: ResponseLike, tries: int) -> BulkActionResult:
+    """A bulk action's answer (``run_id``): entries written, refusals, approvals' outcomes."""
+    body = _json_object(response)
+    refused = _member(response, body, "refused", list)
+    if not all(isinstance(item, dict) for item in refused):
+        raise unexpected_answer(response, "member `refused` holds a non-object")
+    outcomes = body.get("outcomes") or []
+    if not isinstance(outcomes, list) or not all(isinstance(item, dict) for item in outcomes):
+        raise unexpected_answer(response, "member `outcomes` is not a list of objects")
+    return BulkActionResult(
+        action=_member(response, body, "action", str),
+        audit=tuple(_entry(response, item) for item in _member(response, body, "audit", list)),
+        refused=tuple((str(item.get("decision_id")), str(item.get("error"))) for item in refused),
+        outcomes=tuple(_approval(response, item, tries) for item in outcomes),
+        request_id=response.headers.get("x-request-id"),
+    )
 
 
 def decision_state(response: ResponseLike) -> DecisionState:

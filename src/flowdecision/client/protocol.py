@@ -27,9 +27,23 @@ from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..ledger.query import AuditPage, DecisionPage
 from ..ledger.states import AuditEntry
 from ..sinks.parking import OutboxAuditEntry, ParkedRow
-from .decode import approval_result, decision_state, outbox_page, service_health, submit_result
+from .decode import (
+    approval_result,
+    bulk_result,
+    decision_state,
+    outbox_page,
+    service_health,
+    submit_result,
+)
 from .errors import ServiceConnectionError, ServiceError, connection_error, error_from_response
-from .results import ApprovalResult, DecisionState, OutboxPage, ServiceHealth, SubmitResult
+from .results import (
+    ApprovalResult,
+    BulkActionResult,
+    DecisionState,
+    OutboxPage,
+    ServiceHealth,
+    SubmitResult,
+)
 from .retry import MAYBE_SENT, NOT_SENT, TRANSPORT_ERRORS, OnRetry, RetryEvent, RetryOptions
 
 __all__ = [
@@ -316,6 +330,23 @@ class ServiceProtocol:
         body = {"decision_id": decision_id, "actor": actor, "reason": reason}
         response, tries = yield from self._act_response("approve", body, admin_token, request_id)
         return approval_result(response, tries)
+
+    def bulk(
+        self,
+        name: str,
+        run_id: str,
+        *,
+        actor: str,
+        reason: str,
+        admin_token: str | None = None,
+        request_id: str | None = None,
+    ) -> Exchange[BulkActionResult]:
+        """``POST /v1/actions/{approve,reject}`` with ``run_id``: every held decision of it."""
+        if not run_id:
+            raise InvalidArgumentError("run_id must not be empty")
+        body = {"run_id": run_id, "actor": actor, "reason": reason}
+        response, tries = yield from self._act_response(name, body, admin_token, request_id)
+        return bulk_result(response, tries)
 
     def parked_action(
         self,

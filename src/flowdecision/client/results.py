@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from ..core.bodies import (
     ApprovalBody,
+    BulkActionBody,
     DecisionStateBody,
     OutboxEntryBody,
     OutboxPageBody,
@@ -28,6 +29,7 @@ from ..ledger.states import AuditEntry, decision_state_body
 
 __all__ = [
     "ApprovalResult",
+    "BulkActionResult",
     "DecisionState",
     "OutboxItem",
     "OutboxPage",
@@ -101,6 +103,32 @@ class ApprovalResult:
         body: Any = dict(self.decision.to_dict())
         body["audit"] = None if self.audit is None else self.audit.to_dict()
         return cast(ApprovalBody, body)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkActionResult:
+    """The answer to ``approve_run`` / ``reject_run``: every held decision of a run acted
+    on, each in its own transaction."""
+
+    action: str
+    #: The audit entries written, one per decision acted on.
+    audit: tuple[AuditEntry, ...]
+    #: ``(decision_id, why)`` of each held decision the action could not take.
+    refused: tuple[tuple[str, str], ...]
+    #: ``approve_run``: each approved decision's answer (empty for ``reject_run``).
+    outcomes: tuple[ApprovalResult, ...]
+    request_id: str | None
+
+    def to_dict(self) -> BulkActionBody:
+        """The service's answer body (the CLI's ``--json`` shape too)."""
+        body: BulkActionBody = {
+            "action": self.action,  # type: ignore[typeddict-item]
+            "audit": [entry.to_dict() for entry in self.audit],  # type: ignore[misc]
+            "refused": [{"decision_id": d, "error": e} for d, e in self.refused],
+        }
+        if self.action == "approve":
+            body["outcomes"] = [outcome.to_dict() for outcome in self.outcomes]
+        return body
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,8 @@ class SyncDecisionClient(BaseClient[httpx.Client]):
     skip_parked = _blocking(DecisionClient.skip_parked)
     approve = _blocking(DecisionClient.approve)
     reject = _blocking(DecisionClient.reject)
+    approve_run = _blocking(DecisionClient.approve_run)
+    reject_run = _blocking(DecisionClient.reject_run)
     wait = _blocking(DecisionClient.wait)
 
     def _new_http(self, max_connections: int) -> httpx.Client:

@@ -16,7 +16,7 @@ the sink until an operator approves it (docs/PROTOCOL.md, "Approval holds").
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..core.limits import U64_MAX
@@ -83,9 +83,10 @@ class ApprovalPolicy:
     invariants on: no new decision of the run is taken afterwards).
     """
 
-    kinds: tuple[str, ...] = ()
-    steps: tuple[str, ...] = ()
-    runs: tuple[str, ...] = ()
+    # Any sequence of strings (one string: itself alone); kept as a tuple.
+    kinds: Sequence[str] = ()
+    steps: Sequence[str] = ()
+    runs: Sequence[str] = ()
     predicate: Callable[[DecisionRequest], bool] | None = field(default=None, compare=False)
     expire_ms: int | None = None
     reject_closes_run: bool = False
