@@ -501,9 +501,15 @@ def _hold_in_default_layout(store: Path, run: str, count: int) -> list[str]:
 
 
 async def _outbox_rows(url: str) -> list[Any]:
+    """Every row of the outbox at ``url``, page after page."""
     outbox = await OutboxSink(url).open()
+    rows: list[Any] = []
     try:
-        return await outbox.fetch(after=0, limit=1000)
+        while True:
+            page = await outbox.fetch(after=rows[-1].seq if rows else 0, limit=1000)
+            rows += page
+            if len(page) < 1000:
+                return rows
     finally:
         await outbox.close()
 
@@ -974,3 +980,30 @@ def test_both_clients_act_on_a_run_in_bulk(service: ServiceProcess) -> None:
     assert (rejected.action, rejected.outcomes, len(rejected.audit)) == ("reject", (), 3)
     assert {entry.action for entry in rejected.audit} == {"reject"}
     assert "outcomes" not in rejected.to_dict()
+
+
+def test_two_processes_approving_at_once_on_postgres_deliver_once_into_its_outbox(
+    pg_url: str,
+) -> None:
+    """The joint path on PostgreSQL (the outbox in the ledger's database): two bulk
+    approvals of one run racing, each decision in the outbox once."""
+    run = f"run-pgo-{_uid()}"
+
+    async def seed() -> list[str]:
+        async with await PostgresLedger.connect(pg_url) as ledger:
+            outbox = await OutboxSink(pg_url).open()
+            try:
+                return await _hold_many(ledger, outbox, run, 30)
+            finally:
+                await outbox.close()
+
+    ids = asyncio.run(seed())
+    args = ["approve", "--ledger", pg_url, "--run", run, "--yes", "--reason", "race", "--json"]
+    results = _race([_cli(*args, "--actor", "ops-a"), _cli(*args, "--actor", "ops-b")])
+    for result in results:
+        assert result.returncode in (0, 3), result.stderr
+    approved = [entry for result in results for entry in json.loads(result.stdout)["audit"]]
+    assert sorted(entry["decision_id"] for entry in approved) == sorted(ids)
+    rows = [row for row in asyncio.run(_outbox_rows(pg_url)) if row.decision_id in set(ids)]
+    assert sorted(row.decision_id for row in rows) == sorted(ids)
+    assert all(row.first_attempt == row.highest_attempt == 1 for row in rows)
