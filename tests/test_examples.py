@@ -57,6 +57,21 @@ def test_01_library_quickstart(tmp_path: Path) -> None:
     assert rerun[:2] == ["duplicate 1", "duplicate False"]
 
 
+def test_08_approval_hold_delivers_the_approved_step_once(tmp_path: Path) -> None:
+    lines = _run("08_approval_hold.py", str(tmp_path), cwd=tmp_path)
+    assert lines == [
+        "agent: lookup-order submitted",
+        "agent: refund-order-7 held",
+        "operator: approved `refund-order-7` (was held, attempts 1); audit #1",
+        "agent: refund-order-7 is now completed",
+        "agent retries: refund-order-7 duplicate",
+        "outbox: ['lookup-order', 'refund-order-7']",
+        "audit: approve refund-order-7 by alice: customer verified by phone (was held)",
+        "service stopped with exit code 0",
+    ]
+    assert (tmp_path / "flowdecision.db").exists()
+
+
 def test_02_two_processes_one_killed(tmp_path: Path) -> None:
     lines = _run("02_two_processes.py", str(tmp_path), cwd=tmp_path)
     assert "B: dec-04 duplicate" in lines and "B: dec-05 submitted" in lines
@@ -98,6 +113,7 @@ LAST_LINES = {
     "05_procrastinate_sink.py": re.compile(r"the job ran 1 time\(s\)"),
     "06_temporal_sink.py": re.compile(r"each step scheduled once: True"),
     "07_restate_sink.py": re.compile(r"each decision applied once: True"),
+    "08_approval_hold.py": re.compile(r"service stopped with exit code 0"),
 }
 
 
