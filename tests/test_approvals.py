@@ -1007,3 +1007,21 @@ def test_two_processes_approving_at_once_on_postgres_deliver_once_into_its_outbo
     rows = [row for row in asyncio.run(_outbox_rows(pg_url)) if row.decision_id in set(ids)]
     assert sorted(row.decision_id for row in rows) == sorted(ids)
     assert all(row.first_attempt == row.highest_attempt == 1 for row in rows)
+
+
+def test_the_service_acts_in_bulk_by_query(service: ServiceProcess) -> None:
+    run = f"run-{_uid()}"
+    ids = [f"q-{index}-{_uid()}" for index in range(2)]
+    for decision_id in ids:
+        assert _post(service, _step(decision_id, run)).status_code == 202
+    none = _admin(service, "approve", {"run_id": run, "before": 1, "actor": "o", "reason": "r"})
+    assert (none.status_code, none.json()["outcomes"]) == (200, [])  # held long after 1 ms
+    since = _admin(service, "approve", {"run_id": run, "after": 0, "actor": "o", "reason": "r"})
+    assert since.status_code == 200, since.text
+    assert sorted(item["decision_id"] for item in since.json()["outcomes"]) == sorted(ids)
+    bad = _admin(service, "approve", {"after": "yesterday", "actor": "o", "reason": "r"})
+    assert (bad.status_code, bad.json()["error"]["code"]) == (422, "invalid_action")
+    both = _admin(
+        service, "reject", {"decision_id": ids[0], "after": 0, "actor": "o", "reason": "r"}
+    )
+    assert (both.status_code, both.json()["error"]["code"]) == (422, "invalid_action")

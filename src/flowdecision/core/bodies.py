@@ -329,10 +329,13 @@ class ApprovalPolicyBody(TypedDict):
 
 class HoldActionBody(TypedDict):
     """``POST /v1/actions/approve`` and ``/v1/actions/reject``: one held decision
-    (``decision_id``) or every held decision of a run (``run_id``), who acts, and why."""
+    (``decision_id``), or every held decision a query selects (``run_id``; ``after``
+    and ``before``: first held at or after, before this Unix ms), who acts, and why."""
 
     decision_id: NotRequired[str]
     run_id: NotRequired[str]
+    after: NotRequired[NonNegative]
+    before: NotRequired[NonNegative]
     actor: Annotated[str, Schema(minLength=1, maxLength=200)]
     reason: Annotated[str, Schema(minLength=1, maxLength=2000)]
 

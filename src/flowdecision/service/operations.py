@@ -294,10 +294,11 @@ async def _action_body(
     request: Request,
     optional: tuple[str, ...],
     fields: tuple[str, ...] = ("decision_id", "actor", "reason"),
+    times: tuple[str, ...] = (),
 ) -> dict[str, Any] | Response:
     """An action's body: admin token checked, size bounded, JSON with
-    ``fields`` (``decision_id``, ``actor`` and ``reason``) and the ``optional`` text
-    fields, or the answer refusing it."""
+    ``fields`` (``decision_id``, ``actor`` and ``reason``), the ``optional`` text
+    fields and the optional ``times`` (Unix ms), or the answer refusing it."""
     refusal = _admin_refusal(request)
     if refusal is not None:
         return refusal
@@ -315,25 +316,37 @@ async def _action_body(
         not isinstance(body, dict)
         or any(not isinstance(body.get(f), str) for f in fields)
         or any(not isinstance(body[f], str) for f in optional if f in body)
+        or any(not _unix_ms(body[f]) for f in times if f in body)
     ):
         shape = ", ".join(f'"{f}": str' for f in fields)
         shape += "".join(f', "{f}"?: str' for f in optional)
+        shape += "".join(f', "{f}"?: Unix ms' for f in times)
         return error_response(422, "invalid_action", f"the body must be {{{shape}}}")
-    unknown = sorted(set(body) - set(fields) - set(optional))
+    unknown = sorted(set(body) - set(fields) - set(optional) - set(times))
     if unknown:
         return error_response(422, "invalid_action", f"unknown field `{unknown[0]}`")
     return body
 
 
+def _unix_ms(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= U64_MAX
+
+
 async def _hold_action(request: Request, name: str) -> Response:
-    """Approve or reject one held decision (``decision_id``), or every held decision of
-    a run (``run_id``: the answer lists what was done and what was refused)."""
-    body = await _action_body(request, ("decision_id", "run_id"), ("actor", "reason"))
+    """Approve or reject one held decision (``decision_id``), or every held decision a
+    query selects (``run_id``, ``after``, ``before``: the answer lists what was done
+    and what was refused)."""
+    body = await _action_body(
+        request, ("decision_id", "run_id"), ("actor", "reason"), ("after", "before")
+    )
     if isinstance(body, Response):
         return body
-    if ("decision_id" in body) == ("run_id" in body):
+    by_query = any(key in body for key in ("run_id", "after", "before"))
+    if ("decision_id" in body) == by_query:
         return error_response(
-            422, "invalid_action", "name one held decision (`decision_id`) or a run (`run_id`)"
+            422,
+            "invalid_action",
+            "name one held decision (`decision_id`) or a query (`run_id`, `after`, `before`)",
         )
     service = _service(request)
     actor, reason = body["actor"], body["reason"]
@@ -351,7 +364,13 @@ async def _hold_action(request: Request, name: str) -> Response:
             return response_for_error(error, service.error_context())
         return JSONResponse(done)
     try:
-        query = DecisionQuery(run_id=body["run_id"], state=DecisionState.HELD, limit=MAX_PAGE_LIMIT)
+        query = DecisionQuery(
+            run_id=body.get("run_id"),
+            state=DecisionState.HELD,
+            after_ms=body.get("after"),
+            before_ms=body.get("before"),
+            limit=MAX_PAGE_LIMIT,
+        )
     except InvalidArgumentError as error:
         return error_response(422, "invalid_action", str(error))
     audit: list[Any] = []
