@@ -65,6 +65,9 @@ class ChaosConfig:
     failover_command: str | None = None
     failover_every_ms: int = 0
     max_failovers: int = 0
+    #: the approval phase: this many decisions held for approval, then approved in
+    #: bulk by operator processes that race and are SIGKILLed (0: no such phase)
+    approvals: int = 0
 
     def resolved(self) -> ChaosConfig:
         """A copy with defaults filled in and values checked."""
@@ -96,10 +99,17 @@ class ChaosConfig:
         if self.layout == "shared" and kind == "file":
             raise InvalidArgumentError("a file ledger cannot share its store with the outbox")
         out.layout = self.layout or ("separate" if kind == "file" else "shared")
-        if self.sink is not None and self.decisions > SINK_DECISIONS_MAX:
+        if self.approvals < 0:
+            raise InvalidArgumentError(f"approvals must be 0 or more, got {self.approvals}")
+        if self.approvals and kind == "file":
             raise InvalidArgumentError(
-                f"with --sink, at most {SINK_DECISIONS_MAX} decisions (one workflow's "
-                "history holds them all)"
+                "the approval phase needs a ledger that keeps holds (sqlite:///, "
+                "postgresql://): a file ledger is shared with Rust hosts, which know none"
+            )
+        if self.sink is not None and self.decisions + self.approvals > SINK_DECISIONS_MAX:
+            raise InvalidArgumentError(
+                f"with --sink, at most {SINK_DECISIONS_MAX} decisions and approvals in all "
+                "(one workflow's history holds them all)"
             )
         if out.outbox_url is None:
             out.outbox_url = (

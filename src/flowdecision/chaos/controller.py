@@ -274,6 +274,12 @@ def run_chaos(config: ChaosConfig, progress: Progress | None = None) -> ChaosRep
     if progress is not None:
         progress(fleet.plan_entries_done(), total_entries, dict(fleet.stats))
     report = asyncio.run(verify(cfg, fleet.stats, elapsed))
+    if cfg.approvals:  # before the relay phase, which then delivers these rows too
+        from .approval_phase import run_approval_phase
+
+        checks, figures = run_approval_phase(cfg, workdir)
+        report.checks.update(checks)
+        report.figures.update(figures)
     if cfg.sink is not None:
         from .relay_phase import run_relay_phase
 

@@ -153,6 +153,15 @@ __all__ = ["chaos"]
     type=click.IntRange(0),
     help="At most this many failovers (0: no limit).",
 )
+@click.option(
+    "--approvals",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="The approval phase: hold this many decisions for approval, then approve them in "
+    "bulk through `flowdecision approve` processes that race and are SIGKILLed; each must "
+    "be delivered and approved once (SQLite and PostgreSQL ledgers).",
+)
 @click.option("--seed", default=None, type=int, help="Reproduce a workload and fault schedule.")
 @click.option("--workdir", default=None, help="Keep journals here (default: a temp dir).")
 @click.option("--keep", is_flag=True, help="Keep the temporary work directory.")
@@ -182,6 +191,7 @@ def chaos(
     failover_command: str | None,
     failover_every_ms: int,
     max_failovers: int,
+    approvals: int,
     seed: int | None,
     workdir: str | None,
     keep: bool,
@@ -220,6 +230,7 @@ def chaos(
             failover_command=failover_command,
             failover_every_ms=failover_every_ms if failover_command else 0,
             max_failovers=max_failovers,
+            approvals=approvals,
             seed=seed,
             workdir=workdir,
             timeout_s=timeout_s,
