@@ -514,9 +514,11 @@ async def _outbox_rows(url: str) -> list[Any]:
         await outbox.close()
 
 
-def _race(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
+def _race(commands: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
     procs = [
-        subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            cmd, env=_env(), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for cmd in commands
     ]
     done = []
@@ -537,7 +539,9 @@ def test_two_processes_approving_at_once_deliver_each_decision_once_into_the_out
     ids = _hold_in_default_layout(store, "run-race", 40)
     bulk = ["approve", "--ledger", url, "--run", "run-race", "--yes", "--reason", "race", "--json"]
     one = ["approve", "--ledger", url, ids[7], "--reason", "race", "--json"]
-    results = _race([_cli(*bulk, "--actor", "ops-a"), _cli(*bulk, "--actor", "ops-b"), _cli(*one)])
+    results = _race(
+        [_cli(*bulk, "--actor", "ops-a"), _cli(*bulk, "--actor", "ops-b"), _cli(*one)], tmp_path
+    )
     for result in results:
         assert result.returncode in (0, 3), result.stderr  # 3: a decision the other took
     approved = [entry for result in results for entry in json.loads(result.stdout)["audit"]]
@@ -578,7 +582,7 @@ def test_two_processes_approving_into_a_webhook_deliver_once(pg_url: str, tmp_pa
         receiver.delay_s = 0.05
         args = ["approve", "--ledger", pg_url, "--sink", receiver.url, "--run", run, "--yes",
                 "--reason", "race", "--json"]  # fmt: skip
-        results = _race([_cli(*args), _cli(*args)])
+        results = _race([_cli(*args), _cli(*args)], tmp_path)
         for result in results:
             assert result.returncode in (0, 3), result.stderr
         keys = [headers.get("Idempotency-Key") for _path, headers, _body in receiver.requests]
@@ -596,7 +600,7 @@ def test_an_approval_racing_sigkill_delivers_once_into_the_outbox(tmp_path: Path
     ids = _hold_in_default_layout(store, "run-kill", 150)
     args = ["approve", "--ledger", url, "--run", "run-kill", "--yes", "--reason", "kill"]
     victim = subprocess.Popen(
-        _cli(*args), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        _cli(*args), env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
 
     def some_approved() -> bool:
@@ -615,8 +619,9 @@ def test_an_approval_racing_sigkill_delivers_once_into_the_outbox(tmp_path: Path
     victim.wait(30)
     assert victim.returncode == -signal.SIGKILL
     again = subprocess.run(
-        _cli(*args, "--json"), env=_env(), capture_output=True, text=True, timeout=300
-    )
+        _cli(*args, "--json"), env=_env(), cwd=tmp_path, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
     assert again.returncode in (0, 3), again.stderr
 
     async def check() -> None:
@@ -856,33 +861,30 @@ def test_both_clients_approve_reject_and_wait(service: ServiceProcess) -> None:
 
 
 def test_the_cli_approves_and_rejects_by_id_and_by_run(tmp_path: Path) -> None:
-    store = tmp_path / "flowdecision.db"
-    url = f"sqlite:///{store}"
-
+    """In a directory of the default layout, with no --ledger and no --sink: the
+    approval lands in the outbox `serve` would deliver to (the same file)."""
+    store = tmp_path / ".flowdecision" / "flowdecision.db"
     ids = _hold_in_default_layout(store, "run-cli", 4)
-    base = ["--ledger", url, "--reason", "cli"]
-    one = subprocess.run(
-        _cli("approve", ids[0], *base, "--actor", "me"), env=_env(), capture_output=True,
-        text=True, timeout=120,
-    )  # fmt: skip
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            _cli(*args, "--reason", "cli"), env=_env(), cwd=tmp_path, capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+
+    one = cli("approve", ids[0], "--actor", "me")
     assert one.returncode == 0, one.stderr
     assert one.stdout.startswith(f"approved `{ids[0]}` (was held, attempts 1); audit #1")
-    preview = subprocess.run(
-        _cli("reject", "--run", "run-cli", *base), env=_env(), capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
+    rows = asyncio.run(_outbox_rows(f"sqlite:///{store}"))
+    assert [row.decision_id for row in rows] == [ids[0]]
+    preview = cli("reject", "--run", "run-cli")
     assert preview.returncode == 2 and "4 decision(s) match; nothing was done" in preview.stdout
-    rejected = subprocess.run(
-        _cli("reject", "--run", "run-cli", *base, "--yes", "--json"), env=_env(),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    rejected = cli("reject", "--run", "run-cli", "--yes", "--json")
     assert rejected.returncode == 3  # the approved one is listed as refused
     body = json.loads(rejected.stdout)
     assert sorted(e["decision_id"] for e in body["audit"]) == sorted(ids[1:])
     assert [item["decision_id"] for item in body["refused"]] == [ids[0]]
-    again = subprocess.run(
-        _cli("approve", ids[1], *base), env=_env(), capture_output=True, text=True, timeout=120
-    )
+    again = cli("approve", ids[1])
     assert again.returncode == 3 and "rejected" in again.stderr
 
 
@@ -983,7 +985,7 @@ def test_both_clients_act_on_a_run_in_bulk(service: ServiceProcess) -> None:
 
 
 def test_two_processes_approving_at_once_on_postgres_deliver_once_into_its_outbox(
-    pg_url: str,
+    pg_url: str, tmp_path: Path
 ) -> None:
     """The joint path on PostgreSQL (the outbox in the ledger's database): two bulk
     approvals of one run racing, each decision in the outbox once."""
@@ -999,7 +1001,7 @@ def test_two_processes_approving_at_once_on_postgres_deliver_once_into_its_outbo
 
     ids = asyncio.run(seed())
     args = ["approve", "--ledger", pg_url, "--run", run, "--yes", "--reason", "race", "--json"]
-    results = _race([_cli(*args, "--actor", "ops-a"), _cli(*args, "--actor", "ops-b")])
+    results = _race([_cli(*args, "--actor", "ops-a"), _cli(*args, "--actor", "ops-b")], tmp_path)
     for result in results:
         assert result.returncode in (0, 3), result.stderr
     approved = [entry for result in results for entry in json.loads(result.stdout)["audit"]]

@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from ..core.defaults import default_ledger_url, default_outbox_url, default_sink_url
 from ..core.dispatcher import DEFAULT_LEASE_MS, Dispatcher
 from ..errors import FlowDecisionError, InvalidArgumentError
 from ..ledger import Ledger, open_ledger
@@ -404,23 +405,26 @@ def _action_command(
 ) -> click.Command:
     """The ``release``, ``forget`` or ``reject`` command: the same options, one action."""
 
-    def command(
-        ledger_url: str,
-        decision_ids: tuple[str, ...],
-        run_id: str | None,
-        state: str | None,
-        after: str | None,
-        before: str | None,
-        by: str | None,
-        actor: str | None,
-        reason: str,
-        yes: bool,
-        as_json: bool,
-    ) -> None:
-        filters = (run_id, state, after, before, by)
-        _act(name, ledger_url, decision_ids, filters, actor, reason, yes, as_json, allowed)
+    def command(**options: Any) -> None:
+        _act_with(name, options, allowed)
 
     return click.command(name, help=doc)(_action_options(command, reason_help))
+
+
+def _act_with(
+    name: str,
+    options: dict[str, Any],
+    allowed: set[DecisionState],
+    action: Action | None = None,
+    cleanup: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """:func:`_act` with the options :func:`_action_options` parsed."""
+    filters = tuple(options[key] for key in ("run_id", "state", "after", "before", "by"))
+    _act(
+        name, options["ledger_url"], options["decision_ids"], filters,
+        options["actor"], options["reason"], options["yes"], options["as_json"], allowed,
+        action, cleanup,
+    )  # fmt: skip
 
 
 release_cmd = _action_command(
@@ -447,21 +451,7 @@ reject_cmd = _action_command(
 )
 
 
-def _approve(
-    ledger_url: str,
-    decision_ids: tuple[str, ...],
-    run_id: str | None,
-    state: str | None,
-    after: str | None,
-    before: str | None,
-    by: str | None,
-    actor: str | None,
-    reason: str,
-    yes: bool,
-    as_json: bool,
-    sink_url: str | None,
-    lease_ms: int,
-) -> None:
+def _approve(sink_url: str | None, lease_ms: int, **options: Any) -> None:
     """Approve held decisions (approval holds): each is dispatched to the sink exactly once.
 
     On the default layout (the outbox in the ledger's store) the approval, the
@@ -471,7 +461,11 @@ def _approve(
     expires. By query (``--run``, ``--after``...), only held decisions are
     approved. Each approval is audited.
     """
-    target = sink_url or ledger_url
+    ledger_url = options["ledger_url"]
+    # Where `serve` would deliver with this ledger: the default layout's outbox by default.
+    target = sink_url or (
+        default_outbox_url() if ledger_url == default_ledger_url() else default_sink_url(ledger_url)
+    )
     approvers: list[Dispatcher] = []
 
     async def approve(ledger: Ledger, decision_id: str, who: str, why: str) -> Any:
@@ -485,11 +479,7 @@ def _approve(
         for dispatcher in approvers:
             await close_sink(dispatcher.sink)
 
-    filters = (run_id, state, after, before, by)
-    _act(
-        "approve", ledger_url, decision_ids, filters, actor, reason, yes, as_json,
-        {DecisionState.HELD}, approve, cleanup,
-    )  # fmt: skip
+    _act_with("approve", options, {DecisionState.HELD}, approve, cleanup)
 
 
 approve_cmd = click.command("approve", help=_approve.__doc__)(
@@ -497,8 +487,8 @@ approve_cmd = click.command("approve", help=_approve.__doc__)(
         "--sink",
         "sink_url",
         envvar="FLOWDECISION_SINK",
-        help="Where approved decisions go: a sink URL (default: the ledger's own store, the "
-        "default layout's outbox).",
+        help="Where approved decisions go: a sink URL (default: where `serve` delivers with "
+        "this ledger: the default layout's outbox, or the ledger's own store).",
     )(
         click.option(
             "--lease-ms",

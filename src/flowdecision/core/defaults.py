@@ -40,6 +40,7 @@ __all__ = [
     "SERVICE_HOST",
     "SERVICE_PORT",
     "SERVICE_URL",
+    "SHARED_STORE_SCHEMES",
     "SQLITE_BUSY_TIMEOUT_MS",
     "SQLITE_CACHE_KIB",
     "SQLITE_INLINE_MAX_MS",
@@ -52,6 +53,7 @@ __all__ = [
     "default_ledger_path",
     "default_ledger_url",
     "default_outbox_url",
+    "default_sink_url",
     "legacy_layout_only",
     "legacy_outbox_exists",
 ]
@@ -87,6 +89,19 @@ def default_ledger_url() -> str:
 def default_outbox_url() -> str:
     """The outbox used here when none is named (see :func:`default_ledger_url`)."""
     return LEGACY_OUTBOX_URL if legacy_layout_only() else DEFAULT_STORE_URL
+
+
+#: URL schemes of the stores that hold the outbox beside the ledger (one store).
+SHARED_STORE_SCHEMES = ("sqlite", "postgres", "postgresql")
+
+
+def default_sink_url(ledger: str) -> str:
+    """The sink ``serve`` uses with ``ledger`` named and no sink: the ledger's own store
+    (SQLite, PostgreSQL) unless this directory keeps the old ``.flowdecision/outbox.db``,
+    which is used then (as for any other ledger). ``flowdecision approve`` delivers
+    there too."""
+    shared = urlsplit(ledger).scheme.lower() in SHARED_STORE_SCHEMES
+    return ledger if shared and not legacy_outbox_exists() else LEGACY_OUTBOX_URL
 
 
 def default_ledger_path() -> Path:

@@ -29,9 +29,11 @@ from ..core.defaults import (
     LOG_LEVELS,
     SERVICE_HOST,
     SERVICE_PORT,
+    SHARED_STORE_SCHEMES,
     WEBHOOK_MAX_ATTEMPTS,
     WEBHOOK_TIMEOUT_S,
     default_outbox_url,
+    default_sink_url,
     legacy_layout_only,
     legacy_outbox_exists,
 )
@@ -76,7 +78,6 @@ MIN_TOKEN_CHARS = 16
 DEFAULT_LEDGER_URL = DEFAULT_STORE_URL
 DEFAULT_SINK_URL = DEFAULT_STORE_URL
 LEGACY_SINK_URL = LEGACY_OUTBOX_URL
-_SHARED_STORE_SCHEMES = ("sqlite", "postgres", "postgresql")
 
 
 @dataclass(frozen=True, slots=True)
@@ -560,13 +561,13 @@ def _default_stores(merged: dict[str, Any]) -> None:
         return
     if "sink" not in merged:
         ledger = merged["ledger"]
-        shared = urlsplit(ledger).scheme.lower() in _SHARED_STORE_SCHEMES
+        shared = urlsplit(ledger).scheme.lower() in SHARED_STORE_SCHEMES
         if shared and legacy_outbox_exists():
             _log.warning(
                 "keeping the existing outbox .flowdecision/outbox.db; name --sink to move "
                 "the outbox into the ledger's store (docs/OPERATIONS.md, 'Store layout')"
             )
-        merged["sink"] = ledger if shared and not legacy_outbox_exists() else LEGACY_SINK_URL
+        merged["sink"] = default_sink_url(ledger)
 
 
 def _bearer_tokens(
