@@ -682,6 +682,7 @@ class Dispatcher:
             return await self._joint_commit(request, hash_, identity, receipt, trace, hold)
         step = _tracing.SpanScope if traced else _untraced
         decision_id = request.decision_id
+        origin = decision_origin(request)
         try:
             with step("flowdecision.claim"):
                 outcome = await self.ledger.claim(
@@ -690,7 +691,7 @@ class Dispatcher:
                     self.owner_id,
                     lease_ms=self.lease_ms,
                     identity=identity,
-                    origin=decision_origin(request),
+                    origin=origin,
                     **holding,
                 )
         except LedgerError as error:
@@ -698,26 +699,25 @@ class Dispatcher:
         if not isinstance(outcome, Claimed):
             return await self._not_claimed(decision_id, outcome)
         self._count_claim(outcome, traced)
-        return await self._deliver(request, hash_, identity, receipt, outcome, trace)
+        return await self._deliver(request, (hash_, identity, receipt), outcome, origin, trace)
 
     async def _deliver(
         self,
         request: DecisionRequest,
-        hash_: str,
-        identity: ExecutionIdentity,
-        receipt: ResultReceipt,
+        bound: tuple[str, ExecutionIdentity, ResultReceipt],
         outcome: Claimed,
+        origin: DecisionOrigin,
         trace: str | None,
     ) -> DispatchOutcome:
-        """Submit a claimed decision to the sink under the lease, then complete it."""
+        """Submit a claimed decision to the sink under the lease, then complete it
+        (``bound``: its request hash, identity and receipt)."""
+        hash_, identity, receipt = bound
         step = _tracing.SpanScope if _tracing.active() else _untraced
         decision_id = request.decision_id
         ledger = self.ledger
         # Only a ledger keeping the run invariants takes the origin at completion
         # (the terminal decision's closes its run); older wrappers never see it.
-        closing: dict[str, Any] = (
-            {"origin": decision_origin(request)} if self._run_invariants else {}
-        )
+        closing: dict[str, Any] = {"origin": origin} if self._run_invariants else {}
         with step("flowdecision.sink.submit", attributes={"flowdecision.attempt": outcome.attempt}):
             await self._submit(request, outcome.attempt, ClaimKey(decision_id, hash_, identity))
 
@@ -859,6 +859,7 @@ class Dispatcher:
         row = None
         if self.joint:
             row = await cast(JointSink, self.sink).prepare(request)
+        origin = decision_origin(request)
         acted: Acted = await self.ledger.approve(
             decision_id,
             hash_,
@@ -867,7 +868,7 @@ class Dispatcher:
             actor=actor,
             reason=reason,
             identity=identity,
-            origin=decision_origin(request),
+            origin=origin,
             receipt=receipt,
             row=row,
         )
@@ -888,7 +889,8 @@ class Dispatcher:
             return ApprovalOutcome(
                 DispatchOutcome(True, decision_id, outcome.attempt, receipt), acted.entry
             )
-        dispatched = await self._deliver(request, hash_, identity, receipt, outcome, None)
+        bound = (hash_, identity, receipt)
+        dispatched = await self._deliver(request, bound, outcome, origin, None)
         return ApprovalOutcome(dispatched, acted.entry)
 
     def _count_claim(self, claimed: Claimed, traced: bool) -> None:
