@@ -384,6 +384,28 @@ async def test_holds_keep_the_run_invariants(layout: _Layout) -> None:
     assert await layout.delivered(step_id) == 0
 
 
+async def test_an_approval_and_a_rejection_racing_one_wins(layout: _Layout) -> None:
+    dispatcher = layout.dispatcher(ApprovalPolicy(steps=["payments.*"]))
+    ids = [f"duel-{index}-{_uid()}" for index in range(6)]
+    for decision_id in ids:
+        assert (await dispatcher.dispatch(_step(decision_id, f"run-{_uid()}"))).held
+    for decision_id in ids:
+        approved, rejected = await asyncio.gather(
+            dispatcher.approve(decision_id, actor="a", reason="yes"),
+            layout.ledger.reject(decision_id, actor="b", reason="no"),
+            return_exceptions=True,
+        )
+        # Exactly one acts; the other is refused for the state the first left.
+        assert isinstance(approved, ActionRefusedError) != isinstance(rejected, ActionRefusedError)
+        state = await layout.ledger.lookup(decision_id)
+        assert state is not None
+        if isinstance(approved, ActionRefusedError):
+            assert isinstance(state.state, Rejected) and await layout.delivered(decision_id) == 0
+        else:
+            assert state.state.kind == "completed" and await layout.delivered(decision_id) == 1
+    assert (await layout.ledger.verify_audit()).ok
+
+
 async def test_unknown_and_never_held_decisions_are_refused(layout: _Layout) -> None:
     dispatcher = layout.dispatcher(ApprovalPolicy(steps=["payments.*"]))
     with pytest.raises(UnknownDecisionError):
