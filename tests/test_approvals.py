@@ -42,6 +42,7 @@ from flowdecision.errors import (
     DecisionRejectedError,
     InvalidArgumentError,
     RunClosedError,
+    SinkConflictError,
     UnknownDecisionError,
 )
 from flowdecision.ledger import JsonFileLedger, Ledger
@@ -1049,3 +1050,37 @@ def test_the_service_acts_in_bulk_by_query(service: ServiceProcess) -> None:
         service, "reject", {"decision_id": ids[0], "after": 0, "actor": "o", "reason": "r"}
     )
     assert (both.status_code, both.json()["error"]["code"]) == (422, "invalid_action")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_an_outbox_row_of_other_content_refuses_the_approval_and_keeps_the_hold(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The outbox already holds other content under the decision's id (written by a
+    dispatcher on another ledger): the approval's transaction rolls back whole -- no
+    claim, no audit entry -- and the decision stays held."""
+    url = (
+        f"sqlite:///{tmp_path / 'store.db'}"
+        if kind == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    ledger: Ledger = (
+        await SqliteLedger.open(tmp_path / "store.db")
+        if kind == "sqlite"
+        else await PostgresLedger.connect(url)
+    )
+    outbox = await OutboxSink(url).open()
+    try:
+        decision_id, run = f"clash-{_uid()}", f"run-{_uid()}"
+        held = Dispatcher("production", outbox, ledger, approvals=ApprovalPolicy(runs=[run]))
+        assert (await held.dispatch(_step(decision_id, run))).held
+        elsewhere = Dispatcher("production", outbox, MemoryLedger())  # not joint: a plain submit
+        assert (await elsewhere.dispatch(_step(decision_id, run, n=2))).submitted
+        with pytest.raises(SinkConflictError):
+            await held.approve(decision_id, actor="ops", reason="r")
+        looked = await ledger.lookup(decision_id)
+        assert looked is not None and isinstance(looked.state, Held)
+        assert (await ledger.audit(_audit_query(decision_id))).entries == ()
+    finally:
+        await outbox.close()
+        await ledger.close()

@@ -857,21 +857,26 @@ class Dispatcher:
     ) -> ApprovalOutcome | Busy:
         decision_id = request.decision_id
         row = None
-        if self.joint:
-            row = await cast(JointSink, self.sink).prepare(request)
         origin = decision_origin(request)
-        acted: Acted = await self.ledger.approve(
-            decision_id,
-            hash_,
-            self.owner_id,
-            lease_ms=self.lease_ms,
-            actor=actor,
-            reason=reason,
-            identity=identity,
-            origin=origin,
-            receipt=receipt,
-            row=row,
-        )
+        try:
+            if self.joint:
+                row = await cast(JointSink, self.sink).prepare(request)
+            acted: Acted = await self.ledger.approve(
+                decision_id,
+                hash_,
+                self.owner_id,
+                lease_ms=self.lease_ms,
+                actor=actor,
+                reason=reason,
+                identity=identity,
+                origin=origin,
+                receipt=receipt,
+                row=row,
+            )
+        except LedgerError:
+            raise  # an operator action's errors: refused, unknown, the ledger failing
+        except Exception as error:  # the sink refused its row (e.g. different content)
+            raise sink_failure(decision_id, error) from error
         outcome = acted.outcome
         if acted.expired:
             raise ActionRefusedError(

@@ -824,7 +824,10 @@ def approve(
     if record is None:
         raise _missing(entry.decision_id)
     if record.request_hash != key.request_hash or _identity_conflicts(record, key.identity):
-        raise LedgerError(f"decision `{key.decision_id}` request hash conflicts with its hold")
+        # (Forgotten and held again with other content since the approver read it.)
+        raise ActionRefusedError(
+            f"decision `{key.decision_id}` changed while it was being approved: approve it again"
+        )
     state = decision_state(record, now_ms)
     if record.status in (ClaimStatus.COMPLETED, ClaimStatus.TOMBSTONE):
         done = AlreadyCompleted(

@@ -885,7 +885,7 @@ class PostgresLedger(SqlLedger):
                 # together (a refused row raises: the transaction rolls back).
                 (done,) = await pg_insert_rows(conn, [(op.row, applied.row_attempt)])
                 if isinstance(done, BaseException):
-                    raise done
+                    raise _RowRefused(done)
                 acted = dataclasses.replace(acted, inserted=done)
             if applied.record is not None:
                 values = encode_row(decision_id, applied.record, index_max=None)
@@ -896,7 +896,10 @@ class PostgresLedger(SqlLedger):
                 acted = dataclasses.replace(acted, entry=await _append_audit(conn, acted.entry))
             return acted
 
-        return await self._locked(decision_id, attempt)
+        try:
+            return await self._locked(decision_id, attempt)
+        except _RowRefused as refused:
+            raise refused.error from None  # rolled back: the sink's refusal, as it is
 
     async def _query_clock(self) -> int:
         return await self.db_now_ms()
@@ -918,6 +921,15 @@ async def _append_audit(conn: Any, entry: AuditEntry) -> AuditEntry:
     chained = entry.chained(await conn.fetchval(LAST_AUDIT_HASH_SQL))
     seq = await conn.fetchval(_AUDIT_INSERT_SQL, *audit_values(chained))
     return dataclasses.replace(chained, seq=int(seq))
+
+
+class _RowRefused(LedgerError):
+    """The joint row was refused (other content under the id): the transaction rolls
+    back, and the caller gets ``error`` itself (a LedgerError passes :meth:`_locked`)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class _LostInsert(Exception):
