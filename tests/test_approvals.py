@@ -85,6 +85,18 @@ def _uid() -> str:
     return uuid.uuid4().hex[:10]
 
 
+def _held_body(decision_id: str) -> dict[str, Any]:
+    """The one JSON shape of a held answer (a hold that never expires)."""
+    return {
+        "outcome": "held",
+        "decision_id": decision_id,
+        "attempt": None,
+        "receipt": None,
+        "state": "held",
+        "hold_expires_at_ms": None,
+    }
+
+
 # -- the policy ----------------------------------------------------------------------
 
 
@@ -245,14 +257,7 @@ async def test_a_held_decision_reaches_nothing_until_approved_then_exactly_once(
         False,
         None,
     )
-    assert first.to_dict() == {
-        "outcome": "held",
-        "decision_id": held_id,
-        "attempt": None,
-        "receipt": None,
-        "state": "held",
-        "hold_expires_at_ms": None,
-    }
+    assert first.to_dict() == _held_body(held_id)
     again = await dispatcher.dispatch(_step(held_id, run))  # the same decision again: held
     assert again.held
     with pytest.raises(DecisionConflictError):  # other content under the id: a conflict
@@ -765,14 +770,7 @@ def test_the_service_answers_202_held_and_approves_over_http(service: ServicePro
     held_id = f"h-{_uid()}"
     first = _post(service, _step(held_id, run))
     assert first.status_code == 202, first.text
-    assert first.json() == {
-        "outcome": "held",
-        "decision_id": held_id,
-        "attempt": None,
-        "receipt": None,
-        "state": "held",
-        "hold_expires_at_ms": None,
-    }
+    assert first.json() == _held_body(held_id)
     again = _post(service, _step(held_id, run))
     assert (again.status_code, again.json()["outcome"]) == (202, "held")
     auth = {"Authorization": f"Bearer {TOKEN}"}
