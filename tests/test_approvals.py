@@ -41,6 +41,7 @@ from flowdecision.errors import (
     DecisionConflictError,
     DecisionRejectedError,
     InvalidArgumentError,
+    LedgerSchemaError,
     RunClosedError,
     SinkConflictError,
     UnknownDecisionError,
@@ -1082,3 +1083,31 @@ async def test_an_outbox_row_of_other_content_refuses_the_approval_and_keeps_the
     finally:
         await outbox.close()
         await ledger.close()
+
+
+async def test_a_schema_7_postgres_ledger_takes_holds_after_migrate(pg_empty_url: str) -> None:
+    await PostgresLedger(pg_empty_url).migrate()
+    conn = await asyncpg.connect(pg_empty_url)
+    try:  # back to schema 7: the status constraint without the hold states
+        await conn.execute(
+            "ALTER TABLE flowdecision_claims DROP CONSTRAINT flowdecision_claims_status_check"
+        )
+        await conn.execute(
+            "ALTER TABLE flowdecision_claims ADD CONSTRAINT flowdecision_claims_status_check "
+            "CHECK (status IN ('pending', 'completed', 'tombstone'))"
+        )
+        await conn.execute("DELETE FROM flowdecision_schema_version WHERE version > 7")
+    finally:
+        await conn.close()
+    with pytest.raises(LedgerSchemaError):
+        await PostgresLedger.connect(pg_empty_url)  # PostgreSQL migrates only when asked
+    before, after = await PostgresLedger(pg_empty_url).migrate()
+    assert (before, after) == (7, 8)
+    async with await PostgresLedger.connect(pg_empty_url) as ledger:
+        dispatcher = Dispatcher(
+            "production", RecordingSink(), ledger, approvals=ApprovalPolicy(kinds=["complete"])
+        )
+        assert (await dispatcher.dispatch(_end("pg7", "run-pg7"))).held
+        await ledger.reject("pg7", actor="ops", reason="upgraded")
+        looked = await ledger.lookup("pg7")
+        assert looked is not None and isinstance(looked.state, Rejected)
