@@ -387,6 +387,21 @@ class Ledger(Closable, abc.ABC):
     async def _audit(self, query: AuditQuery) -> AuditPage:
         """A page of the audit trail."""
 
+    async def _due_holds(self, now_ms: int) -> list[str]:
+        """The held decisions whose hold expired by ``now_ms`` (the SQL ledgers ask
+        their store; this reads every held decision's row)."""
+        due: list[str] = []
+        query: DecisionQuery | None = DecisionQuery(state=DecisionState.HELD, limit=MAX_PAGE_LIMIT)
+        while query is not None:
+            page = await self.list_decisions(query, now_ms=now_ms)
+            due += [
+                row.decision_id
+                for row in page.decisions
+                if row.hold_expires_at_ms is not None and row.hold_expires_at_ms <= now_ms
+            ]
+            query = None if page.next_cursor is None else query.next_page(page.next_cursor)
+        return due
+
     async def _act_on_hold(self, decision_id: str, op: HoldOperation) -> Acted:
         """Atomically apply an operator's action on a held decision (:class:`HoldOperation`);
         the returned :class:`Acted` carries the appended entry (its ``seq``) and, on the
@@ -745,18 +760,8 @@ class Ledger(Closable, abc.ABC):
         (or an operator acted on) meanwhile is skipped.
         """
         now = await self._query_clock() if now_ms is None else check_u64("now_ms", now_ms)
-        due: list[str] = []
-        query: DecisionQuery | None = DecisionQuery(state=DecisionState.HELD, limit=MAX_PAGE_LIMIT)
-        while query is not None:
-            page = await self.list_decisions(query, now_ms=now)
-            due += [
-                row.decision_id
-                for row in page.decisions
-                if row.hold_expires_at_ms is not None and row.hold_expires_at_ms <= now
-            ]
-            query = None if page.next_cursor is None else query.next_page(page.next_cursor)
         done: list[AuditEntry] = []
-        for decision_id in due:
+        for decision_id in await self._due_holds(now):
             try:
                 done.append(await self.expire_hold(decision_id))
             except ActionRefusedError:

@@ -36,7 +36,7 @@ from .query import (
 from .rows import AUDIT_COLUMNS, AUDIT_TABLE, I64_MAX, TABLE, DecodedRecords, creation_of
 from .states import AuditEntry, DecisionState
 
-__all__ = ["SqlLedger", "audit_sql", "decision_sql"]
+__all__ = ["SqlLedger", "audit_sql", "decision_sql", "due_holds_sql"]
 
 R = TypeVar("R")
 
@@ -176,6 +176,23 @@ def audit_sql(query: AuditQuery, style: Style) -> tuple[str, list[Any]]:
     return sql, param.values
 
 
+#: A held decision's hold expiry, as its record's JSON holds it (per dialect).
+_HOLD_EXPIRY = {
+    "?": "(CASE WHEN json_valid(record) THEN json_extract(record, '$.hold_expires_at_ms') END)",
+    "$": "(record::json ->> 'hold_expires_at_ms')::numeric",
+}
+
+
+def due_holds_sql(now_ms: int, style: Style) -> tuple[str, list[Any]]:
+    """``(sql, params)`` for the ids of the held decisions whose hold expired by ``now_ms``:
+    the state index's ``held`` range, the expiry read from each held record's JSON."""
+    param = _Params(style)
+    at = param(min(now_ms, I64_MAX) if style == "?" else now_ms, "::numeric")
+    return (
+        f"SELECT decision_id FROM {TABLE} WHERE status = 'held' AND {_HOLD_EXPIRY[style]} <= {at}"
+    ), param.values
+
+
 class SqlLedger(Ledger):
     """A :class:`~.base.Ledger` in a SQL store: the operator queries are this
     module's, run by the backend (SQLite and PostgreSQL).
@@ -212,6 +229,10 @@ class SqlLedger(Ledger):
     async def _count(self, query: DecisionQuery, now_ms: int) -> int:
         sql, params = decision_sql(query, now_ms, self._style, count=True)
         return int((await self._select(sql, params, _first))[0])
+
+    async def _due_holds(self, now_ms: int) -> list[str]:
+        sql, params = due_holds_sql(now_ms, self._style)
+        return await self._select(sql, params, _first)
 
     async def _audit(self, query: AuditQuery) -> AuditPage:
         sql, params = audit_sql(query, self._style)
