@@ -25,6 +25,7 @@ from tests.ledger_fixtures import (  # noqa: F401 (fixtures and a hook, re-expor
     pg_server_url,
     pg_url,
     pytest_terminal_summary,
+    shared_store_url,
 )
 
 # ---------------------------------------------------------------------------

@@ -4,6 +4,8 @@
   ``FLOWDECISION_TEST_POSTGRES_URL`` names; never skipped.
 * ``pg_url`` (session): a migrated database on it.
 * ``pg_empty_url``: a brand-new unmigrated database.
+* ``shared_store_url``: parametrized over sqlite/postgres: one store holding
+  both the ledger and the outbox (the joint path's layout), empty.
 * ``backend``: parametrized over memory/file/sqlite/postgres; ``await backend()``
   opens a new ledger on the same store.
 * ``pytest_terminal_summary``: reports the stateful test's examples per backend.
@@ -108,6 +110,24 @@ async def pg_empty_url(pg_server_url: str) -> str:
     global _database_counter
     _database_counter += 1
     return await _create_database(pg_server_url, f"flowdecision_empty_{_database_counter}")
+
+
+@_pytest.fixture(params=["sqlite", "postgres"])
+async def shared_store_url(request: _pytest.FixtureRequest, tmp_path: _Path) -> _AsyncIterator[str]:
+    """One store holding both the ledger and the outbox: a new SQLite file, or the
+    migrated PostgreSQL database emptied of decisions, runs and outbox rows."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'flowdecision.db'}"
+        return
+    import asyncpg
+
+    url: str = request.getfixturevalue("pg_url")
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("TRUNCATE flowdecision_claims, flowdecision_runs, flow_decision_outbox")
+    finally:
+        await conn.close()
+    yield url
 
 
 @_pytest.fixture(params=_BACKENDS)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +23,6 @@ from flowdecision.store.joint import JointResult, JointRow, pg_insert_rows, sqli
 from tests.helpers import step_request
 
 BRANCH = "production"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """One store holding both the ledger and the outbox."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'flowdecision.db'}"
-        return
-    import asyncpg
-
-    url: str = request.getfixturevalue("pg_url")  # migrated: ledger and outbox
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute("TRUNCATE flowdecision_claims, flowdecision_runs, flow_decision_outbox")
-    finally:
-        await conn.close()
-    yield url
 
 
 async def _insert(url: str, rows: list[tuple[JointRow, int]]) -> list[JointResult]:
@@ -64,17 +46,17 @@ async def _insert(url: str, rows: list[tuple[JointRow, int]]) -> list[JointResul
         await pg.close()
 
 
-async def test_one_batch_says_per_row_inserted_replayed_or_refused(store_url: str) -> None:
+async def test_one_batch_says_per_row_inserted_replayed_or_refused(shared_store_url: str) -> None:
     """New rows, a replay (its highest attempt rises) and a conflict (refused, the
     stored row untouched) in one batch: one answer per row, in the batch's order,
     and the new rows' seq in that order."""
-    outbox = await OutboxSink(store_url).open()
+    outbox = await OutboxSink(shared_store_url).open()
     try:
         await outbox.deliver(step_request("same"), 1)
         await outbox.deliver(step_request("other", "earlier content"), 1)
         ids = ["new-1", "same", "new-2", "other", "new-3"]
         rows = [(await outbox.prepare(step_request(key)), 3) for key in ids]
-        done = await _insert(store_url, rows)
+        done = await _insert(shared_store_url, rows)
         assert done[:3] + done[4:] == [True, False, True, True]
         refused = done[3]
         assert isinstance(refused, OutboxConflictError) and refused.decision_id == "other"
@@ -88,10 +70,10 @@ async def test_one_batch_says_per_row_inserted_replayed_or_refused(store_url: st
         assert by_id["other"].request == step_request("other", "earlier content")
         assert by_id["other"].highest_attempt == 1
         # A replay with a lower attempt leaves the highest as it is.
-        assert await _insert(store_url, [(rows[1][0], 2)]) == [False]
+        assert await _insert(shared_store_url, [(rows[1][0], 2)]) == [False]
         same = await outbox.get("same")
         assert same is not None and same.highest_attempt == 3
-        assert await _insert(store_url, []) == []
+        assert await _insert(shared_store_url, []) == []
     finally:
         await outbox.close()
 
@@ -127,13 +109,13 @@ async def _dispatch_all(dispatcher: Dispatcher, ids: list[str]) -> list[Any]:
 
 
 async def test_a_refused_row_leaves_its_decision_unclaimed_and_the_batch_goes_on(
-    store_url: str,
+    shared_store_url: str,
 ) -> None:
     """Concurrent decisions share transactions; the one whose row the outbox refuses
     answers a sink error and leaves no claim (it can be claimed again at attempt 1),
     the replay and the new ones are completed."""
-    ledger = await open_ledger(store_url)
-    outbox = await OutboxSink(store_url).open()
+    ledger = await open_ledger(shared_store_url)
+    outbox = await OutboxSink(shared_store_url).open()
     try:
         await outbox.deliver(step_request("old", "earlier content"), 1)
         await outbox.deliver(step_request("replayed"), 1)
@@ -151,7 +133,7 @@ async def test_a_refused_row_leaves_its_decision_unclaimed_and_the_batch_goes_on
             assert record is not None and record.status.value == "completed"
         # The refused decision was never claimed: an outbox emptied of the old row
         # lets the same decision through at attempt 1.
-        await _delete_outbox_row(store_url, "old")
+        await _delete_outbox_row(shared_store_url, "old")
         assert (await dispatcher.dispatch(step_request("old"))).attempt == 1
     finally:
         await outbox.close()
@@ -215,23 +197,23 @@ async def _doom(url: str, on: bool) -> None:
 
 
 async def test_a_database_error_after_the_row_fails_the_batch_and_leaves_neither(
-    store_url: str,
+    shared_store_url: str,
 ) -> None:
-    ledger = await open_ledger(store_url)
-    outbox = await OutboxSink(store_url).open()
+    ledger = await open_ledger(shared_store_url)
+    outbox = await OutboxSink(shared_store_url).open()
     try:
-        await _doom(store_url, True)
+        await _doom(shared_store_url, True)
         dispatcher = Dispatcher(BRANCH, outbox, ledger, owner_id="owner-a")
         with pytest.raises(DispatchLedgerError, match="injected"):
             await dispatcher.dispatch(step_request("doomed"))
         assert await outbox.get("doomed") is None
         assert await ledger.read_record("doomed") is None  # not even a claim remains
         assert dispatcher.health().to_dict()["ledger_failures"] == 1
-        await _doom(store_url, False)
+        await _doom(shared_store_url, False)
         assert (await dispatcher.dispatch(step_request("doomed"))).attempt == 1
         assert await outbox.count() == 1
     finally:
-        await _doom(store_url, False)  # the PostgreSQL database outlives the test
+        await _doom(shared_store_url, False)  # the PostgreSQL database outlives the test
         await outbox.close()
         await ledger.close()
 
@@ -246,11 +228,11 @@ class _WatchedOutbox(OutboxSink):
         super().committed(row)
 
 
-async def test_the_sink_is_told_once_per_new_row_after_its_commit(store_url: str) -> None:
+async def test_the_sink_is_told_once_per_new_row_after_its_commit(shared_store_url: str) -> None:
     """``JointSink.committed``: a new row, not a replay of an identical row already
     there, nor a duplicate (no row written), nor a refused row."""
-    ledger = await open_ledger(store_url)
-    outbox = _WatchedOutbox(store_url)
+    ledger = await open_ledger(shared_store_url)
+    outbox = _WatchedOutbox(shared_store_url)
     outbox.told = []
     await outbox.open()
     try:

@@ -9,7 +9,6 @@ ledgers (and an outbox in another store) keep the claim → submit → complete 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,23 +30,6 @@ from tests.helpers import step_request
 BRANCH = "production"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """One store holding both the ledger and the outbox."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'flowdecision.db'}"
-        return
-    import asyncpg
-
-    url: str = request.getfixturevalue("pg_url")  # migrated: ledger and outbox
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute("TRUNCATE flowdecision_claims, flow_decision_outbox")
-    finally:
-        await conn.close()
-    yield url
-
-
 async def _open(url: str) -> tuple[Ledger, OutboxSink]:
     return await open_ledger(url), await OutboxSink(url).open()
 
@@ -58,9 +40,9 @@ def _req(decision_id: str, output: Any = None) -> DecisionRequest:
 
 
 async def test_colocated_dispatch_claims_writes_and_completes_in_one_commit(
-    store_url: str,
+    shared_store_url: str,
 ) -> None:
-    ledger, outbox = await _open(store_url)
+    ledger, outbox = await _open(shared_store_url)
     try:
         dispatcher = Dispatcher(BRANCH, outbox, ledger, owner_id="owner-a")
         assert dispatcher.joint and isinstance(outbox, JointSink)
@@ -86,11 +68,11 @@ async def test_colocated_dispatch_claims_writes_and_completes_in_one_commit(
 
 
 async def test_health_and_outcomes_match_the_claim_submit_complete_path(
-    store_url: str, tmp_path: Path
+    shared_store_url: str, tmp_path: Path
 ) -> None:
     """Same requests through a co-located store and through separate stores:
     same outcomes, same health counters."""
-    ledger, outbox = await _open(store_url)
+    ledger, outbox = await _open(shared_store_url)
     apart_ledger = await open_ledger(f"sqlite:///{tmp_path / 'apart-ledger.db'}")
     apart_outbox = await OutboxSink(f"sqlite:///{tmp_path / 'apart-outbox.db'}").open()
     try:
@@ -120,8 +102,8 @@ async def test_health_and_outcomes_match_the_claim_submit_complete_path(
             await closable.close()
 
 
-async def test_busy_and_conflicting_claims_write_nothing(store_url: str) -> None:
-    ledger, outbox = await _open(store_url)
+async def test_busy_and_conflicting_claims_write_nothing(shared_store_url: str) -> None:
+    ledger, outbox = await _open(shared_store_url)
     try:
         held = _req("held")
         # Another owner holds a live lease (it is between its claim and its sink).
@@ -141,10 +123,10 @@ async def test_busy_and_conflicting_claims_write_nothing(store_url: str) -> None
         await ledger.close()
 
 
-async def test_a_refused_row_stores_no_claim_and_no_completion(store_url: str) -> None:
+async def test_a_refused_row_stores_no_claim_and_no_completion(shared_store_url: str) -> None:
     """A constraint: the outbox already holds other content for the id (e.g. from an
     earlier layout); the row is refused and the ledger keeps nothing."""
-    ledger, outbox = await _open(store_url)
+    ledger, outbox = await _open(shared_store_url)
     try:
         await outbox.deliver(_req("old", output="earlier content"), 1)
         dispatcher = Dispatcher(BRANCH, outbox, ledger, owner_id="owner-a")
@@ -165,11 +147,11 @@ async def test_a_refused_row_stores_no_claim_and_no_completion(store_url: str) -
 
 @pytest.mark.parametrize("dispatchers", [1, 2])
 async def test_concurrent_dispatches_write_exactly_one_row_each(
-    store_url: str, dispatchers: int
+    shared_store_url: str, dispatchers: int
 ) -> None:
     """64 concurrent dispatches (distinct ids and repeats of them) through one
     dispatcher, or two with their own ledger and outbox (as two processes)."""
-    opened = [await _open(store_url) for _ in range(dispatchers)]
+    opened = [await _open(shared_store_url) for _ in range(dispatchers)]
     try:
         fleet = [
             Dispatcher(BRANCH, outbox, ledger, owner_id=f"owner-{index}")
@@ -276,12 +258,12 @@ async def test_either_store_may_be_created_first_in_the_shared_file(tmp_path: Pa
 
 
 async def test_racing_proposals_of_one_new_id_answer_as_the_claim_rules_do(
-    store_url: str,
+    shared_store_url: str,
 ) -> None:
     """Two dispatchers (two processes' worth: own ledger and outbox) race with
     different content for the same new ids: one is submitted, the other is told
     `conflict` by the claim rules, never a sink error from the outbox's refusal."""
-    opened = [await _open(store_url) for _ in range(2)]
+    opened = [await _open(shared_store_url) for _ in range(2)]
     try:
         one, two = (
             Dispatcher(BRANCH, outbox, ledger, owner_id=f"owner-{n}")
@@ -309,12 +291,12 @@ async def test_racing_proposals_of_one_new_id_answer_as_the_claim_rules_do(
             await ledger.close()
 
 
-async def test_a_consumer_following_the_cursor_never_skips_a_row(store_url: str) -> None:
+async def test_a_consumer_following_the_cursor_never_skips_a_row(shared_store_url: str) -> None:
     """seq order is commit order on the joint path too: a consumer that
     pages with fetch(after=last seq) while two dispatchers commit batches sees
     every row (a batch committing a lower seq after a higher one would be skipped)."""
-    opened = [await _open(store_url) for _ in range(2)]
-    reader = await OutboxSink(store_url).open()
+    opened = [await _open(shared_store_url) for _ in range(2)]
+    reader = await OutboxSink(shared_store_url).open()
     try:
         fleet = [
             Dispatcher(BRANCH, outbox, ledger, owner_id=f"owner-{n}")
@@ -348,10 +330,10 @@ async def test_a_consumer_following_the_cursor_never_skips_a_row(store_url: str)
             await ledger.close()
 
 
-async def test_joint_commit_answers_what_it_did(store_url: str) -> None:
+async def test_joint_commit_answers_what_it_did(shared_store_url: str) -> None:
     """``joint_commit`` returns the claim's outcome and whether the row was new:
     a new row, a replay of an identical row, and no row for a duplicate."""
-    ledger, outbox = await _open(store_url)
+    ledger, outbox = await _open(shared_store_url)
     try:
         new, replay = _req("new"), _req("replay")
         await outbox.deliver(replay, 1)  # an identical row from the old path
