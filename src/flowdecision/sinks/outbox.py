@@ -166,7 +166,6 @@ _INSERTED = (
     "request_json, traceparent"
 )
 OUTBOX_ROWS = JointTable(
-    name=OUTBOX_TABLE,
     conflict=OutboxConflictError,
     sqlite_insert=(
         f"INSERT INTO {OUTBOX_TABLE} ({_INSERTED}) VALUES {{rows}} "

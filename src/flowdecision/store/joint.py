@@ -108,7 +108,6 @@ class JointTable:
       then commit order), or None.
     """
 
-    name: str
     conflict: type[SinkContentConflictError]
     sqlite_insert: str
     sqlite_row: str
