@@ -789,7 +789,7 @@ class Dispatcher:
         *,
         actor: str,
         reason: str,
-        deadline_s: float = 30.0,
+        deadline_s: float | None = None,
     ) -> ApprovalOutcome:
         """An operator approves a held decision: it is dispatched exactly once.
 
@@ -799,8 +799,9 @@ class Dispatcher:
         (audited, in one transaction) under the usual lease, the sink runs under
         the heartbeat, and the completion follows; if this process dies on the
         way, approving again takes the decision over once its lease expires
-        (waiting up to ``deadline_s`` for it) and delivers it again under the
-        next attempt (the sink deduplicates on the decision id).
+        (waiting up to ``deadline_s`` for it: by default a lease and 5 s) and
+        delivers it again under the next attempt (the sink deduplicates on the
+        decision id).
 
         A decision an earlier approval already delivered answers as a duplicate
         (``audit`` None). Raises :class:`UnknownDecisionError` for an unknown id,
@@ -825,7 +826,8 @@ class Dispatcher:
         hash_ = request_hash(request)
         identity, receipt = decision_receipt(request)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + deadline_s
+        wait_s = self.lease_ms / 1000 + 5 if deadline_s is None else deadline_s
+        deadline = loop.time() + wait_s
         delay = RETRY_BASE_S
         while True:
             await self._take_turn(decision_id)
