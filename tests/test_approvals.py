@@ -1111,3 +1111,37 @@ async def test_a_schema_7_postgres_ledger_takes_holds_after_migrate(pg_empty_url
         await ledger.reject("pg7", actor="ops", reason="upgraded")
         looked = await ledger.lookup("pg7")
         assert looked is not None and isinstance(looked.state, Rejected)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_holds_without_the_run_invariants(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The seed-compatible setting (no run records): the claim rules alone hold, approve
+    and reject; a rejection closes nothing."""
+    ledger: Ledger
+    if kind == "memory":
+        ledger = MemoryLedger()
+    elif kind == "sqlite":
+        ledger = await SqliteLedger.open(tmp_path / "ledger.db", run_invariants=False)
+    else:
+        ledger = await PostgresLedger.connect(
+            request.getfixturevalue("pg_url"), run_invariants=False
+        )
+    sink = RecordingSink()
+    try:
+        assert not ledger.run_invariants
+        policy = ApprovalPolicy(kinds=["complete"], reject_closes_run=True)
+        dispatcher = Dispatcher("production", sink, ledger, approvals=policy)
+        run = f"run-{_uid()}"
+        kept, dropped = f"k-{_uid()}", f"d-{_uid()}"
+        assert (await dispatcher.dispatch(_end(kept, run))).held
+        assert (await dispatcher.dispatch(_end(dropped, run))).held  # no terminal slot
+        page = await ledger.list_decisions(DecisionQuery(run_id=run, state=DecisionState.HELD))
+        assert sorted(row.decision_id for row in page.decisions) == sorted([kept, dropped])
+        assert (await dispatcher.approve(kept, actor="ops", reason="ok")).dispatch.submitted
+        await ledger.reject(dropped, actor="ops", reason="no")
+        assert sink.ids == [kept]
+        assert (await ledger.run_state(run)).status is RunStatus.OPEN
+    finally:
+        await ledger.close()
