@@ -899,13 +899,16 @@ def test_the_cli_approves_and_rejects_by_id_and_by_run(tmp_path: Path) -> None:
     assert one.stdout.startswith(f"approved `{ids[0]}` (was held, attempts 1); audit #1")
     rows = asyncio.run(_outbox_rows(f"sqlite:///{store}"))
     assert [row.decision_id for row in rows] == [ids[0]]
-    preview = cli("reject", "--run", "run-cli")
-    assert preview.returncode == 2 and "4 decision(s) match; nothing was done" in preview.stdout
+    preview = cli("reject", "--run", "run-cli")  # the held ones only
+    assert preview.returncode == 2 and "3 decision(s) match; nothing was done" in preview.stdout
     rejected = cli("reject", "--run", "run-cli", "--yes", "--json")
-    assert rejected.returncode == 3  # the approved one is listed as refused
+    assert rejected.returncode == 0, rejected.stderr  # the approved one is no match
     body = json.loads(rejected.stdout)
     assert sorted(e["decision_id"] for e in body["audit"]) == sorted(ids[1:])
-    assert [item["decision_id"] for item in body["refused"]] == [ids[0]]
+    assert body["refused"] == []
+    told = cli("reject", "--run", "run-cli", "--state", "completed", "--yes", "--json")
+    assert told.returncode == 3  # asked for the completed one: refused, listed
+    assert [item["decision_id"] for item in json.loads(told.stdout)["refused"]] == [ids[0]]
     again = cli("approve", ids[1])
     assert again.returncode == 3 and "rejected" in again.stderr
 

@@ -418,7 +418,15 @@ def _act_with(
     action: Action | None = None,
     cleanup: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """:func:`_act` with the options :func:`_action_options` parsed."""
+    """:func:`_act` with the options :func:`_action_options` parsed. A query of an
+    action that takes one state only (approve and reject: ``held``) selects that
+    state unless told otherwise: a run's completed steps are no matches to refuse."""
+    if (
+        len(allowed) == 1
+        and options["state"] is None
+        and (options["run_id"] or options["after"] or options["before"] or options["by"])
+    ):
+        options = {**options, "state": next(iter(allowed)).value}
     filters = tuple(options[key] for key in ("run_id", "state", "after", "before", "by"))
     _act(
         name, options["ledger_url"], options["decision_ids"], filters,
@@ -445,8 +453,9 @@ reject_cmd = _action_command(
     """Reject held decisions (approval holds): they are never sent, and answered
     ``rejected`` from then on; if the policy that held one said so, its run closes.
 
-    By query (``--run``, ``--after``...), only held decisions are rejected (the
-    others are listed as refused). Each one is audited.
+    A query (``--run``, ``--after``...) selects held decisions (unless
+    ``--state`` names another state: those are listed as refused). Each one is
+    audited.
     """,
 )
 
@@ -458,8 +467,8 @@ def _approve(sink_url: str | None, lease_ms: int, **options: Any) -> None:
     claim and the outbox row are one transaction; with another sink the
     approval claims the decision (audited), the sink runs, and completion
     follows, and approving again after a crash takes over once the lease
-    expires. By query (``--run``, ``--after``...), only held decisions are
-    approved. Each approval is audited.
+    expires. A query (``--run``, ``--after``...) selects held decisions. Each
+    approval is audited.
     """
     ledger_url = options["ledger_url"]
     # Where `serve` would deliver with this ledger: the default layout's outbox by default.
