@@ -105,7 +105,9 @@ async def _unfinished(cfg: ChaosConfig) -> tuple[set[str], list[str]]:
     try:
         for index, decision_id in enumerate(approval_ids(cfg)):
             record = await ledger.read_record(decision_id)
-            if record is None or record.status is ClaimStatus.HELD:
+            if record is None:  # never held (approvals_held says so): nothing to approve
+                continue
+            if record.status is ClaimStatus.HELD:
                 runs.add(_run_of(cfg, index))
             elif record.status is ClaimStatus.PENDING:
                 pending.append(decision_id)

@@ -657,6 +657,7 @@ async def status_page(request: Request) -> Response:
         attention=await _attention(service),
         actions=await recent_actions(service),
         holds=await read_holds(service.ledger) if service.ledger.holds_supported else None,
+        now_ms=service.ledger.now_ms(),
         finder=await status_finder(service, request),
         health=snapshot,
         recent=list(service.recent),

@@ -197,11 +197,11 @@ class HoldNotifier:
             }
             try:
                 await self._sink.post(self.url, body, headers, decision_id)
-            except FlowDecisionError as error:
+            except Exception as error:  # one notification fails; the next ones still go
                 self.on_result("failed")
+                code = error.code if isinstance(error, FlowDecisionError) else type(error).__name__
                 log.warning(
-                    "hold notification failed",
-                    extra={"decision_id": decision_id, "error": error.code},
+                    "hold notification failed", extra={"decision_id": decision_id, "error": code}
                 )
             else:
                 self.on_result("sent")

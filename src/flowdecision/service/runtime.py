@@ -306,7 +306,7 @@ class Service:
         view = self._holds[1]
         if view is None or view.error is not None:
             return None
-        return view.count, view.oldest_age_s(time.time_ns() // 1_000_000)
+        return view.count, view.oldest_age_s(self.ledger.now_ms())  # the clock holds were taken by
 
     async def refresh_holds(self) -> HoldsView | None:
         """Count the ledger's held decisions (reused for :data:`CURSORS_TTL_S`; None on
