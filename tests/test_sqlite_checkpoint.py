@@ -56,8 +56,21 @@ async def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float =
 
 
 async def _claims(ledger: SqliteLedger, start: int, count: int) -> None:
+    """One caller: each claim commits alone, inline (``inline_max_ms``)."""
     for n in range(start, start + count):
         assert await ledger.claim(f"d{n}", "h", "o", lease_ms=100, now_ms=10) == Claimed(1)
+
+
+async def _claims_together(ledger: SqliteLedger, start: int, count: int) -> None:
+    """Callers in flight together, ten at a time: group commits on the connection thread."""
+    for first in range(start, start + count, 10):
+        outcomes = await asyncio.gather(
+            *(
+                ledger.claim(f"d{n}", "h", "o", lease_ms=100, now_ms=10)
+                for n in range(first, min(first + 10, start + count))
+            )
+        )
+        assert set(outcomes) == {Claimed(1)}
 
 
 async def test_commits_leave_wal_checkpoints_to_a_thread_of_their_own(tmp_path: Path) -> None:
@@ -66,7 +79,8 @@ async def test_commits_leave_wal_checkpoints_to_a_thread_of_their_own(tmp_path: 
     try:
         assert _checkpoint_threads() == ["flowdecision-sqlite-ledger-checkpoint"]
         before = path.stat().st_size
-        await _claims(ledger, 0, 150)
+        await _claims_together(ledger, 0, 150)
+        assert ledger.inline_commits == 0
         # Fewer pages than SQLite's own threshold: no commit of the writer copied them.
         assert 0 < _wal_frames(path) < SQLITE_DEFAULT_AUTOCHECKPOINT
         await _wait_for(lambda: path.stat().st_size > before, "the database file grew")
@@ -83,6 +97,39 @@ async def test_commits_leave_wal_checkpoints_to_a_thread_of_their_own(tmp_path: 
         assert await reopened.inspect("d0", "h") == Pending(110, 1)
     finally:
         await reopened.close()
+
+
+async def test_a_lone_caller_checkpoints_as_sqlite_does_and_leaves_the_thread_idle(
+    tmp_path: Path,
+) -> None:
+    # Inline commits never wake the checkpointer: with one caller writing all the
+    # time its checkpoints never catch up with the log (so the log is never
+    # restarted and the writer checkpoints at the backstop anyway), and the copies
+    # they make cost the caller (docs/BENCHMARKS.md, "The single-caller cycle").
+    path = tmp_path / "ledger.db"
+    ledger = await SqliteLedger.open(path)
+    try:
+        checkpointer = ledger.checkpointer
+        assert checkpointer is not None
+        before = path.stat().st_size
+        await _claims(ledger, 0, 150)
+        assert ledger.inline_commits == 150
+        await asyncio.sleep(0.5)  # what the checkpointer would have had
+        assert path.stat().st_size == before and checkpointer.checkpoints == 0
+        # Past SQLite's threshold the commit that crosses it checkpoints, as SQLite's
+        # own writer does: the log stays near 1,000 pages, not the backstop's 4,000.
+        n = 150
+        while path.stat().st_size == before:
+            await _claims(ledger, n, 50)
+            n += 50
+            assert _wal_frames(path) < 2 * SQLITE_DEFAULT_AUTOCHECKPOINT
+        assert checkpointer.checkpoints == 0
+        assert await ledger.inspect(f"d{n - 1}", "h") == Pending(110, 1)
+        # Callers in flight together go to the connection thread, which wakes it again.
+        await _claims_together(ledger, n, 50)
+        await _wait_for(lambda: checkpointer.checkpoints >= 1, "a checkpoint on the thread")
+    finally:
+        await ledger.close()
 
 
 async def test_with_an_interval_of_0_the_commits_checkpoint_as_sqlite_does(
@@ -122,7 +169,7 @@ async def test_when_the_checkpointer_stops_the_writer_checkpoints_past_the_backs
         n = 0
         largest = 0
         while path.stat().st_size == before:
-            await _claims(ledger, n, 100)
+            await _claims_together(ledger, n, 100)
             n += 100
             largest = max(largest, _wal_frames(path))
             assert largest < 2 * SQLITE_CHECKPOINT_BACKSTOP_PAGES, "the WAL grew unbounded"

@@ -33,7 +33,7 @@ from __future__ import annotations
 import abc
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, TypeVar
@@ -525,7 +525,7 @@ class Ledger(Closable, abc.ABC):
         key = new_claim_key((decision_id, request_hash, identity))
         return await self._leased(_renew_rule, key, owner_id, lease_ms, now_ms, None)
 
-    async def _leased(
+    def _leased(
         self,
         rule: _LeaseRule[T],
         key: ClaimKey,
@@ -533,10 +533,11 @@ class Ledger(Closable, abc.ABC):
         lease_ms: int,
         now_ms: int | None,
         origin: DecisionOrigin | None,
-    ) -> T:
-        """Validate the arguments :meth:`claim` and :meth:`renew` share, then apply ``rule``."""
+    ) -> Awaitable[T]:
+        """Validate the arguments :meth:`claim` and :meth:`renew` share; ``rule`` applied
+        (the backend's awaitable itself: no coroutine of its own around it)."""
         fixed = _lease_args(key, owner_id, lease_ms, now_ms)
-        return await self._apply(
+        return self._apply(
             key.decision_id,
             lambda record, clock: rule(
                 record, key, owner_id, clock if fixed is None else fixed, lease_ms, origin

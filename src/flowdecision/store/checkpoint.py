@@ -56,7 +56,8 @@ class Checkpointer:
 
     def wake(self) -> None:
         """Ask for a checkpoint (the log just grew)."""
-        self._wake.set()
+        if not self._wake.is_set():  # set() takes a lock and notifies, every commit
+            self._wake.set()
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the thread (after a checkpoint in progress) and close its connection."""

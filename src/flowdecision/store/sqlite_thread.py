@@ -25,12 +25,15 @@ and back costs two thread wake-ups and a wait for the GIL, about twice what
 the transaction itself costs when nothing else is going on (see
 docs/BENCHMARKS.md, "The single-caller cycle"). So :meth:`SqliteThread.apply`
 does not queue a mutation at once: it collects the mutations its event loop
-asks for during the current loop iteration (``call_soon``: every task that
-is ready runs first), and when exactly one was asked for, the connection
-thread is idle and nothing is queued, it runs that one transaction right
-there, on the event loop's thread, with the same ``write_batch`` and the same
-``BEGIN IMMEDIATE`` ... ``COMMIT``. Two or more go to the connection thread
-as one batch, as before, so concurrent callers keep group commit.
+asks for during the current loop iteration (the caller's task yields one turn,
+``asyncio.sleep(0)``, so every task that is ready runs first; the first
+collector to resume flushes them), and when exactly one was asked for, the
+connection thread is idle and nothing is queued, it runs that one transaction
+right there, in its caller's task, with the same ``write_batch`` and the same
+``BEGIN IMMEDIATE`` ... ``COMMIT``: its future is done before it is awaited,
+so the caller goes on without another turn of the loop. Two or more go to the
+connection thread as one batch, as before, so concurrent callers keep group
+commit.
 
 The price is that the event loop waits for that one commit (its fsync with
 ``synchronous=FULL``: ~0.2 ms on a local SSD, more on network storage; WAL
@@ -68,6 +71,7 @@ from .transactions import sqlite_transaction
 #: inline running, and for how long (seconds).
 _SLOW_LIMIT = 3
 _SLOW_PAUSE_S = 1.0
+_INLINE_AUTOCHECKPOINT = 1000
 
 __all__ = ["Job", "SqliteThread", "WriteBatch"]
 
@@ -172,11 +176,29 @@ class SqliteThread:
         if traced:
             job.trace = recording_span()
         if self.inline_max_ms > 0 and self._conn is not None:
-            self._collect(job)
+            # Collect: hold the job until every task that is ready in this loop
+            # iteration has run (one turn: this task is rescheduled behind them), then
+            # flush what was collected; the first collector to resume does.
+            if self._closed:
+                raise self._closed_error()
+            collected = self._collected.get(loop)
+            if collected is None:
+                self._collected[loop] = collected = [job]
+            else:
+                collected.append(job)
+            try:
+                await asyncio.sleep(0)
+            except BaseException:  # cancelled while collecting: never applied
+                future.cancel()
+                if self._collected.get(loop) is collected:
+                    self._flush(loop)
+                raise
+            if self._collected.get(loop) is collected:
+                self._flush(loop)
         else:
             self._submit(job)
         if not traced:
-            return await future
+            return await future  # done already when committed inline: no wait
         try:
             return await future
         finally:
@@ -206,17 +228,6 @@ class SqliteThread:
             await future
         except FlowDecisionError:
             pass
-
-    def _collect(self, job: Job) -> None:
-        """Hold ``job`` until every task that is ready in this loop iteration has run."""
-        if self._closed:
-            raise self._closed_error()
-        collected = self._collected.get(job.loop)
-        if collected is None:
-            self._collected[job.loop] = [job]
-            job.loop.call_soon(self._flush, job.loop)
-        else:
-            collected.append(job)
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         """The mutations ``loop`` collected: a lone one inline if it can, else queued."""
@@ -248,6 +259,8 @@ class SqliteThread:
             try:
                 if not self._no_wait:
                     conn.execute("PRAGMA busy_timeout = 0")
+                    if self.checkpointer is not None:
+                        conn.execute(f"PRAGMA wal_autocheckpoint = {_INLINE_AUTOCHECKPOINT}")
                     self._no_wait = True
                 # Another writer holds the lock (or the read snapshot is busy): the
                 # connection thread waits for it instead of this event loop.
@@ -364,6 +377,9 @@ class SqliteThread:
                 )
         elif self._no_wait:
             self._conn.execute(f"PRAGMA busy_timeout = {int(self.opener.busy_timeout_ms)}")
+            if self.checkpointer is not None:
+                pages = int(self.checkpoint_backstop_pages)
+                self._conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
             self._no_wait = False
         return self._conn
 
@@ -408,7 +424,7 @@ class SqliteThread:
             return
         if committed is not None:
             committed()
-        if self.checkpointer is not None:
+        if self.checkpointer is not None and not begun:
             self.checkpointer.wake()
 
     def _fail(self, batch: list[Job], error: BaseException) -> None:
