@@ -71,6 +71,8 @@ from .transactions import sqlite_transaction
 #: inline running, and for how long (seconds).
 _SLOW_LIMIT = 3
 _SLOW_PAUSE_S = 1.0
+#: A lone mutation's commit checkpoints past SQLite's own default, not the backstop: one
+#: caller writing all the time leaves the checkpointer no moment to restart the log.
 _INLINE_AUTOCHECKPOINT = 1000
 
 __all__ = ["Job", "SqliteThread", "WriteBatch"]
@@ -424,7 +426,7 @@ class SqliteThread:
             return
         if committed is not None:
             committed()
-        if self.checkpointer is not None and not begun:
+        if self.checkpointer is not None:
             self.checkpointer.wake()
 
     def _fail(self, batch: list[Job], error: BaseException) -> None:
