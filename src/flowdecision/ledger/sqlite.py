@@ -205,7 +205,8 @@ class SqliteLedger(SqlLedger):
     ``checkpoint_interval_ms``: the WAL is copied back into the database file
     (checkpointed) on a thread of its own, at most this often while commits
     come, instead of inside the commit that fills it (0: inside the commits,
-    SQLite's default; see :mod:`flowdecision.store.checkpoint`).
+    SQLite's default; a lone mutation's inline commit still checkpoints past
+    SQLite's 1,000 pages; see :mod:`flowdecision.store.checkpoint`).
 
     ``keep_tombstones``: what :meth:`prune_completed` does when not told.
     ``run_invariants`` (default on): claims and completions that name their

@@ -18,6 +18,13 @@ cannot be opened), the writer's commits checkpoint as before once
 the log reaches that size, so the log stays bounded either way. A failed
 checkpoint loses nothing: the frames stay in the log, and the next
 checkpoint, this thread's or the writer's, copies them.
+
+A lone mutation committed on its caller's event loop (:mod:`.sqlite_thread`,
+``inline_max_ms``) wakes this thread too, but checkpoints itself past
+SQLite's own 1,000 pages, not the backstop: the log restarts only when a
+checkpoint has copied all of it before the next write begins, which a
+caller writing without a pause never allows this thread (its PASSIVE
+checkpoints take milliseconds, the gap between two commits a tenth of one).
 """
 
 from __future__ import annotations

@@ -37,7 +37,9 @@ commit.
 
 The price is that the event loop waits for that one commit (its fsync with
 ``synchronous=FULL``: ~0.2 ms on a local SSD, more on network storage; WAL
-checkpoints run on a thread of their own, :mod:`.checkpoint`). Bounds: the
+checkpoints run on a thread of their own, :mod:`.checkpoint`, except that an
+inline commit copies the log itself once it passes SQLite's own 1,000 pages,
+which only a caller writing without a pause reaches). Bounds: the
 loop never waits for another writer's lock (its ``BEGIN IMMEDIATE`` runs
 with a busy timeout of 0; when the lock is taken, the mutation goes to the
 connection thread, which waits with the store's busy timeout), and after
