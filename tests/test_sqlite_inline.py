@@ -15,7 +15,11 @@ import sqlite3
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from flowdecision.errors import LedgerError
 from flowdecision.ledger import Busy, Claimed, Completed, Missing, Pending
+from flowdecision.ledger.machine import DecisionOrigin
 from flowdecision.ledger.sqlite import SqliteLedger
 
 from .helpers import Ticker, acknowledged_before_kill, identity, receipt
@@ -191,3 +195,42 @@ async def test_inline_acknowledged_claims_survive_kill_9(tmp_path: Path) -> None
         assert not missing, f"{len(missing)} acknowledged claims lost: {missing[:5]}"
     finally:
         await reopened.close()
+
+
+async def test_a_cancelled_first_collector_leaves_its_companions_applied(tmp_path: Path) -> None:
+    # Two claims asked for in one loop iteration: the first to ask is the one that
+    # flushes them when it resumes. Cancelled before that, it still hands its
+    # companion on, and only its own claim is dropped.
+    ledger = await SqliteLedger.open(tmp_path / "ledger.db")
+    try:
+        doomed = asyncio.create_task(ledger.claim("dropped", "h", "o", lease_ms=60_000))
+        kept = asyncio.create_task(ledger.claim("kept", "h", "o", lease_ms=60_000, now_ms=1))
+        await asyncio.sleep(0)  # both are asked for; they are flushed after this task
+        doomed.cancel()
+        assert await kept == Claimed(1)
+        await asyncio.gather(doomed, return_exceptions=True)
+        assert doomed.cancelled()
+        assert await ledger.inspect("dropped", "h") == Missing()
+        assert await ledger.inspect("kept", "h") == Pending(60_001, 1)
+        assert ledger.committed_ops == 1
+    finally:
+        await ledger.close()
+
+
+async def test_a_database_error_in_a_lone_mutation_is_the_ledgers_error(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    ledger = await SqliteLedger.open(path, **PATIENT)
+    try:
+        origin = DecisionOrigin("run-1", "event-1")
+        assert await ledger.claim("d0", "h", "o", lease_ms=100, origin=origin) == Claimed(1)
+        # The runs table goes away under the ledger (another process, a bad restore):
+        # the run's read fails inside the transaction, which rolls back.
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("DROP TABLE flowdecision_runs")
+        other.close()
+        with pytest.raises(LedgerError, match="no such table") as raised:
+            await ledger.claim("d1", "h", "o", lease_ms=100, origin=origin)
+        assert not isinstance(raised.value, sqlite3.Error)
+        assert await ledger.inspect("d1", "h") == Missing()
+    finally:
+        await ledger.close()

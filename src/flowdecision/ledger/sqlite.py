@@ -529,16 +529,18 @@ class SqliteLedger(SqlLedger):
         commit of a ledger nobody else is writing to. The batch's rules, without the
         bookkeeping a batch needs to let several jobs change one row or run."""
         decision_id, op = job.payload
-        now = self.now_ms()
+        # A database error here fails the transaction, as in a batch (SqliteThread
+        # translates it); only a corrupt row or a rule failure answers the caller alone.
         row = conn.execute(_SELECT_SQL, (decision_id,)).fetchone()
+        run = None
+        if isinstance(op, RunBound):
+            found = conn.execute(_RUN_SELECT_SQL, (op.run_id,)).fetchone()
+            run = None if found is None else run_of(found)
+        now = self.now_ms()
         try:
             record = None if row is None else self._decoded.decode(decision_id, row[0], row[1])
-            run = None
-            if isinstance(op, RunBound):
-                found = conn.execute(_RUN_SELECT_SQL, (op.run_id,)).fetchone()
-                run = None if found is None else run_of(found)
             transition = _rule(op, record, run, now)
-        except Exception as error:  # a corrupt row or a rule failure: nothing stored
+        except Exception as error:  # nothing stored
             job.error = error
             return None
         job.result = transition.result
