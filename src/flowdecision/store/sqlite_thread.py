@@ -25,15 +25,15 @@ and back costs two thread wake-ups and a wait for the GIL, about twice what
 the transaction itself costs when nothing else is going on (see
 docs/BENCHMARKS.md, "The single-caller cycle"). So :meth:`SqliteThread.apply`
 does not queue a mutation at once: it collects the mutations its event loop
-asks for during the current loop iteration (the caller's task yields one turn,
-``asyncio.sleep(0)``, so every task that is ready runs first; the first
-collector to resume flushes them), and when exactly one was asked for, the
-connection thread is idle and nothing is queued, it runs that one transaction
-right there, in its caller's task, with the same ``write_batch`` and the same
-``BEGIN IMMEDIATE`` ... ``COMMIT``: its future is done before it is awaited,
-so the caller goes on without another turn of the loop. Two or more go to the
-connection thread as one batch, as before, so concurrent callers keep group
-commit.
+asks for during the current loop iteration (the first caller's task yields
+one turn, ``asyncio.sleep(0)``, so every task that is ready runs first, and
+flushes them when it resumes; the others wait for their answers), and when
+exactly one was asked for, the connection thread is idle and nothing is
+queued, it runs that one transaction right there, in its caller's task, with
+the same ``write_batch`` and the same ``BEGIN IMMEDIATE`` ... ``COMMIT``: its
+future is done before it is awaited, so the caller goes on without another
+turn of the loop. Two or more go to the connection thread as one batch, as
+before, so concurrent callers keep group commit.
 
 The price is that the event loop waits for that one commit (its fsync with
 ``synchronous=FULL``: ~0.2 ms on a local SSD, more on network storage; WAL
@@ -180,24 +180,22 @@ class SqliteThread:
         if traced:
             job.trace = recording_span()
         if self.inline_max_ms > 0 and self._conn is not None:
-            # Collect: hold the job until every task that is ready in this loop
-            # iteration has run (one turn: this task is rescheduled behind them), then
-            # flush what was collected; the first collector to resume does.
             if self._closed:
                 raise self._closed_error()
             collected = self._collected.get(loop)
-            if collected is None:
-                self._collected[loop] = collected = [job]
+            if collected is not None:
+                collected.append(job)  # the first collector flushes it with its own
             else:
-                collected.append(job)
-            try:
-                await asyncio.sleep(0)
-            except BaseException:  # cancelled while collecting: never applied
-                future.cancel()
-                if self._collected.get(loop) is collected:
+                # Collect: hold the job until every task that is ready in this loop
+                # iteration has run (one turn: this task is rescheduled behind them and
+                # the ones that join), then flush what was collected.
+                self._collected[loop] = [job]
+                try:
+                    await asyncio.sleep(0)
+                except BaseException:  # cancelled meanwhile: its own job is never applied
+                    future.cancel()
                     self._flush(loop)
-                raise
-            if self._collected.get(loop) is collected:
+                    raise
                 self._flush(loop)
         else:
             self._submit(job)
