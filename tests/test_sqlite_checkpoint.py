@@ -61,6 +61,26 @@ async def _claims(ledger: SqliteLedger, start: int, count: int) -> None:
         assert await ledger.claim(f"d{n}", "h", "o", lease_ms=100, now_ms=10) == Claimed(1)
 
 
+async def _claims_until_a_commit_checkpoints(ledger: SqliteLedger, path: Path, start: int) -> int:
+    """Lone claims from ``start`` until one's commit copies the WAL into the database
+    file, checking the WAL stays near SQLite's own threshold; the claims made."""
+    before = path.stat().st_size
+    n = start
+    while path.stat().st_size == before:
+        await _claims(ledger, n, 50)
+        n += 50
+        assert _wal_frames(path) < 2 * SQLITE_DEFAULT_AUTOCHECKPOINT
+    return n
+
+
+def _stop_checkpointer(ledger: SqliteLedger) -> None:
+    """Stop the ledger's checkpointer, as if its thread had died."""
+    checkpointer = ledger.checkpointer
+    assert checkpointer is not None
+    checkpointer.close()
+    assert _checkpoint_threads() == []
+
+
 async def _claims_together(ledger: SqliteLedger, start: int, count: int) -> None:
     """Callers in flight together, ten at a time: group commits on the connection thread."""
     for first in range(start, start + count, 10):
@@ -116,15 +136,8 @@ async def test_a_lone_caller_behind_a_stopped_checkpointer_checkpoints_at_sqlite
     path = tmp_path / "ledger.db"
     ledger = await SqliteLedger.open(path)
     try:
-        checkpointer = ledger.checkpointer
-        assert checkpointer is not None
-        checkpointer.close()
-        before = path.stat().st_size
-        n = 0
-        while path.stat().st_size == before:
-            await _claims(ledger, n, 50)
-            n += 50
-            assert _wal_frames(path) < 2 * SQLITE_DEFAULT_AUTOCHECKPOINT
+        _stop_checkpointer(ledger)
+        n = await _claims_until_a_commit_checkpoints(ledger, path, 0)
         assert ledger.inline_commits == n
         assert await ledger.inspect(f"d{n - 1}", "h") == Pending(110, 1)
     finally:
@@ -145,11 +158,7 @@ async def test_with_an_interval_of_0_the_commits_checkpoint_as_sqlite_does(
         await asyncio.sleep(0.5)  # what a checkpointer would have had
         assert path.stat().st_size == before
         # Past SQLite's threshold the commit that crosses it checkpoints.
-        n = 150
-        while path.stat().st_size == before:
-            await _claims(ledger, n, 50)
-            n += 50
-            assert _wal_frames(path) < 2 * SQLITE_DEFAULT_AUTOCHECKPOINT
+        await _claims_until_a_commit_checkpoints(ledger, path, 150)
     finally:
         await ledger.close()
 
@@ -160,10 +169,7 @@ async def test_when_the_checkpointer_stops_the_writer_checkpoints_past_the_backs
     path = tmp_path / "ledger.db"
     ledger = await SqliteLedger.open(path)
     try:
-        checkpointer = ledger.checkpointer
-        assert checkpointer is not None
-        checkpointer.close()  # as if its thread had died
-        assert _checkpoint_threads() == []
+        _stop_checkpointer(ledger)
         before = path.stat().st_size
         n = 0
         largest = 0
