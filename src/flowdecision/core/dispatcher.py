@@ -677,9 +677,9 @@ class Dispatcher:
         trace = _tracing.traceparent_of(_tracing.current_span()) if traced else None
         # Approval holds: only a hold goes to the ledger (wrappers that know none see nothing).
         hold = None if self.approvals is None else self.approvals.hold_of(request)
-        holding: dict[str, Any] = {} if hold is None else {"hold": hold}
         if self.joint:
             return await self._joint_commit(request, hash_, identity, receipt, trace, hold)
+        holding: dict[str, Any] = {} if hold is None else {"hold": hold}
         step = _tracing.SpanScope if traced else _untraced
         decision_id = request.decision_id
         origin = decision_origin(request)

@@ -449,7 +449,7 @@ class ResultReceipt(_JsonForm):
                 "schema": self.schema,
                 "identity": Fragment(self.identity.json_text()),
                 "evidence_digest": self.evidence_digest,
-                "outcome": self.outcome.value,
+                "outcome": self.outcome._value_,  # (``.value`` is two Python calls)
             }
             if self.result_digest is not None:
                 body["result_digest"] = self.result_digest

@@ -428,7 +428,9 @@ def _encode(value: Any, option: int) -> bytes:
     except orjson.JSONEncodeError as exc:  # a type, a key, an integer over 64 bits, ...
         raise JsonWireError(f"value cannot be encoded as JSON: {exc}") from None
     # orjson writes NaN and the infinities as null; JSON has no such numbers.
-    if b"null" in data and _non_finite(value):
+    # (``find``, not ``in``: ``bytes.__contains__`` first tries its argument as an
+    # integer and builds a TypeError to throw away, a third of this call's cost.)
+    if data.find(b"null") != -1 and _non_finite(value):
         raise JsonWireError("value cannot be encoded as JSON: a float is not finite")
     return data
 

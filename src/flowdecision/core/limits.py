@@ -128,8 +128,12 @@ def plain_identifiers(*values: object) -> bool:
         joined = "".join(values)  # type: ignore[arg-type]  # a non-str: TypeError
     except TypeError:
         return False
+    # ASCII is printable exactly when it holds no control character (C0 or DEL): one
+    # C pass instead of a regex search (a third of a POST's validation cost).
+    if not (joined.isascii() and joined.isprintable()):
+        return False
+    # Together within the limit, each is (the usual case: no per-value pass).
     return (
-        joined.isascii()
-        and max(map(len, values), default=0) <= IDENTIFIER_MAX_BYTES  # type: ignore[arg-type]
-        and _CONTROL.search(joined) is None
+        len(joined) <= IDENTIFIER_MAX_BYTES
+        or max(map(len, values)) <= IDENTIFIER_MAX_BYTES  # type: ignore[arg-type]
     )

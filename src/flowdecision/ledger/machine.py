@@ -177,7 +177,8 @@ class ClaimRecord:
         identity = self.execution_identity
         if identity is not None:
             out["execution_identity"] = Fragment(identity.json_text())
-        out["status"] = self.status.value
+        # ``_value_``, the enum's own name for it: ``.value`` is two Python calls.
+        out["status"] = self.status._value_
         out["owner_id"] = self.owner_id
         out["lease_expires_at_ms"] = self.lease_expires_at_ms
         out["attempts"] = self.attempts

@@ -112,7 +112,7 @@ def encode_row(
             completed_at = min(completed_at, index_max)
     return (
         decision_id,
-        record.status.value,
+        record.status._value_,  # (the enum's own name: ``.value`` is two Python calls)
         completed_at,
         record.json_text(),
         record.traceparent,

@@ -43,12 +43,13 @@ def shown_text(text: str, limit: int = SHOWN_ID_MAX_CHARS) -> str:
     return printable(text if len(text) <= limit else text[:limit] + "…")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RecentDecision:
     """One ``POST /v1/decisions`` outcome, kept for the status page (never the owner).
 
     Ids are kept as :func:`shown_text` shows them, so fifty 1 MB ids do not
-    stay in memory.
+    stay in memory. (Not frozen: one is made per POST, and a frozen dataclass's
+    constructor costs twice as much; nothing changes one once made.)
     """
 
     at_ms: int
@@ -60,11 +61,16 @@ class RecentDecision:
     duration_ms: float
 
     def __post_init__(self) -> None:
-        for name in ("decision_id", "run_id"):
-            text = getattr(self, name)
-            # (Short printable ASCII, the usual id, is shown as it is.)
-            if not (len(text) <= SHOWN_ID_MAX_CHARS and text.isascii() and text.isprintable()):
-                object.__setattr__(self, name, shown_text(text))
+        decision_id, run_id = self.decision_id, self.run_id
+        both = decision_id + run_id
+        # (Short printable ASCII, the usual pair of ids, is shown as it is.)
+        if (
+            len(decision_id) > SHOWN_ID_MAX_CHARS
+            or len(run_id) > SHOWN_ID_MAX_CHARS
+            or not (both.isascii() and both.isprintable())
+        ):
+            self.decision_id = shown_text(decision_id)
+            self.run_id = shown_text(run_id)
 
 
 #: Fates of a POST that need an operator's eye on the status page.
