@@ -349,10 +349,12 @@ class SqliteLedger(SqlLedger):
             self._store_key = sqlite_key(self.path)
         return self._store_key
 
-    async def _apply_joint(self, decision_id: str, joint: JointOperation) -> JointOutcome:
+    def _apply_joint(
+        self, decision_id: str, joint: JointOperation
+    ) -> Coroutine[Any, Any, JointOutcome]:
         # Queued like any mutation: it shares its batch's BEGIN IMMEDIATE ... COMMIT.
-        result: JointOutcome = await self._thread.apply((decision_id, joint))
-        return result
+        # (The thread's own coroutine, as for _apply: a frame less on every resume.)
+        return self._thread.apply((decision_id, joint))
 
     async def _read(self, decision_id: str) -> ClaimRecord | None:
         def work(conn: sqlite3.Connection) -> ClaimRecord | None:

@@ -243,19 +243,22 @@ def _costly_length(declared: bytes | None) -> bool:
 async def read_decision(
     context: AppContext, service: Service, receive: Receive, declared: bytes | None
 ) -> DecisionRequest | Response:
-    """The decision a ``POST`` carries, or the answer refusing it.
+    """The decision a ``POST`` carries, or the answer refusing it (a 413 when the body,
+    or its ``Content-Length``, ``declared``, exceeds ``max_body_bytes``: the one
+    answer sent before the body was read whole).
 
     A costly body (over :data:`LANE_BODY_BYTES` or of unknown length; or, once
     read, holding over :data:`LANE_BODY_ITEMS` items) is read, counted and
     parsed in the :class:`BodyLane`.
     """
+    limit = context.settings.max_body_bytes
     if _costly_length(declared):
         async with context.lane.turn():
-            body = await read_post_body(context, receive, declared)
+            body = await read_body_within(receive, declared, limit)
             if isinstance(body, Response):
                 return body
             return _parse_post(context, service, body)
-    body = await read_post_body(context, receive, declared)
+    body = await read_body_within(receive, declared, limit)
     if isinstance(body, Response):
         return body
     if len(body) > LANE_BODY_ITEMS and _rough_items(body) > LANE_BODY_ITEMS:
@@ -266,15 +269,6 @@ async def read_decision(
 
 def _rough_items(body: bytes) -> int:
     return body.count(b"[") + body.count(b"{") + body.count(b",")
-
-
-async def read_post_body(
-    context: AppContext, receive: Receive, declared: bytes | None
-) -> bytes | Response:
-    """The body of a ``POST``, or the 413 when it (or its ``Content-Length``,
-    ``declared``) exceeds ``max_body_bytes``: the one answer sent before the
-    body was read whole."""
-    return await read_body_within(receive, declared, context.settings.max_body_bytes)
 
 
 def _parse_post(context: AppContext, service: Service, body: bytes) -> DecisionRequest | Response:
