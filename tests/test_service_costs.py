@@ -67,7 +67,7 @@ def restore_logging() -> Iterator[None]:
     logs._writer = None
 
 
-def _formatter_line(pid: bool) -> str:
+def _formatter_line(pid: bool, access: dict[str, object] = ACCESS) -> str:
     """What JsonFormatter writes for the access record :func:`write_access_line` replaces."""
     record = logging.getLogger(logs.ACCESS_LOGGER).makeRecord(
         logs.ACCESS_LOGGER,
@@ -79,7 +79,7 @@ def _formatter_line(pid: bool) -> str:
         None,
         extra={
             "event": "http_request",
-            **{("bytes" if k == "sent" else k): v for k, v in ACCESS.items()},
+            **{("bytes" if k == "sent" else k): v for k, v in access.items()},
         },
     )
     return logs.JsonFormatter(pid=pid).format(record)
@@ -96,6 +96,26 @@ def test_the_direct_access_line_is_the_formatters_line(restore_logging: None, pi
     assert abs(got.pop("ts") - want.pop("ts")) < 5
     assert list(got.items()) == list(want.items())  # same fields, same order, same values
     assert line.split(", ", 1)[1] == expected.split(", ", 1)[1]  # byte for byte after ts
+
+
+def test_each_requests_target_has_its_own_fields_however_many_paths_come(
+    restore_logging: None,
+) -> None:
+    # The method, path and route fields are remembered per target (a bounded table):
+    # every line still carries its own, past the table's size and back again.
+    stream = _Stream()
+    logs.configure_logging("info", stream)
+    paths = [f'/p/{n}/\u202e"q"' for n in range(logs._ACCESS_TARGETS_MAX + 3)]
+    sent = [dict(ACCESS, path=path, method=("GET", "POST")[n % 2]) for n, path in enumerate(paths)]
+    sent += sent[:3]  # the first targets again, after the table was cleared
+    for access in sent:
+        logs.write_access_line(**access)  # type: ignore[arg-type]
+    logs.flush_logs()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == len(sent)
+    assert len(logs._access_targets) <= logs._ACCESS_TARGETS_MAX
+    for line, access in zip(lines, sent, strict=True):
+        assert line.split(", ", 1)[1] == _formatter_line(False, access).split(", ", 1)[1]
 
 
 def test_an_access_line_goes_through_logging_when_the_writer_is_not_in_place(

@@ -180,12 +180,14 @@ class LineWriter(logging.Handler):
             if urgent or self._size >= FLUSH_BYTES:
                 self._write_locked()
                 return
-            # No running loop in this thread (a worker thread, or no loop at all):
-            # nobody would run a scheduled flush, so write now.
-            loop = asyncio.events._get_running_loop()
-            if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                # No running loop in this thread (a worker thread, or no loop at all):
+                # nobody would run a scheduled flush, so write now.
                 self._write_locked()
-            elif self._scheduled is not loop or loop.is_closed():
+                return
+            if self._scheduled is not loop or loop.is_closed():
                 self._scheduled = loop
                 loop.call_soon(self.flush)
 
@@ -313,14 +315,33 @@ def write_access_line(
         )
         return
     ids = _tracing.current_ids() if _tracing.active() else None
+    target = _access_targets.get((method, path, route))
+    if target is None:
+        target = _access_target(method, path, route)
     writer.append(
         f'{{"ts": {round(time.time(), 3)}, {writer.access_head}{encode_basestring(request_id)}, '
-        f'"method": {encode_basestring(method)}, "path": {json_safe(encode_basestring(path))}, '
-        f'"route": {encode_basestring(route)}, "status": {status}, "bytes": {sent}, '
-        f'"duration_ms": {duration_ms}, '
+        f'{target}"status": {status}, "bytes": {sent}, "duration_ms": {duration_ms}, '
         f'"client": {"null" if client is None else encode_basestring(client)}'
         + ("}" if ids is None else f', "trace_id": "{ids[0]}", "span_id": "{ids[1]}"}}')
     )
+
+
+#: (method, path, route) -> their access-line fields, for the few a service is sent.
+_access_targets: dict[tuple[str, str, str], str] = {}
+#: How many _access_targets keeps (paths are the clients' to choose).
+_ACCESS_TARGETS_MAX = 256
+
+
+def _access_target(method: str, path: str, route: str) -> str:
+    """The ``method``, ``path`` and ``route`` fields of an access line, remembered."""
+    target = (
+        f'"method": {encode_basestring(method)}, "path": {json_safe(encode_basestring(path))}, '
+        f'"route": {encode_basestring(route)}, '
+    )
+    if len(_access_targets) >= _ACCESS_TARGETS_MAX:
+        _access_targets.clear()  # a client making up paths: start over
+    _access_targets[method, path, route] = target
+    return target
 
 
 # -- request ids -------------------------------------------------------------------------
