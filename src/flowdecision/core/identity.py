@@ -26,7 +26,6 @@ from flowdecision.core.jsonwire import (
     JsonWireError,
     duplicate_keys,
     encode_json,
-    encode_json_text,
     parse_json,
 )
 from flowdecision.core.limits import RESULT_RECEIPT_MAX_BYTES, U64_MAX
@@ -272,7 +271,7 @@ class ExecutionIdentity(_JsonForm):
         carry one)."""
         text = self._text
         if text is None:
-            text = encode_json_text(self.to_dict())
+            text = encode_json(self.to_dict()).decode()
             object.__setattr__(self, "_text", text)
         return text
 
@@ -454,7 +453,7 @@ class ResultReceipt(_JsonForm):
             if self.result_digest is not None:
                 body["result_digest"] = self.result_digest
             body["result_bytes"] = self.result_bytes
-            text = encode_json_text(body)
+            text = encode_json(body).decode()
             object.__setattr__(self, "_text", text)
         return text
 

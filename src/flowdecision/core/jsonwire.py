@@ -422,19 +422,6 @@ _SORTED: Final = orjson.OPT_SORT_KEYS
 Fragment: Final = orjson.Fragment
 
 
-def _encode(value: Any, option: int) -> bytes:
-    try:
-        data = orjson.dumps(value, option=option)
-    except orjson.JSONEncodeError as exc:  # a type, a key, an integer over 64 bits, ...
-        raise JsonWireError(f"value cannot be encoded as JSON: {exc}") from None
-    # orjson writes NaN and the infinities as null; JSON has no such numbers.
-    # (``find``, not ``in``: ``bytes.__contains__`` first tries its argument as an
-    # integer and builds a TypeError to throw away, a third of this call's cost.)
-    if data.find(b"null") != -1 and _non_finite(value):
-        raise JsonWireError("value cannot be encoded as JSON: a float is not finite")
-    return data
-
-
 def _non_finite(value: Any) -> bool:
     if type(value) is float:
         return value != value or value in (_INF, -_INF)
@@ -470,12 +457,22 @@ def encode_json(value: Any, *, sort_keys: bool = False) -> bytes:
     :class:`JsonWireError` for non-finite floats, unsupported types, keys that
     are not strings, integers beyond i64/u64 and lone surrogates.
     """
-    return _encode(value, _SORTED if sort_keys else 0)
+    try:
+        data = orjson.dumps(value, option=_SORTED if sort_keys else 0)
+    except orjson.JSONEncodeError as exc:  # a type, a key, an integer over 64 bits, ...
+        raise JsonWireError(f"value cannot be encoded as JSON: {exc}") from None
+    # orjson writes NaN and the infinities as null; JSON has no such numbers.
+    # (``find``, not ``in``: ``bytes.__contains__`` first tries its argument as an
+    # integer and builds a TypeError to throw away, a third of this call's cost.)
+    if data.find(b"null") != -1 and _non_finite(value):
+        raise JsonWireError("value cannot be encoded as JSON: a float is not finite")
+    return data
 
 
 def encode_json_text(value: Any, *, sort_keys: bool = False) -> str:
-    """Like :func:`encode_json` but returns ``str``."""
-    return _encode(value, _SORTED if sort_keys else 0).decode()
+    """Like :func:`encode_json` but returns ``str`` (hot paths call
+    ``encode_json(value).decode()``: one Python call instead of two)."""
+    return encode_json(value, sort_keys=sort_keys).decode()
 
 
 def canonicalize(value: Any) -> Any:

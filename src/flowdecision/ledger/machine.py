@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from ..core.identity import ExecutionIdentity, ResultReceipt, digest_bytes
-from ..core.jsonwire import Fragment, encode_json_text
+from ..core.jsonwire import Fragment, encode_json
 from ..core.limits import U32_MAX, U64_MAX
 from ..errors import ActionRefusedError, LedgerCorruptError, LedgerError, UnknownDecisionError
 from .states import (
@@ -189,7 +189,7 @@ class ClaimRecord:
         if self.receipt_digest is not None:
             out["receipt_digest"] = self.receipt_digest
         self._hold_fields(out)
-        return encode_json_text(out)
+        return encode_json(out).decode()
 
     @classmethod
     def from_dict(cls, decision_id: str, obj: Any, *, summary: bool = False) -> ClaimRecord:

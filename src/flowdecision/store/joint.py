@@ -152,7 +152,7 @@ def _by_table(
 ) -> list[tuple[JointTable, list[int]]]:
     """The rows' indexes per table, tables in first-seen order (one, in practice)."""
     first = rows[0][0].table
-    if all(row.table is first for row, _ in rows):
+    if len(rows) == 1 or all(row.table is first for row, _ in rows):
         return [(first, list(range(len(rows))))]
     groups: dict[int, tuple[JointTable, list[int]]] = {}
     for index, (row, _) in enumerate(rows):
