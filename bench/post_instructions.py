@@ -15,7 +15,8 @@ the checkpointer's.
 * in process (default): ``bench/post_costs.py --time`` of the checkout
   (``create_app`` on the embedded defaults, 50 concurrent callers, no sockets);
 * ``--server``: ``flowdecision serve`` on the embedded defaults (access log
-  on), POSTed to over 4 keep-alive connections by a client outside valgrind.
+  on), POSTed to over 50 keep-alive connections (as ``bench/service_bench.py``'s
+  wrk) by a client outside valgrind.
 
 WAL checkpoints run on a timer (``store/checkpoint.py``). Under valgrind (about
 50 times slower) the timer fires every few POSTs instead of every few hundred,
@@ -112,7 +113,7 @@ def _body(decision_id: str) -> bytes:
     ).encode()
 
 
-def _post_all(port: int, posts: int, connections: int = 4) -> None:
+def _post_all(port: int, posts: int, connections: int = 50) -> None:
     token = uuid.uuid4().hex[:8]
     failures: list[str] = []
 
