@@ -15,8 +15,16 @@ the checkpointer's.
 * in process (default): ``bench/post_costs.py --time`` of the checkout
   (``create_app`` on the embedded defaults, 50 concurrent callers, no sockets);
 * ``--server``: ``flowdecision serve`` on the embedded defaults (access log
-  on), POSTed to over 50 keep-alive connections (as ``bench/service_bench.py``'s
-  wrk) by a client outside valgrind.
+  on), POSTed to over ``--connections`` keep-alive connections (50 by default,
+  as ``bench/service_bench.py``'s wrk) by a client outside valgrind, with
+  ``service_bench``'s request body.
+
+In process, one event loop schedules every caller, so the ledger's batches,
+and the count, come out the same run after run. Over HTTP, how many requests
+share a commit depends on how fast the client sends them against the server
+under valgrind, which the machine's load moves: compare ``--server`` counts
+of runs made one after the other on an idle machine (or with
+``--connections 1``, where every commit is one request's).
 
 WAL checkpoints run on a timer (``store/checkpoint.py``). Under valgrind (about
 50 times slower) the timer fires every few POSTs instead of every few hundred,
@@ -32,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import os
 import re
 import shutil
@@ -82,8 +89,9 @@ def _env(root: Path) -> dict[str, str]:
     return env
 
 
-def in_process(root: Path, posts: int, out: Path) -> None:
-    """``post_costs.py --time`` of ``root`` with ``posts`` POSTs, under callgrind."""
+def in_process(root: Path, posts: int, out: Path, connections: int) -> None:
+    """``post_costs.py --time`` of ``root`` with ``posts`` POSTs, under callgrind
+    (its 50 callers: ``connections`` is for ``--server``)."""
     argv = [sys.executable, "bench/post_costs.py", "--time", "--posts", str(posts)]
     subprocess.run(
         [*_callgrind(out), *argv], cwd=root, env=_env(root), check=True, capture_output=True
@@ -96,31 +104,26 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _body(decision_id: str) -> bytes:
-    """bench/service_bench.py's request: a schedule_step of plain strings."""
-    return json.dumps(
-        {
-            "decision_id": decision_id,
-            "run_id": "run-service-bench",
-            "authority_branch_id": "production",
-            "causation_event_id": f"event-{decision_id}",
-            "decision": {
-                "type": "schedule_step",
-                "step": {"step_id": f"{decision_id}-s", "step_name": "fetch", "input": {"n": 1}},
-            },
-        },
-        separators=(",", ":"),
-    ).encode()
+def _template() -> bytes:
+    """bench/service_bench.py's request body, ``@ID@`` where each POST's id goes."""
+    from service_bench import body_template  # this checkout's, beside this file
+
+    path = body_template()
+    try:
+        return path.read_bytes()
+    finally:
+        path.unlink()
 
 
-def _post_all(port: int, posts: int, connections: int = 50) -> None:
+def _post_all(port: int, posts: int, connections: int) -> None:
     token = uuid.uuid4().hex[:8]
     failures: list[str] = []
+    template = _template()
 
     def client(number: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         for n in range(posts // connections):
-            body = _body(f"{token}-{number}-{n}")
+            body = template.replace(b"@ID@", f"{token}-{number}-{n}".encode())
             conn.request("POST", "/v1/decisions", body, {"content-type": "application/json"})
             response = conn.getresponse()
             response.read()
@@ -137,7 +140,7 @@ def _post_all(port: int, posts: int, connections: int = 50) -> None:
         raise SystemExit(f"the server refused a POST: {failures[0]}")
 
 
-def served(root: Path, posts: int, out: Path) -> None:
+def served(root: Path, posts: int, out: Path, connections: int) -> None:
     """``flowdecision serve`` of ``root`` under callgrind, sent ``posts`` POSTs."""
     port = _free_port()
     work = Path(tempfile.mkdtemp(prefix="post-instructions-"))
@@ -159,7 +162,7 @@ def served(root: Path, posts: int, out: Path) -> None:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the server did not start: see {work / 'server.log'}")
             time.sleep(1)
-        _post_all(port, posts)
+        _post_all(port, posts, connections)
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(timeout=300)
@@ -174,22 +177,26 @@ def main() -> None:
                         help="flowdecision serve over HTTP, not the app in process")  # fmt: skip
     parser.add_argument("--posts", type=int, nargs=2, default=None, metavar=("FEW", "MANY"),
                         help="the runs' POSTs (default 1000 3000; --server 400 1600)")  # fmt: skip
+    parser.add_argument("--connections", type=int, default=50,
+                        help="--server: keep-alive connections the client POSTs over")  # fmt: skip
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_annotate") is None:
         raise SystemExit("needs valgrind (callgrind and callgrind_annotate): apt install valgrind")
     few, many = args.posts or ((400, 1600) if args.server else (1000, 3000))
+    if args.server and (few % args.connections or many % args.connections):
+        raise SystemExit("--posts must be multiples of --connections (each sends its share)")
     run = served if args.server else in_process
     root = args.root.resolve()
     with tempfile.TemporaryDirectory(prefix="post-instructions-") as tmp:
         counted = []
         for posts in (few, many):
             out = Path(tmp) / f"callgrind-{posts}.out"
-            run(root, posts, out)
+            run(root, posts, out, args.connections)
             counted.append(instructions(out))
     (total_few, checkpoint_few), (total_many, checkpoint_many) = counted
     per_post = (total_many - total_few) / (many - few)
     without = (total_many - checkpoint_many - total_few + checkpoint_few) / (many - few)
-    where = "flowdecision serve" if args.server else "in process"
+    where = f"flowdecision serve, {args.connections} connections" if args.server else "in process"
     print(
         f"{root} ({where}): {per_post:,.0f} instructions per POST, "
         f"{without:,.0f} without WAL checkpoints ({few} and {many} POSTs)"
