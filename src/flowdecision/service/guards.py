@@ -103,10 +103,9 @@ class BrowserGuard:
     def refusal(self, scope: Scope, head: RequestHead) -> Response | Cors | None:
         """The answer refusing the request (400, 417, 421, 403); else its CORS verdict
         when it came from an allowed origin; else None (no ``Origin``: not a browser's)."""
-        if head.hosts != 1 or head.lengths > 1 or head.chunked:  # else framed plainly
-            problem = _framing_problem(scope, head)
-            if problem is not None:
-                return error_response(400, "bad_request", problem)
+        problem = _framing_problem(scope, head)
+        if problem is not None:
+            return error_response(400, "bad_request", problem)
         expect = head.expect
         if expect is not None and expect.strip().lower() != b"100-continue":
             shown = bytes(expect).decode("latin-1")[:100]
